@@ -1,0 +1,180 @@
+"""The reply-engine interface the voice loop talks to.
+
+A reply engine turns the conversation so far into the assistant's reply, streamed as
+sentences so that speech synthesis can start on the first one. Engines are loaded once
+per process and shared by every session; each call is cancellable, and cancelling it
+stops the model within one forward pass.
+
+Blocking model code implements the small synchronous :class:`TextGenerator` protocol
+(an iterator of text pieces plus a stop flag); :class:`ThreadedReplyEngine` runs it in
+a worker thread and adapts it to the async :class:`ReplyEngine` interface. This module
+imports neither torch nor onnxruntime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import threading
+from collections.abc import AsyncIterator, Callable, Generator, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+Role = Literal["system", "user", "assistant"]
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: Role
+    content: str
+
+
+@dataclass(frozen=True)
+class Sentence:
+    """One sentence of the reply (or the whole reply, for block engines)."""
+
+    text: str
+    index: int  # sentence number within the reply, from 0
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    """What one reply cost: reported in the turn's metrics."""
+
+    tokens: int
+    forward_passes: int
+    stopped_by: Literal["end", "budget", "cancel"]
+
+
+@dataclass(frozen=True)
+class ReplyEnd:
+    """Last item of every completed reply stream."""
+
+    stats: GenerationStats
+
+
+ReplyChunk = Sentence | ReplyEnd
+
+
+class TextGenerator(Protocol):
+    """Blocking generator run in a worker thread.
+
+    ``generate`` yields decoded text pieces in order; it checks ``should_stop`` at least
+    once per forward pass and returns promptly when it is true. It returns the stats
+    of the reply as the iterator's return value (``StopIteration.value``).
+    """
+
+    name: str
+
+    def generate(
+        self,
+        conversation: Sequence[ChatMessage],
+        max_tokens: int,
+        should_stop: Callable[[], bool],
+    ) -> Generator[str, None, GenerationStats]: ...
+
+
+class ReplyEngine(Protocol):
+    """What the server needs from a reply model."""
+
+    name: str
+
+    def stream(
+        self, conversation: Sequence[ChatMessage], max_tokens: int
+    ) -> AsyncIterator[ReplyChunk]: ...
+
+
+# A sentence ends at . ! ? (optionally followed by closing quotes/brackets) and then
+# whitespace. Abbreviations such as "Dr. Smith" split early; that only costs a slightly
+# shorter first TTS chunk, never lost text.
+_SENTENCE_END = re.compile(r"[.!?…]+[\"')\]]*\s+")
+
+
+class SentenceSplitter:
+    """Accumulates streamed text and releases complete sentences."""
+
+    def __init__(self) -> None:
+        self._buffer = ""
+
+    def feed(self, piece: str) -> list[str]:
+        self._buffer += piece
+        out: list[str] = []
+        while (m := _SENTENCE_END.search(self._buffer)) is not None:
+            sentence = self._buffer[: m.end()].strip()
+            self._buffer = self._buffer[m.end() :]
+            if sentence:
+                out.append(sentence)
+        return out
+
+    def flush(self) -> list[str]:
+        rest, self._buffer = self._buffer.strip(), ""
+        return [rest] if rest else []
+
+
+_DONE = object()
+
+
+class ThreadedReplyEngine:
+    """Runs a blocking :class:`TextGenerator` off the event loop, sentence by sentence.
+
+    Cancellation (the consuming task cancelled, or the iterator closed early) sets the
+    generator's stop flag and waits for the worker thread to return, so a cancelled
+    turn never keeps the model busy behind the next one.
+    """
+
+    def __init__(self, generator: TextGenerator, executor: Executor) -> None:
+        self._generator = generator
+        self._executor = executor
+        self.name = generator.name
+
+    async def stream(
+        self, conversation: Sequence[ChatMessage], max_tokens: int
+    ) -> AsyncIterator[ReplyChunk]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[object] = asyncio.Queue()
+        stop = threading.Event()
+
+        def put(item: object) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        def work() -> None:
+            splitter = SentenceSplitter()
+            it = self._generator.generate(conversation, max_tokens, stop.is_set)
+            try:
+                while True:
+                    try:
+                        piece = next(it)
+                    except StopIteration as done:
+                        stats: GenerationStats = done.value
+                        break
+                    for sentence in splitter.feed(piece):
+                        put(sentence)
+                if not stop.is_set():
+                    for sentence in splitter.flush():
+                        put(sentence)
+                put(ReplyEnd(stats))
+            except Exception as exc:  # re-raised on the event loop side
+                put(exc)
+            finally:
+                put(_DONE)
+
+        future = loop.run_in_executor(self._executor, work)
+        index = 0
+        try:
+            while (item := await queue.get()) is not _DONE:
+                if isinstance(item, Exception):
+                    raise item
+                if isinstance(item, ReplyEnd):
+                    yield item
+                else:
+                    assert isinstance(item, str)
+                    yield Sentence(text=item, index=index)
+                    index += 1
+        finally:
+            stop.set()
+            # Wait for the worker to notice the flag even when we are being
+            # cancelled, so the model is free before the next turn starts.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(future)
