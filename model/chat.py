@@ -1,0 +1,83 @@
+"""ChatML prompts for the reply model, with a spoken-answer system prompt.
+
+SmolLM2-Instruct's template (embedded in its GGUF) is ChatML:
+``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message, then
+``<|im_start|>assistant\\n`` to ask for the reply. Prompts are built as token ids, one
+message at a time: the special tokens come from the tokenizer, and text in a message
+(say, a transcript containing "<|im_end|>") is never read as a control token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from model.engine import ChatMessage
+from model.tokenizer import Tokenizer
+
+SPOKEN_SYSTEM_PROMPT = (
+    "You are a helpful voice assistant. Your answers are read aloud, so reply in one to "
+    "three short sentences of plain spoken words. No markdown, no lists, no emoji."
+)
+
+
+def format_chatml(messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> str:
+    """The prompt as text (for logs and tests; the model gets :func:`encode_chat`)."""
+    text = "".join(f"<|im_start|>{m.role}\n{m.content}<|im_end|>\n" for m in messages)
+    return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+
+
+def encode_message(tok: Tokenizer, message: ChatMessage) -> list[int]:
+    body = tok.encode_plain(f"{message.role}\n{message.content}")
+    return [tok.im_start_id, *body, tok.im_end_id, *tok.encode_plain("\n")]
+
+
+def encode_chat(
+    tok: Tokenizer, messages: Sequence[ChatMessage], add_generation_prompt: bool = True
+) -> list[int]:
+    ids = [i for m in messages for i in encode_message(tok, m)]
+    if add_generation_prompt:
+        ids += [tok.im_start_id, *tok.encode_plain("assistant\n")]
+    return ids
+
+
+def with_system_prompt(
+    conversation: Sequence[ChatMessage], system_prompt: str = SPOKEN_SYSTEM_PROMPT
+) -> list[ChatMessage]:
+    """The conversation with ``system_prompt`` in front, unless it brings its own."""
+    if conversation and conversation[0].role == "system":
+        return list(conversation)
+    return [ChatMessage("system", system_prompt), *conversation]
+
+
+def trim_history(tok: Tokenizer, messages: Sequence[ChatMessage], budget: int) -> list[ChatMessage]:
+    """Drop the oldest turns until the prompt fits in ``budget`` tokens.
+
+    The system prompt and the latest message are always kept, even if they alone
+    exceed the budget. After a drop the history restarts at a user message, so the
+    model never sees an answer without its question.
+    """
+    msgs = list(messages)
+    head = msgs[:1] if msgs and msgs[0].role == "system" else []
+    body = msgs[len(head) :]
+    sizes = [len(encode_message(tok, m)) for m in msgs]
+    total = sum(sizes) + 3  # + "<|im_start|>assistant\n"
+    sizes = sizes[len(head) :]
+    while len(body) > 1 and total > budget:
+        total -= sizes.pop(0)
+        body.pop(0)
+        while len(body) > 1 and body[0].role != "user":
+            total -= sizes.pop(0)
+            body.pop(0)
+    return head + body
+
+
+def build_prompt(
+    tok: Tokenizer,
+    conversation: Sequence[ChatMessage],
+    budget: int,
+    system_prompt: str = SPOKEN_SYSTEM_PROMPT,
+) -> list[int]:
+    """Token ids of the prompt that asks for the next assistant reply."""
+    return encode_chat(
+        tok, trim_history(tok, with_system_prompt(conversation, system_prompt), budget)
+    )

