@@ -1,0 +1,207 @@
+"""The asyncio layer: WebSocket connections in, session effects out.
+
+The only module that imports ``websockets``. Each connection owns a
+:class:`server.session.Session` and runs its effects: outgoing frames go through one
+queue and one writer task (so they leave in exactly the order the session decided),
+blocking inference goes to the runtime's worker threads, and each turn is one task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http
+import json
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
+
+from . import protocol as p
+from .runtime import Runtime
+from .session import (
+    AudioBytes,
+    CancelTurn,
+    Close,
+    Disconnected,
+    Effect,
+    Event,
+    PartialTranscript,
+    ReleaseTurn,
+    RunVad,
+    Send,
+    SendAudio,
+    Session,
+    SessionConfig,
+    StartPartial,
+    StartTurn,
+    VadResult,
+)
+from .turn import Pacing, run_turn
+
+log = logging.getLogger("quicksilver")
+
+MAX_FRAME_BYTES = 256 * 1024  # websockets closes with 1009 above this
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    session: SessionConfig = field(default_factory=SessionConfig)
+    pacing: Pacing = field(default_factory=Pacing)
+
+
+_CLOSE = object()
+
+
+class Connection:
+    def __init__(self, ws: ServerConnection, rt: Runtime, config: ServerConfig) -> None:
+        self.ws = ws
+        self.rt = rt
+        self.config = config
+        self.session = Session(uuid.uuid4().hex[:12], config.session, rt.asr_name, rt.reply.name)
+        self.vad_state = rt.vad.new_state()
+        self.loop = asyncio.get_running_loop()
+        self.outbox: asyncio.Queue[str | bytes | Close | object] = asyncio.Queue()
+        self.turns: dict[int, tuple[asyncio.Task[None], asyncio.Event]] = {}
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def run(self) -> None:
+        log.info("session %s connected from %s", self.session.id, self.ws.remote_address)
+        writer = asyncio.create_task(self._write())
+        try:
+            async for frame in self.ws:
+                await self.apply(self._receive_frame(frame))
+                if self.session.state.value == "closed":
+                    break
+        except ConnectionClosed:
+            pass
+        finally:
+            await self.apply(self.session.receive(Disconnected(), self.loop.time()))
+            for task in [*self.tasks, *(t for t, _ in self.turns.values())]:
+                task.cancel()
+            for task in [*self.tasks, *(t for t, _ in self.turns.values())]:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            self.outbox.put_nowait(_CLOSE)
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await writer
+            log.info("session %s closed", self.session.id)
+
+    def _receive_frame(self, frame: str | bytes) -> list[Effect]:
+        now = self.loop.time()
+        if isinstance(frame, bytes):
+            return self.session.receive(AudioBytes(frame), now)
+        try:
+            message = p.decode_client(frame)
+        except p.ProtocolError as err:
+            return self.session.protocol_error(err)
+        return self.session.receive(message, now)
+
+    async def deliver(self, event: Event) -> None:
+        await self.apply(self.session.receive(event, self.loop.time()))
+
+    async def apply(self, effects: list[Effect]) -> None:
+        for effect in effects:
+            match effect:
+                case Send(message=message):
+                    self.outbox.put_nowait(p.encode(message))
+                    if isinstance(message, p.Metrics):
+                        log.info("metrics %s %s", self.session.id, p.encode(message))
+                case SendAudio(turn_id=turn_id, seq=seq, pcm=pcm):
+                    self.outbox.put_nowait(p.pack_audio(turn_id, seq, pcm))
+                case RunVad(samples=samples):
+                    probs = await self.rt.worker("vad").run(
+                        self.rt.vad.process, self.vad_state, samples
+                    )
+                    await self.deliver(VadResult(samples, probs))
+                case StartPartial():
+                    self._spawn(self._partial(effect))
+                case StartTurn():
+                    released = asyncio.Event()
+                    task = asyncio.create_task(
+                        run_turn(self.rt, effect, released, self.deliver, self.config.pacing)
+                    )
+                    self.turns[effect.turn_id] = (task, released)
+                    task.add_done_callback(lambda _t, i=effect.turn_id: self._forget_turn(i, _t))
+                case ReleaseTurn(turn_id=turn_id):
+                    self.turns[turn_id][1].set()
+                case CancelTurn(turn_id=turn_id):
+                    await self._cancel(turn_id)
+                case Close():
+                    self.outbox.put_nowait(effect)
+
+    def _forget_turn(self, turn_id: int, task: asyncio.Task[None]) -> None:
+        entry = self.turns.get(turn_id)
+        if entry is not None and entry[0] is task:
+            del self.turns[turn_id]
+
+    async def _cancel(self, turn_id: int) -> None:
+        entry = self.turns.pop(turn_id, None)
+        if entry is None:
+            return
+        task = entry[0]
+        task.cancel()
+        if task is not asyncio.current_task():
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _partial(self, job: StartPartial) -> None:
+        """At most one per session; skipped while the ASR worker has a queue."""
+        worker = self.rt.worker("asr")
+        text: str | None = None
+        if worker.pending == 0:
+            text = (await worker.run(self.rt.asr.transcribe, job.audio)).text
+        await self.deliver(PartialTranscript(job.turn_id, text))
+
+    async def _write(self) -> None:
+        while (item := await self.outbox.get()) is not _CLOSE:
+            try:
+                if isinstance(item, Close):
+                    await self.ws.close(item.code, item.reason)
+                    return
+                assert isinstance(item, str | bytes)
+                await self.ws.send(item)
+            except ConnectionClosed:
+                return
+
+
+def _route(connection: ServerConnection, request: Request) -> Response | None:
+    path = request.path.split("?", 1)[0]
+    if path == p.PATH:
+        return None
+    if path == "/healthz":
+        return connection.respond(http.HTTPStatus.OK, "ok\n")
+    body = json.dumps({"error": "not_found", "message": f"the voice endpoint is {p.PATH}"})
+    return connection.respond(http.HTTPStatus.NOT_FOUND, body + "\n")
+
+
+async def start_server(
+    rt: Runtime, host: str, port: int, config: ServerConfig | None = None
+) -> Server:
+    """Start listening; the caller closes the returned server (sessions get 1001)."""
+    cfg = config or ServerConfig()
+
+    async def handler(ws: ServerConnection) -> None:
+        await Connection(ws, rt, cfg).run()
+
+    return await serve(handler, host, port, process_request=_route, max_size=MAX_FRAME_BYTES)
+
+
+async def run_until(
+    rt: Runtime, host: str, port: int, stop: asyncio.Event, on_ready: Callable[[str], None]
+) -> None:
+    server = await start_server(rt, host, port)
+    sock_host, sock_port = server.sockets[0].getsockname()[:2]
+    on_ready(f"ws://{sock_host}:{sock_port}{p.PATH}")
+    await stop.wait()
+    server.close()  # every open session gets a close frame with 1001 (going away)
+    await server.wait_closed()

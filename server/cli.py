@@ -1,0 +1,91 @@
+"""``quicksilver`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from . import protocol as p
+from .runtime import DEFAULT_ASR, DEFAULT_ENGINE, ENGINES, RuntimeOptions, load_runtime
+
+log = logging.getLogger("quicksilver")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="quicksilver", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the voice WebSocket server")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8765, help="0 picks a free port")
+    serve.add_argument(
+        "--asr",
+        default=DEFAULT_ASR,
+        help="Whisper model: tiny.en or base (offline packages), or a CTranslate2 model directory",
+    )
+    serve.add_argument("--engine", default=DEFAULT_ENGINE, choices=ENGINES, help="reply model")
+    serve.add_argument("--max-reply-tokens", type=int, default=64)
+    serve.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="where prepared models go (~/.cache/quicksilver)",
+    )
+    serve.add_argument("--log-level", default="INFO")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if args.command == "serve":
+        return _serve(args)
+    return 2
+
+
+def _serve(args: argparse.Namespace) -> int:
+    options = RuntimeOptions(
+        asr=args.asr,
+        engine=args.engine,
+        cache_dir=args.cache_dir,
+        max_reply_tokens=args.max_reply_tokens,
+    )
+    try:
+        rt = load_runtime(options)
+    except (FileNotFoundError, ValueError, RuntimeError) as exc:
+        print(f"quicksilver: cannot load models: {exc}", file=sys.stderr)
+        return 1
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+
+        def ready(url: str) -> None:
+            print(f"Quicksilver listening on {url} (protocol v{p.PROTOCOL_VERSION})", flush=True)
+
+        from .app import run_until
+
+        await run_until(rt, args.host, args.port, stop, ready)
+
+    try:
+        asyncio.run(run())
+    except OSError as exc:
+        print(f"quicksilver: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        rt.close()
+    print("Quicksilver stopped.", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""The models of one server process and the worker threads that run them.
+
+Everything here is loaded once in ``main()`` and shared by all sessions. Each kind of
+blocking inference has its own single worker thread, so a burst of one kind (say, ten
+sessions' VAD) never queues behind another (one long reply), and the event loop only
+awaits futures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ParamSpec, TypeVar
+
+from audio.asr import Transcriber, load_transcriber
+from audio.tts import Synthesizer, load_synthesizer
+from audio.vad import SileroVad
+from model.engine import ReplyEngine
+
+log = logging.getLogger("quicksilver")
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+ENGINES = ("smollm2-ar",)
+DEFAULT_ENGINE = "smollm2-ar"
+DEFAULT_ASR = "tiny.en"  # chosen by measured accuracy and latency: docs/audio.md
+
+
+class Worker:
+    """One thread for one kind of blocking job, with its queue depth visible."""
+
+    def __init__(self, name: str) -> None:
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self.pending = 0
+
+    async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        loop = asyncio.get_running_loop()
+        self.pending += 1
+        try:
+            return await loop.run_in_executor(self.executor, lambda: fn(*args, **kwargs))
+        finally:
+            self.pending -= 1
+
+    def shutdown(self) -> None:
+        self.executor.shutdown(wait=True, cancel_futures=True)
+
+
+@dataclass
+class Runtime:
+    vad: SileroVad
+    asr: Transcriber
+    tts: Synthesizer
+    reply: ReplyEngine
+    asr_name: str
+    max_reply_tokens: int = 64
+    workers: dict[str, Worker] = field(default_factory=dict)
+
+    def worker(self, name: str) -> Worker:
+        return self.workers[name]
+
+    def close(self) -> None:
+        for w in self.workers.values():
+            w.shutdown()
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    asr: str = DEFAULT_ASR
+    engine: str = DEFAULT_ENGINE
+    cache_dir: Path | None = None
+    max_reply_tokens: int = 64
+
+
+def _timed(what: str, fn: Callable[[], T]) -> T:
+    log.info("loading %s ...", what)
+    t0 = time.perf_counter()
+    value = fn()
+    log.info("loaded %s in %.1f s", what, time.perf_counter() - t0)
+    return value
+
+
+def load_runtime(options: RuntimeOptions) -> Runtime:
+    """Load every model once; say what is happening, since first start takes a while."""
+    workers = {name: Worker(name) for name in ("vad", "asr", "tts", "reply")}
+    vad = _timed("Silero VAD", SileroVad)
+    asr = _timed(f"Whisper {options.asr}", lambda: load_transcriber(options.asr, options.cache_dir))
+    tts = _timed("Piper voice en_US-joe-medium", load_synthesizer)
+    reply = _timed(
+        f"reply engine {options.engine}", lambda: load_engine(options.engine, workers["reply"])
+    )
+    return Runtime(vad, asr, tts, reply, options.asr, options.max_reply_tokens, workers)
+
+
+def load_engine(name: str, worker: Worker) -> ReplyEngine:
+    if name == "smollm2-ar":
+        from model.ar import load_ar_engine  # torch is imported only when chosen
+
+        return load_ar_engine(worker.executor)
+    raise ValueError(f"unknown reply engine {name!r}; choose one of {', '.join(ENGINES)}")

@@ -1,0 +1,706 @@
+"""One voice session as a plain state machine: events in, effects out.
+
+``Session.receive(event, now)`` takes a client message or an internal event (VAD
+results, transcripts, reply sentences, audio chunks of a turn) with the current time,
+and returns the effects to carry out: messages to send, jobs to start or cancel. It
+does no I/O, starts no task and reads no clock, so every behaviour of the voice loop
+is testable synchronously (see tests/server/test_session.py). The asyncio layer in
+server/app.py only moves bytes and runs effects.
+
+Turns. Every user turn has an id. When the user pauses, the final ASR and the reply
+start *speculatively*; their messages are held back until the turn is final (long
+enough silence, or a complete-sounding sentence after a shorter one) and thrown away
+if the user goes on speaking. Once released, a turn's audio is sent as it is produced;
+barge-in cancels it, and the conversation keeps only the part sent as audio.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+
+from audio.endpoint import (
+    EndOfTurn,
+    EndpointConfig,
+    Endpointer,
+    SpeechPaused,
+    SpeechResumed,
+    SpeechStarted,
+)
+from audio.resample import StreamResampler, pcm16_to_float32
+from audio.ring import AudioRing
+from model.engine import ChatMessage, GenerationStats
+
+from . import protocol as p
+
+SAMPLE_RATE = 16_000  # everything inside the session runs at 16 kHz
+
+
+class State(Enum):
+    IDLE = "idle"  # connected, waiting for the start message
+    LISTENING = "listening"  # no released reply in flight
+    THINKING = "thinking"  # turn final, reply released, no audio sent yet
+    SPEAKING = "speaking"  # reply audio being sent
+    CLOSED = "closed"
+
+
+TRANSITIONS: dict[State, frozenset[State]] = {
+    State.IDLE: frozenset({State.LISTENING, State.CLOSED}),
+    State.LISTENING: frozenset({State.THINKING, State.CLOSED}),
+    State.THINKING: frozenset({State.SPEAKING, State.LISTENING, State.CLOSED}),
+    State.SPEAKING: frozenset({State.LISTENING, State.CLOSED}),
+    State.CLOSED: frozenset(),
+}
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    endpoint: EndpointConfig = field(default_factory=EndpointConfig)
+    # After this much silence, a turn whose speculative transcript reads as a complete
+    # sentence is final without waiting for endpoint.end_of_turn_ms (docs/audio.md).
+    complete_turn_ms: int = 350
+    partial_interval_ms: int = 700  # new speech between partial transcripts
+    min_partial_speech_ms: int = 500
+    ring_seconds: float = 40.0
+    max_errors: int = 20  # protocol errors before the connection is closed
+
+
+# --- internal events (inputs besides client messages) ----------------------------
+
+
+@dataclass(frozen=True)
+class AudioBytes:
+    """A binary frame from the client: PCM16 LE at the declared rate."""
+
+    data: bytes
+
+
+@dataclass(frozen=True)
+class VadResult:
+    """16 kHz audio after the VAD, with one probability per 512-sample frame."""
+
+    samples: np.ndarray
+    probs: np.ndarray
+
+
+@dataclass(frozen=True)
+class PartialTranscript:
+    turn_id: int
+    text: str | None  # None: the job was skipped (ASR busy)
+
+
+@dataclass(frozen=True)
+class FinalTranscript:
+    turn_id: int
+    text: str
+    asr_ms: float
+
+
+@dataclass(frozen=True)
+class ReplySentence:
+    turn_id: int
+    index: int
+    text: str
+    elapsed_ms: float  # since the reply model started
+
+
+@dataclass(frozen=True)
+class ReplyAudio:
+    """A paced frame of reply audio at the output rate, ready to send."""
+
+    turn_id: int
+    sentence: int
+    pcm: bytes
+    sentence_samples: int  # whole sentence length, for barge-in truncation
+    tts_ms: float | None  # synthesis time of this sentence (first frame only)
+
+
+@dataclass(frozen=True)
+class ReplyFinished:
+    turn_id: int
+    stats: GenerationStats | None
+    reply_ms: float | None
+
+
+@dataclass(frozen=True)
+class TurnFailed:
+    turn_id: int
+    message: str
+
+
+@dataclass(frozen=True)
+class Disconnected:
+    pass
+
+
+Event = (
+    p.ClientMessage
+    | AudioBytes
+    | VadResult
+    | PartialTranscript
+    | FinalTranscript
+    | ReplySentence
+    | ReplyAudio
+    | ReplyFinished
+    | TurnFailed
+    | Disconnected
+)
+
+
+# --- effects ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Send:
+    message: p.ServerMessage
+
+
+@dataclass(frozen=True)
+class SendAudio:
+    turn_id: int
+    seq: int
+    pcm: bytes
+
+
+@dataclass(frozen=True)
+class RunVad:
+    """Run the VAD on these 16 kHz samples, then deliver a VadResult (in order)."""
+
+    samples: np.ndarray
+
+
+@dataclass(frozen=True)
+class StartPartial:
+    turn_id: int
+    audio: np.ndarray
+
+
+@dataclass(frozen=True)
+class StartTurn:
+    """Start a turn's pipeline: ASR (if audio), reply model, TTS, paced audio."""
+
+    turn_id: int
+    audio: np.ndarray | None
+    text: str | None
+    history: tuple[ChatMessage, ...]
+    output_rate: int
+
+
+@dataclass(frozen=True)
+class ReleaseTurn:
+    """The turn is final: its audio may be sent."""
+
+    turn_id: int
+
+
+@dataclass(frozen=True)
+class CancelTurn:
+    turn_id: int
+
+
+@dataclass(frozen=True)
+class Close:
+    code: int
+    reason: str
+
+
+Effect = Send | SendAudio | RunVad | StartPartial | StartTurn | ReleaseTurn | CancelTurn | Close
+
+
+# --- session state ---------------------------------------------------------------
+
+
+@dataclass
+class _Utterance:
+    """The user speech being heard now."""
+
+    turn_id: int
+    start: int  # sample index in the 16 kHz input stream
+    end: int | None = None  # set while paused
+    end_time: float | None = None  # wall time of `end`
+    partial_in_flight: bool = False
+    last_partial_at: int = 0
+
+
+@dataclass
+class _Turn:
+    """A reply in flight: speculative until released."""
+
+    id: int
+    speech_end_time: float  # end of user speech, or arrival of a text message
+    released: bool = False
+    speculative: bool = False
+    transcript: str | None = None
+    user_committed: bool = False
+    held: list[p.ServerMessage] = field(default_factory=list)
+    sentences: list[str] = field(default_factory=list)
+    sentence_samples: dict[int, int] = field(default_factory=dict)
+    sent_samples: dict[int, int] = field(default_factory=dict)
+    finished: ReplyFinished | None = None
+    seq: int = 0
+    final_time: float | None = None
+    asr_ms: float | None = None
+    first_sentence_ms: float | None = None
+    tts_first_ms: float | None = None
+    first_audio_time: float | None = None
+
+
+# A transcript reads as complete when it ends with terminal punctuation and its last
+# word is not one that announces more (Whisper punctuates half sentences too).
+_OPEN_ENDINGS = frozenset(
+    [
+        "a",
+        "an",
+        "the",
+        "and",
+        "or",
+        "but",
+        "so",
+        "to",
+        "of",
+        "in",
+        "on",
+        "at",
+        "for",
+        "with",
+        "from",
+        "by",
+        "about",
+        "like",
+        "is",
+        "are",
+        "was",
+        "what",
+        "which",
+        "who",
+        "how",
+        "when",
+        "where",
+        "why",
+        "my",
+        "your",
+        "our",
+        "their",
+        "this",
+        "that",
+        "um",
+        "uh",
+    ]
+)
+_LAST_WORD = re.compile(r"([A-Za-z']+)\W*$")
+
+
+def sounds_complete(text: str) -> bool:
+    text = text.strip()
+    if not text or text[-1] not in ".?!":
+        return False
+    m = _LAST_WORD.search(text)
+    return m is not None and m.group(1).lower() not in _OPEN_ENDINGS
+
+
+def truncate_to_sent(sentences: list[str], sent: dict[int, int], total: dict[int, int]) -> str:
+    """The reply text a listener has been sent: whole sentences, then a word prefix."""
+    kept: list[str] = []
+    for i, sentence in enumerate(sentences):
+        n, size = sent.get(i, 0), total.get(i, 0)
+        if size and n >= size:
+            kept.append(sentence)
+            continue
+        if n and size:
+            words = sentence.split()
+            kept.append(" ".join(words[: round(len(words) * n / size)]))
+        break
+    return " ".join(k for k in kept if k)
+
+
+class Session:
+    def __init__(self, session_id: str, config: SessionConfig, asr: str, engine: str) -> None:
+        self.id = session_id
+        self.config = config
+        self.state = State.IDLE
+        self.conversation: list[ChatMessage] = []
+        self._names = (asr, engine)
+        self._ring = AudioRing(int(config.ring_seconds * SAMPLE_RATE))
+        self._endpointer = Endpointer(config.endpoint)
+        self._resampler: StreamResampler | None = None
+        self._input_rate = 0
+        self._output_rate = 0
+        self._next_turn = 1
+        self._utterance: _Utterance | None = None
+        self._turn: _Turn | None = None
+        self._errors = 0
+
+    # -- entry point --
+
+    def receive(self, event: Event, now: float) -> list[Effect]:
+        if self.state is State.CLOSED:
+            return []
+        match event:
+            case p.Start():
+                return self._on_start(event)
+            case Disconnected():
+                return self._on_disconnect()
+            case _ if self.state is State.IDLE:
+                return self._error("not_started", "send a start message first")
+            case AudioBytes(data=data):
+                return self._on_audio_bytes(data)
+            case VadResult():
+                return self._on_vad(event, now)
+            case p.Text(text=text):
+                return self._on_text(text, now)
+            case p.Cancel():
+                return self._cancel_turn("client_cancel")
+            case p.EndOfInput():
+                return self._on_end_of_input(now)
+            case PartialTranscript():
+                return self._on_partial(event)
+            case FinalTranscript():
+                return self._on_final_transcript(event, now)
+            case ReplySentence():
+                return self._on_sentence(event)
+            case ReplyAudio():
+                return self._on_reply_audio(event, now)
+            case ReplyFinished():
+                return self._on_finished(event)
+            case TurnFailed():
+                return self._on_failed(event)
+        raise AssertionError(f"unhandled event {event!r}")
+
+    def _to(self, state: State) -> None:
+        if state is self.state:
+            return
+        if state not in TRANSITIONS[self.state]:
+            raise AssertionError(f"illegal transition {self.state.value} -> {state.value}")
+        self.state = state
+
+    def _error(self, code: str, message: str) -> list[Effect]:
+        self._errors += 1
+        out: list[Effect] = [Send(p.Error(code=code, message=message))]
+        if self._errors >= self.config.max_errors:
+            out += self._close(p.CloseCode.TOO_MANY_ERRORS, "too many invalid messages")
+        return out
+
+    def protocol_error(self, error: p.ProtocolError) -> list[Effect]:
+        """A frame the codec rejected: report it, keep the session."""
+        if self.state is State.CLOSED:
+            return []
+        return self._error(error.code, error.message)
+
+    def _close(self, code: int, reason: str) -> list[Effect]:
+        out = self._cancel_turn("closed")
+        self._to(State.CLOSED)
+        return [*out, Close(code, reason)]
+
+    # -- client messages --
+
+    def _on_start(self, start: p.Start) -> list[Effect]:
+        if self.state is not State.IDLE:
+            return self._error("already_started", "the session has already started")
+        if start.protocol != p.PROTOCOL_VERSION:
+            return self._error(
+                "unsupported_protocol", f"this server speaks protocol 1, not {start.protocol}"
+            )
+        if start.sample_rate not in p.INPUT_SAMPLE_RATES:
+            rates = ", ".join(map(str, p.INPUT_SAMPLE_RATES))
+            return self._error("unsupported_sample_rate", f"sample_rate must be one of {rates}")
+        out_rate = start.output_sample_rate or 22_050
+        if out_rate not in p.OUTPUT_SAMPLE_RATES:
+            rates = ", ".join(map(str, p.OUTPUT_SAMPLE_RATES))
+            return self._error(
+                "unsupported_sample_rate", f"output_sample_rate must be one of {rates}"
+            )
+        self._input_rate = start.sample_rate
+        # Upsampling 8 kHz with soxr's low quality filter holds back 60 ms of audio,
+        # a delay added to every end of turn; cubic interpolation holds back none.
+        quality = "QQ" if start.sample_rate < SAMPLE_RATE else "LQ"
+        self._resampler = StreamResampler(start.sample_rate, SAMPLE_RATE, quality)
+        self._output_rate = out_rate
+        self._to(State.LISTENING)
+        asr, engine = self._names
+        ready = p.Ready(self.id, start.sample_rate, out_rate, asr=asr, reply_engine=engine)
+        return [Send(ready)]
+
+    def _on_audio_bytes(self, data: bytes) -> list[Effect]:
+        assert self._resampler is not None
+        if len(data) % 2:
+            return self._error("bad_audio", "audio frames hold whole PCM16 samples (even length)")
+        limit = int(self._input_rate * p.MAX_AUDIO_FRAME_SECONDS) * 2
+        if len(data) > limit:
+            return self._error("frame_too_large", f"an audio frame may hold at most {limit} bytes")
+        samples = self._resampler.process(pcm16_to_float32(data))
+        return [RunVad(samples)] if samples.size else []
+
+    def _on_text(self, text: str, now: float) -> list[Effect]:
+        out = self._cancel_turn("new_input")
+        out += self._drop_speculation()
+        self._utterance = None
+        turn = _Turn(id=self._new_turn_id(), speech_end_time=now, transcript=text)
+        turn.final_time = now
+        return out + self._begin_turn(turn, audio=None, text=text, release=True)
+
+    def _on_end_of_input(self, now: float) -> list[Effect]:
+        events = self._endpointer.end_input(self._ring.total_written)
+        if not events:
+            return [Send(p.Error("no_speech", "end_of_input: no speech was heard"))]
+        return self._handle_endpoint(events, now)
+
+    # -- audio --
+
+    def _on_vad(self, result: VadResult, now: float) -> list[Effect]:
+        self._ring.append(result.samples)
+        out = self._handle_endpoint(self._endpointer.feed(result.probs), now)
+        return out + self._maybe_release_early(now) + self._maybe_partial()
+
+    def _sample_time(self, sample: int, now: float) -> float:
+        """Wall time of an input sample: the newest sample arrived at `now`."""
+        return now - (self._ring.total_written - sample) / SAMPLE_RATE
+
+    def _handle_endpoint(self, events: list[object], now: float) -> list[Effect]:
+        out: list[Effect] = []
+        for ev in events:
+            match ev:
+                case SpeechStarted(start_sample=start):
+                    out += self._on_speech_start(start)
+                case SpeechResumed(sample=sample):
+                    out += self._on_speech_resumed(sample)
+                case SpeechPaused(end_sample=end):
+                    out += self._on_speech_paused(end, now)
+                case EndOfTurn(end_sample=end):
+                    out += self._on_end_of_turn(end, now)
+        return out
+
+    def _on_speech_start(self, start: int) -> list[Effect]:
+        out = self._cancel_turn("barge_in")
+        out += self._drop_speculation()
+        u = _Utterance(turn_id=self._new_turn_id(), start=start, last_partial_at=start)
+        self._utterance = u
+        return [*out, Send(p.SpeechStarted(u.turn_id, start * 1000 // SAMPLE_RATE))]
+
+    def _on_speech_resumed(self, sample: int) -> list[Effect]:
+        u = self._utterance
+        if u is None:  # we had already answered this speech: it is a new turn
+            return self._on_speech_start(sample)
+        out = self._drop_speculation()
+        u.end = u.end_time = None
+        return [*out, Send(p.SpeechStarted(u.turn_id, sample * 1000 // SAMPLE_RATE))]
+
+    def _on_speech_paused(self, end: int, now: float) -> list[Effect]:
+        u = self._utterance
+        if u is None:
+            return []
+        u.end, u.end_time = end, self._sample_time(end, now)
+        out: list[Effect] = [Send(p.SpeechStopped(u.turn_id, end * 1000 // SAMPLE_RATE))]
+        if self._turn is None:  # speculative final ASR + reply during the silence
+            turn = _Turn(id=u.turn_id, speech_end_time=u.end_time, speculative=True)
+            out += self._begin_turn(turn, audio=self._utterance_audio(u), text=None, release=False)
+        return out
+
+    def _on_end_of_turn(self, end: int, now: float) -> list[Effect]:
+        u = self._utterance
+        if u is None:
+            return []
+        out: list[Effect] = []
+        if u.end is None:  # push-to-talk or max turn length: no pause was seen
+            u.end, u.end_time = end, self._sample_time(end, now)
+            out.append(Send(p.SpeechStopped(u.turn_id, end * 1000 // SAMPLE_RATE)))
+        self._utterance = None
+        turn = self._turn
+        if turn is not None and turn.id == u.turn_id:
+            return out + self._release(turn, now)
+        assert u.end_time is not None
+        turn = _Turn(id=u.turn_id, speech_end_time=u.end_time, final_time=now)
+        return out + self._begin_turn(turn, audio=self._utterance_audio(u), text=None, release=True)
+
+    def _maybe_release_early(self, now: float) -> list[Effect]:
+        u, turn = self._utterance, self._turn
+        if u is None or u.end is None or turn is None or turn.released or turn.id != u.turn_id:
+            return []
+        silence_ms = (self._ring.total_written - u.end) * 1000 / SAMPLE_RATE
+        if turn.transcript is None or silence_ms < self.config.complete_turn_ms:
+            return []
+        if not sounds_complete(turn.transcript):
+            return []
+        self._utterance = None
+        self._endpointer.end_input()  # the endpointer's turn is over too
+        return self._release(turn, now)
+
+    def _maybe_partial(self) -> list[Effect]:
+        u = self._utterance
+        if u is None or u.end is not None or u.partial_in_flight:
+            return []
+        cfg = self.config
+        heard = self._ring.total_written - u.start
+        due = self._ring.total_written - u.last_partial_at
+        if heard < cfg.min_partial_speech_ms * 16 or due < cfg.partial_interval_ms * 16:
+            return []
+        u.partial_in_flight = True
+        u.last_partial_at = self._ring.total_written
+        return [StartPartial(u.turn_id, self._utterance_audio(u))]
+
+    def _on_partial(self, event: PartialTranscript) -> list[Effect]:
+        u = self._utterance
+        if u is None or u.turn_id != event.turn_id:
+            return []
+        u.partial_in_flight = False
+        if not event.text:
+            return []
+        return [Send(p.TranscriptPartial(u.turn_id, event.text))]
+
+    def _utterance_audio(self, u: _Utterance) -> np.ndarray:
+        pre = self.config.endpoint.pre_roll_ms * SAMPLE_RATE // 1000
+        end = u.end if u.end is not None else self._ring.total_written
+        return self._ring.slice(max(0, u.start - pre), end)
+
+    # -- turns --
+
+    def _new_turn_id(self) -> int:
+        turn_id, self._next_turn = self._next_turn, self._next_turn + 1
+        return turn_id
+
+    def _begin_turn(
+        self, turn: _Turn, audio: np.ndarray | None, text: str | None, release: bool
+    ) -> list[Effect]:
+        self._turn = turn
+        history = tuple(self.conversation)
+        out: list[Effect] = [StartTurn(turn.id, audio, text, history, self._output_rate)]
+        if release:
+            out += self._release(turn, turn.final_time if turn.final_time is not None else 0.0)
+        return out
+
+    def _release(self, turn: _Turn, now: float) -> list[Effect]:
+        turn.released = True
+        turn.final_time = turn.final_time or now
+        self._to(State.THINKING)
+        out: list[Effect] = [ReleaseTurn(turn.id)]
+        self._commit_user(turn)
+        if turn.transcript is not None and turn.speculative:
+            out.append(Send(p.TranscriptFinal(turn.id, turn.transcript)))
+        out += [Send(m) for m in turn.held]
+        turn.held.clear()
+        if turn.finished is not None:
+            out += self._complete(turn, turn.finished)
+        return out
+
+    def _commit_user(self, turn: _Turn) -> None:
+        if turn.released and turn.transcript and not turn.user_committed:
+            self.conversation.append(ChatMessage("user", turn.transcript))
+            turn.user_committed = True
+
+    def _current(self, turn_id: int) -> _Turn | None:
+        turn = self._turn
+        return turn if turn is not None and turn.id == turn_id else None
+
+    def _emit(self, turn: _Turn, message: p.ServerMessage) -> list[Effect]:
+        if turn.released:
+            return [Send(message)]
+        turn.held.append(message)
+        return []
+
+    def _on_final_transcript(self, event: FinalTranscript, now: float) -> list[Effect]:
+        turn = self._current(event.turn_id)
+        if turn is None:
+            return []
+        turn.transcript, turn.asr_ms = event.text, event.asr_ms
+        if not turn.released:
+            return self._maybe_release_early(now)
+        self._commit_user(turn)
+        return [Send(p.TranscriptFinal(turn.id, event.text))]
+
+    def _on_sentence(self, event: ReplySentence) -> list[Effect]:
+        turn = self._current(event.turn_id)
+        if turn is None:
+            return []
+        turn.sentences.append(event.text)
+        if turn.first_sentence_ms is None:
+            turn.first_sentence_ms = event.elapsed_ms
+        return self._emit(turn, p.ReplyText(turn.id, event.index, event.text))
+
+    def _on_reply_audio(self, event: ReplyAudio, now: float) -> list[Effect]:
+        turn = self._current(event.turn_id)
+        if turn is None or not turn.released:  # audio of a cancelled turn is never sent
+            return []
+        i = event.sentence
+        turn.sentence_samples[i] = event.sentence_samples
+        turn.sent_samples[i] = turn.sent_samples.get(i, 0) + len(event.pcm) // 2
+        if turn.first_audio_time is None:
+            turn.first_audio_time = now
+            turn.tts_first_ms = event.tts_ms
+            self._to(State.SPEAKING)
+        turn.seq += 1
+        return [SendAudio(turn.id, turn.seq - 1, event.pcm)]
+
+    def _on_finished(self, event: ReplyFinished) -> list[Effect]:
+        turn = self._current(event.turn_id)
+        if turn is None:
+            return []
+        if not turn.released:
+            turn.finished = event
+            return []
+        return self._complete(turn, event)
+
+    def _complete(self, turn: _Turn, event: ReplyFinished) -> list[Effect]:
+        text = " ".join(turn.sentences)
+        if text:
+            self.conversation.append(ChatMessage("assistant", text))
+        self._turn = None
+        self._to(State.LISTENING)
+        return [Send(p.ReplyDone(turn.id, text)), Send(self._metrics(turn, event))]
+
+    def _metrics(self, turn: _Turn, done: ReplyFinished | None) -> p.Metrics:
+        def ms(a: float | None, b: float | None) -> float | None:
+            return None if a is None or b is None else round((b - a) * 1000, 1)
+
+        stats = done.stats if done is not None else None
+        return p.Metrics(
+            turn_id=turn.id,
+            endpointing_ms=ms(turn.speech_end_time, turn.final_time),
+            asr_ms=turn.asr_ms,
+            reply_first_sentence_ms=turn.first_sentence_ms,
+            reply_ms=done.reply_ms if done is not None else None,
+            tts_first_chunk_ms=turn.tts_first_ms,
+            first_audio_ms=ms(turn.speech_end_time, turn.first_audio_time),
+            speculative=turn.speculative,
+            reply_tokens=stats.tokens if stats else 0,
+            forward_passes=stats.forward_passes if stats else 0,
+        )
+
+    def _on_failed(self, event: TurnFailed) -> list[Effect]:
+        turn = self._current(event.turn_id)
+        if turn is None:
+            return []
+        if not turn.released:  # a failed speculation: the final turn starts afresh
+            self._turn = None
+            return []
+        out = self._cancel_turn("error")
+        return [*out, Send(p.Error("turn_failed", event.message))]
+
+    def _drop_speculation(self) -> list[Effect]:
+        """The user went on talking: forget the unreleased turn, nothing was sent."""
+        turn = self._turn
+        if turn is None or turn.released:
+            return []
+        self._turn = None
+        return [CancelTurn(turn.id)]
+
+    def _cancel_turn(self, reason: str) -> list[Effect]:
+        turn = self._turn
+        if turn is None or not turn.released:
+            return []
+        self._turn = None
+        spoken = truncate_to_sent(turn.sentences, turn.sent_samples, turn.sentence_samples)
+        if spoken:
+            self.conversation.append(ChatMessage("assistant", spoken))
+        self._to(State.LISTENING)
+        out: list[Effect] = [CancelTurn(turn.id)]
+        if reason != "closed":
+            cancelled = p.ReplyCancelled(turn.id, reason, spoken)  # type: ignore[arg-type]
+            out += [Send(cancelled), Send(self._metrics(turn, None))]
+        return out
+
+    def _on_disconnect(self) -> list[Effect]:
+        out = self._cancel_turn("closed") + self._drop_speculation()
+        self._to(State.CLOSED)
+        return out

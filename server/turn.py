@@ -1,0 +1,147 @@
+"""The pipeline of one turn: final ASR -> reply model -> TTS -> paced audio.
+
+A turn runs as one asyncio task. It reports everything it produces to the session as
+events (through ``deliver``); the session decides what is sent. Audio waits for the
+turn to be released (speculative turns are produced during the user's trailing silence
+and may be thrown away) and is then paced at real time plus a small lead, so that a
+barge-in stops the sound within that lead and the conversation can keep exactly the
+part that was sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from audio.resample import float32_to_pcm16, int16_to_float32, resample
+from model.engine import ChatMessage, ReplyEnd, Sentence
+
+from .runtime import Runtime
+from .session import (
+    Event,
+    FinalTranscript,
+    ReplyAudio,
+    ReplyFinished,
+    ReplySentence,
+    StartTurn,
+    TurnFailed,
+)
+
+log = logging.getLogger("quicksilver")
+
+Deliver = Callable[[Event], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Pacing:
+    frame_ms: int = 100  # size of one audio frame on the wire
+    lead_ms: int = 500  # how far sending may run ahead of real time
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    sentence: int
+    pcm: bytes  # PCM16 at the output rate
+    tts_ms: float
+
+
+def synthesize(rt: Runtime, text: str, out_rate: int) -> bytes:
+    """Blocking: one sentence to PCM16 at the client's rate."""
+    parts = [int16_to_float32(c) for c in rt.tts.synthesize(text)]
+    audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
+    return float32_to_pcm16(resample(audio, rt.tts.sample_rate, out_rate))
+
+
+async def run_turn(
+    rt: Runtime, start: StartTurn, released: asyncio.Event, deliver: Deliver, pacing: Pacing
+) -> None:
+    try:
+        await _run(rt, start, released, deliver, pacing)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        log.exception("turn %d failed", start.turn_id)
+        await deliver(TurnFailed(start.turn_id, f"{type(exc).__name__}: {exc}"))
+
+
+async def _run(
+    rt: Runtime, start: StartTurn, released: asyncio.Event, deliver: Deliver, pacing: Pacing
+) -> None:
+    loop = asyncio.get_running_loop()
+    text = start.text or ""
+    if start.audio is not None:
+        t0 = loop.time()
+        transcript = await rt.worker("asr").run(rt.asr.transcribe, start.audio)
+        text = transcript.text
+        await deliver(FinalTranscript(start.turn_id, text, _ms(t0, loop.time())))
+    if not text.strip():
+        await deliver(ReplyFinished(start.turn_id, None, None))
+        return
+    conversation = (*start.history, ChatMessage("user", text))
+    chunks: asyncio.Queue[_Chunk | None] = asyncio.Queue()
+    async with asyncio.TaskGroup() as tg:
+        produced = tg.create_task(_produce(rt, start, conversation, chunks, deliver))
+        tg.create_task(_send(start, released, chunks, deliver, pacing))
+    stats, reply_ms = produced.result()
+    await deliver(ReplyFinished(start.turn_id, stats, reply_ms))
+
+
+async def _produce(
+    rt: Runtime,
+    start: StartTurn,
+    conversation: tuple[ChatMessage, ...],
+    chunks: asyncio.Queue[_Chunk | None],
+    deliver: Deliver,
+) -> tuple[object, float]:
+    """Reply sentences -> TTS, first sentence first; the model keeps writing meanwhile."""
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    stats = None
+    try:
+        async for chunk in rt.reply.stream(conversation, rt.max_reply_tokens):
+            match chunk:
+                case Sentence(text=text, index=index):
+                    await deliver(ReplySentence(start.turn_id, index, text, _ms(t0, loop.time())))
+                    t1 = loop.time()
+                    pcm = await rt.worker("tts").run(synthesize, rt, text, start.output_rate)
+                    chunks.put_nowait(_Chunk(index, pcm, _ms(t1, loop.time())))
+                case ReplyEnd(stats=s):
+                    stats = s
+    finally:
+        chunks.put_nowait(None)
+    return stats, _ms(t0, loop.time())
+
+
+async def _send(
+    start: StartTurn,
+    released: asyncio.Event,
+    chunks: asyncio.Queue[_Chunk | None],
+    deliver: Deliver,
+    pacing: Pacing,
+) -> None:
+    await released.wait()
+    loop = asyncio.get_running_loop()
+    frame_bytes = start.output_rate * pacing.frame_ms // 1000 * 2
+    t_start: float | None = None
+    sent_s = 0.0
+    while (chunk := await chunks.get()) is not None:
+        for i, off in enumerate(range(0, len(chunk.pcm), frame_bytes)):
+            if t_start is None:
+                t_start = loop.time()
+            ahead = sent_s - (loop.time() - t_start) - pacing.lead_ms / 1000
+            if ahead > 0:
+                await asyncio.sleep(ahead)
+            frame = chunk.pcm[off : off + frame_bytes]
+            tts_ms = chunk.tts_ms if i == 0 else None
+            await deliver(
+                ReplyAudio(start.turn_id, chunk.sentence, frame, len(chunk.pcm) // 2, tts_ms)
+            )
+            sent_s += len(frame) / 2 / start.output_rate
+
+
+def _ms(t0: float, t1: float) -> float:
+    return round((t1 - t0) * 1000, 1)

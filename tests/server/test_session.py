@@ -1,0 +1,464 @@
+"""The session state machine, driven synchronously: no socket, no loop, no clock.
+
+VAD results are fed as probability sequences (one per 32 ms frame); the endpoint
+defaults are min speech 3 frames, pause 7 frames, end of turn 19 frames.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from audio.endpoint import EndpointConfig
+from model.engine import ChatMessage, GenerationStats
+from server import protocol as p
+from server.session import (
+    TRANSITIONS,
+    AudioBytes,
+    CancelTurn,
+    Close,
+    Disconnected,
+    Effect,
+    FinalTranscript,
+    PartialTranscript,
+    ReleaseTurn,
+    ReplyAudio,
+    ReplyFinished,
+    ReplySentence,
+    RunVad,
+    Send,
+    SendAudio,
+    Session,
+    SessionConfig,
+    StartPartial,
+    StartTurn,
+    State,
+    TurnFailed,
+    VadResult,
+    sounds_complete,
+    truncate_to_sent,
+)
+
+FRAME = 512
+SPEECH, SILENCE = 0.9, 0.05
+
+
+@dataclass
+class Driver:
+    """Feeds a session and keeps the clock (audio time == wall time here)."""
+
+    s: Session
+    now: float = 0.0
+
+    def send(self, event: object) -> list[Effect]:
+        return self.s.receive(event, self.now)  # type: ignore[arg-type]
+
+    def frames(self, prob: float, n: int) -> list[Effect]:
+        out: list[Effect] = []
+        for _ in range(n):
+            self.now += FRAME / 16000
+            samples = np.zeros(FRAME, np.float32)
+            out += self.s.receive(VadResult(samples, np.array([prob], np.float32)), self.now)
+        return out
+
+    def speak(self, frames: int = 20) -> list[Effect]:
+        return self.frames(SPEECH, frames)
+
+    def silence(self, frames: int) -> list[Effect]:
+        return self.frames(SILENCE, frames)
+
+
+def sent(effects: list[Effect], kind: type | None = None) -> list[p.ServerMessage]:
+    return [
+        e.message
+        for e in effects
+        if isinstance(e, Send) and (kind is None or isinstance(e.message, kind))
+    ]
+
+
+def of(effects: list[Effect], kind: type) -> list[Effect]:
+    return [e for e in effects if isinstance(e, kind)]
+
+
+def make(config: SessionConfig | None = None) -> Driver:
+    d = Driver(Session("test", config or SessionConfig(), "tiny.en", "fake"))
+    out = d.send(p.Start(sample_rate=16000))
+    assert isinstance(sent(out)[0], p.Ready)
+    return d
+
+
+def spoken_turn(d: Driver, transcript: str = "What is the capital of France?") -> int:
+    """Speak, pause (speculative turn starts), and answer the speculative ASR."""
+    d.speak()
+    out = d.silence(7)
+    (start,) = of(out, StartTurn)
+    assert isinstance(start, StartTurn)
+    assert start.audio is not None and start.text is None
+    d.send(FinalTranscript(start.turn_id, transcript, 100.0))
+    return start.turn_id
+
+
+def released_turn(d: Driver) -> int:
+    turn = spoken_turn(d, "What is the capital of")  # incomplete: waits for end of turn
+    out = d.silence(12)
+    assert of(out, ReleaseTurn)
+    return turn
+
+
+# --- start and errors ------------------------------------------------------------
+
+
+def test_start_sends_ready_and_listens() -> None:
+    d = Driver(Session("abc", SessionConfig(), "tiny.en", "fake"))
+    assert d.s.state is State.IDLE
+    (ready,) = sent(d.send(p.Start(sample_rate=48000, output_sample_rate=24000)))
+    assert ready == p.Ready("abc", 48000, 24000, asr="tiny.en", reply_engine="fake")
+    assert d.s.state is State.LISTENING
+    (err,) = sent(d.send(p.Start(sample_rate=16000)))
+    assert isinstance(err, p.Error) and err.code == "already_started"
+
+
+@pytest.mark.parametrize(
+    "start",
+    [p.Start(sample_rate=11025), p.Start(sample_rate=16000, output_sample_rate=44100)],
+)
+def test_unsupported_rate_is_an_error_and_session_stays_idle(start: p.Start) -> None:
+    d = Driver(Session("x", SessionConfig(), "a", "b"))
+    (err,) = sent(d.send(start))
+    assert isinstance(err, p.Error) and err.code == "unsupported_sample_rate"
+    assert d.s.state is State.IDLE
+    assert isinstance(sent(d.send(p.Start(sample_rate=8000)))[0], p.Ready)
+
+
+def test_wrong_protocol_version() -> None:
+    d = Driver(Session("x", SessionConfig(), "a", "b"))
+    (err,) = sent(d.send(p.Start(sample_rate=16000, protocol=2)))
+    assert isinstance(err, p.Error) and err.code == "unsupported_protocol"
+
+
+@pytest.mark.parametrize(
+    "event", [AudioBytes(b"\x00\x00"), p.Text("hi"), p.Cancel(), p.EndOfInput()]
+)
+def test_anything_before_start_is_not_started(event: object) -> None:
+    d = Driver(Session("x", SessionConfig(), "a", "b"))
+    out = d.send(event)
+    (err,) = sent(out)
+    assert isinstance(err, p.Error) and err.code == "not_started"
+    assert len(out) == 1 and d.s.state is State.IDLE
+
+
+def test_audio_bytes_are_validated_and_resampled() -> None:
+    d = make()
+    (err,) = sent(d.send(AudioBytes(b"\x00\x01\x02")))
+    assert isinstance(err, p.Error) and err.code == "bad_audio"
+    (err,) = sent(d.send(AudioBytes(bytes(2 * 16000 + 2))))
+    assert isinstance(err, p.Error) and err.code == "frame_too_large"
+    out = d.send(AudioBytes(bytes(2 * 1600)))  # 100 ms
+    (vad,) = of(out, RunVad)
+    assert isinstance(vad, RunVad) and vad.samples.dtype == np.float32
+    assert d.s.state is State.LISTENING
+
+
+def test_audio_at_8khz_is_resampled_to_16khz() -> None:
+    d = Driver(Session("x", SessionConfig(), "a", "b"))
+    d.send(p.Start(sample_rate=8000))
+    total = 0
+    for _ in range(10):
+        tone = (np.sin(np.arange(800) / 5) * 8000).astype("<i2").tobytes()
+        total += sum(e.samples.size for e in of(d.send(AudioBytes(tone)), RunVad))  # type: ignore[attr-defined]
+    assert abs(total - 16000) < 100  # 1 s in, 1 s out: no audio held back
+
+
+def test_too_many_errors_closes_the_connection() -> None:
+    d = make(SessionConfig(max_errors=3))
+    d.send(AudioBytes(b"\x00"))
+    d.send(AudioBytes(b"\x00"))
+    out = d.s.protocol_error(p.ProtocolError("bad_json", "x"))
+    (close,) = of(out, Close)
+    assert isinstance(close, Close) and close.code == p.CloseCode.TOO_MANY_ERRORS
+    assert d.s.state is State.CLOSED
+    assert d.send(p.Text("hello")) == []
+
+
+# --- speech turns ----------------------------------------------------------------
+
+
+def test_speech_start_and_pause_start_a_speculative_turn_that_sends_nothing() -> None:
+    d = make()
+    out = d.speak(5)
+    (started,) = sent(out, p.SpeechStarted)
+    assert isinstance(started, p.SpeechStarted) and started.turn_id == 1
+    out = d.speak(15) + d.silence(7)
+    assert [type(m) for m in sent(out)] == [p.SpeechStopped]
+    (start,) = of(out, StartTurn)
+    assert isinstance(start, StartTurn) and start.turn_id == 1 and start.history == ()
+    # Everything the speculative turn produces is held back.
+    assert d.send(FinalTranscript(1, "What is the capital of", 90.0)) == []
+    assert d.send(ReplySentence(1, 0, "Paris.", 50.0)) == []
+    assert d.send(ReplyAudio(1, 0, b"\x00\x00" * 10, 10, 5.0)) == []
+    assert d.s.state is State.LISTENING and d.s.conversation == []
+
+
+def test_speaking_again_throws_the_speculative_turn_away() -> None:
+    d = make()
+    turn = spoken_turn(d, "What is the capital of")
+    d.send(ReplySentence(turn, 0, "Paris.", 50.0))
+    out = d.speak(5)
+    assert of(out, CancelTurn) == [CancelTurn(turn)]
+    assert [type(m) for m in sent(out)] == [p.SpeechStarted]  # same turn continues
+    assert sent(out)[0].turn_id == turn  # type: ignore[union-attr]
+    # Late results of the dropped speculation are ignored.
+    assert d.send(ReplySentence(turn, 1, "Stale.", 60.0)) == []
+    out = d.silence(7)
+    (again,) = of(out, StartTurn)
+    assert isinstance(again, StartTurn) and again.turn_id == turn
+
+
+def test_end_of_turn_releases_everything_held_in_order() -> None:
+    d = make()
+    turn = spoken_turn(d, "What is the capital of")
+    d.send(ReplySentence(turn, 0, "Paris is the capital.", 50.0))
+    out = d.silence(12)  # 19 frames of silence in all
+    assert of(out, ReleaseTurn) == [ReleaseTurn(turn)]
+    assert [type(m) for m in sent(out)] == [p.TranscriptFinal, p.ReplyText]
+    assert d.s.state is State.THINKING
+    assert d.s.conversation == [ChatMessage("user", "What is the capital of")]
+
+
+def test_complete_sentence_is_released_before_the_long_silence() -> None:
+    d = make(SessionConfig(complete_turn_ms=320))
+    spoken_turn(d, "What is the capital of France?")  # 7 silent frames = 224 ms
+    assert not of(d.silence(2), ReleaseTurn)  # 288 ms
+    out = d.silence(1)  # 320 ms
+    assert of(out, ReleaseTurn)
+    (final,) = sent(out, p.TranscriptFinal)
+    assert final.text == "What is the capital of France?"  # type: ignore[union-attr]
+    # The endpointer's own end of turn later must not start a second reply.
+    assert not of(d.silence(15), StartTurn)
+
+
+def test_transcript_arriving_after_end_of_turn_is_sent_when_it_arrives() -> None:
+    d = make()
+    d.speak()
+    (start,) = of(d.silence(7), StartTurn)
+    out = d.silence(12)
+    assert of(out, ReleaseTurn) and not sent(out, p.TranscriptFinal)
+    (final,) = sent(d.send(FinalTranscript(start.turn_id, "Hello there", 80.0)))  # type: ignore[attr-defined]
+    assert isinstance(final, p.TranscriptFinal) and final.text == "Hello there"
+
+
+def test_reply_audio_speaking_done_and_metrics() -> None:
+    d = make()
+    turn = released_turn(d)
+    t_release = d.now
+    d.send(ReplySentence(turn, 0, "Paris.", 40.0))
+    d.now += 0.3
+    out = d.send(ReplyAudio(turn, 0, b"\x01\x00" * 100, 100, 30.0))
+    assert of(out, SendAudio) == [SendAudio(turn, 0, b"\x01\x00" * 100)]
+    assert d.s.state is State.SPEAKING
+    out = d.send(ReplyAudio(turn, 0, b"\x01\x00" * 100, 100, None))
+    assert of(out, SendAudio)[0].seq == 1  # type: ignore[attr-defined]
+    stats = GenerationStats(tokens=5, forward_passes=6, stopped_by="end")
+    out = d.send(ReplyFinished(turn, stats, 200.0))
+    done, metrics = sent(out)
+    assert done == p.ReplyDone(turn, "Paris.")
+    assert isinstance(metrics, p.Metrics)
+    assert metrics.speculative and metrics.reply_tokens == 5 and metrics.forward_passes == 6
+    assert metrics.asr_ms == 100.0 and metrics.tts_first_chunk_ms == 30.0
+    # Speech ended where the silence began: 19 frames (608 ms) before the release.
+    assert metrics.endpointing_ms == pytest.approx(608, abs=1)
+    assert metrics.first_audio_ms == pytest.approx(608 + 300, abs=1)
+    assert d.now - t_release == pytest.approx(0.3)
+    assert d.s.state is State.LISTENING
+    assert d.s.conversation[-1] == ChatMessage("assistant", "Paris.")
+
+
+def test_empty_transcript_ends_the_turn_without_a_reply() -> None:
+    d = make()
+    turn = spoken_turn(d, "")
+    d.send(ReplyFinished(turn, None, None))  # the pipeline stops at an empty transcript
+    out = d.silence(12)
+    assert [type(m) for m in sent(out)] == [p.TranscriptFinal, p.ReplyDone, p.Metrics]
+    assert d.s.state is State.LISTENING and d.s.conversation == []
+
+
+def test_partial_transcripts_one_at_a_time() -> None:
+    d = make(SessionConfig(partial_interval_ms=320, min_partial_speech_ms=320))
+    out = d.speak(9)
+    assert not of(out, StartPartial)
+    out = d.speak(1)  # 10 frames = 320 ms heard
+    (job,) = of(out, StartPartial)
+    assert isinstance(job, StartPartial) and job.audio.size > 0
+    assert not of(d.speak(20), StartPartial)  # one in flight: no second job
+    (msg,) = sent(d.send(PartialTranscript(job.turn_id, "what is")))
+    assert msg == p.TranscriptPartial(job.turn_id, "what is")
+    assert of(d.speak(1), StartPartial)  # overdue: the next starts at once
+    assert sent(d.send(PartialTranscript(job.turn_id, None))) == []  # skipped job
+
+
+# --- barge-in, cancel, text, push-to-talk ----------------------------------------
+
+
+def test_barge_in_cancels_and_keeps_only_what_was_sent() -> None:
+    d = make()
+    turn = released_turn(d)
+    d.send(ReplySentence(turn, 0, "Paris is the capital of France.", 40.0))
+    d.send(ReplySentence(turn, 1, "It has many museums and cafes.", 80.0))
+    d.send(ReplyAudio(turn, 0, b"\x00\x00" * 100, 100, 20.0))
+    d.send(ReplyAudio(turn, 1, b"\x00\x00" * 50, 100, 20.0))  # half of sentence two
+    out = d.speak(5)
+    assert of(out, CancelTurn) == [CancelTurn(turn)]
+    cancelled = sent(out, p.ReplyCancelled)[0]
+    assert cancelled == p.ReplyCancelled(
+        turn, "barge_in", "Paris is the capital of France. It has many"
+    )
+    started = sent(out, p.SpeechStarted)[0]
+    assert started.turn_id == turn + 1  # type: ignore[union-attr]
+    assert d.s.conversation[-1].content == "Paris is the capital of France. It has many"
+    # Audio of the cancelled turn that is still in the pipe is never sent.
+    assert d.send(ReplyAudio(turn, 1, b"\x00\x00" * 50, 100, None)) == []
+    assert d.send(ReplyFinished(turn, None, 1.0)) == []
+    assert d.s.state is State.LISTENING
+
+
+def test_client_cancel_while_thinking() -> None:
+    d = make()
+    turn = released_turn(d)
+    out = d.send(p.Cancel())
+    assert of(out, CancelTurn) == [CancelTurn(turn)]
+    assert sent(out, p.ReplyCancelled)[0] == p.ReplyCancelled(turn, "client_cancel", "")
+    assert d.s.state is State.LISTENING
+    assert d.send(p.Cancel()) == []  # nothing left to cancel
+
+
+def test_text_message_is_a_released_turn_and_replaces_the_current_one() -> None:
+    d = make()
+    d.now = 5.0
+    out = d.send(p.Text("Tell me a joke"))
+    (start,) = of(out, StartTurn)
+    assert isinstance(start, StartTurn) and start.text == "Tell me a joke" and start.audio is None
+    assert of(out, ReleaseTurn) == [ReleaseTurn(start.turn_id)]
+    assert d.s.state is State.THINKING
+    assert d.s.conversation == [ChatMessage("user", "Tell me a joke")]
+    out = d.send(p.Text("Actually, the weather?"))
+    assert sent(out, p.ReplyCancelled)[0].reason == "new_input"  # type: ignore[union-attr]
+    (second,) = of(out, StartTurn)
+    assert isinstance(second, StartTurn) and second.history == (
+        ChatMessage("user", "Tell me a joke"),
+    )
+
+
+def test_push_to_talk_end_of_input_answers_at_once() -> None:
+    d = make()
+    (err,) = sent(d.send(p.EndOfInput()))
+    assert isinstance(err, p.Error) and err.code == "no_speech"
+    d.speak(10)
+    out = d.send(p.EndOfInput())
+    assert [type(m) for m in sent(out)] == [p.SpeechStopped]
+    (start,) = of(out, StartTurn)
+    assert of(out, ReleaseTurn) == [ReleaseTurn(start.turn_id)]  # type: ignore[attr-defined]
+    assert isinstance(start, StartTurn) and start.audio is not None and start.audio.size > 0
+
+
+def test_failed_turn_reports_an_error_and_listens_again() -> None:
+    d = make()
+    turn = released_turn(d)
+    out = d.send(TurnFailed(turn, "boom"))
+    assert [type(m) for m in sent(out)] == [p.ReplyCancelled, p.Metrics, p.Error]
+    assert d.s.state is State.LISTENING
+
+
+def test_failed_speculation_is_silent_and_the_final_turn_starts_afresh() -> None:
+    d = make()
+    d.speak()
+    (start,) = of(d.silence(7), StartTurn)
+    assert d.send(TurnFailed(start.turn_id, "boom")) == []  # type: ignore[attr-defined]
+    out = d.silence(12)
+    (again,) = of(out, StartTurn)
+    assert of(out, ReleaseTurn) == [ReleaseTurn(again.turn_id)]  # type: ignore[attr-defined]
+
+
+def test_disconnect_cancels_the_turn_and_sends_nothing() -> None:
+    d = make()
+    turn = released_turn(d)
+    out = d.send(Disconnected())
+    assert out == [CancelTurn(turn)]
+    assert d.s.state is State.CLOSED
+    assert d.send(ReplyAudio(turn, 0, b"\x00\x00", 1, None)) == []
+
+
+def test_disconnect_drops_a_speculative_turn() -> None:
+    d = make()
+    turn = spoken_turn(d)
+    assert d.send(Disconnected()) == [CancelTurn(turn)]
+
+
+# --- the transition table and helpers --------------------------------------------
+
+
+def test_every_state_is_in_the_transition_table_and_closed_is_final() -> None:
+    assert set(TRANSITIONS) == set(State)
+    assert TRANSITIONS[State.CLOSED] == frozenset()
+    assert all(
+        State.CLOSED in targets for s, targets in TRANSITIONS.items() if s is not State.CLOSED
+    )
+
+
+def test_illegal_transition_is_refused() -> None:
+    d = make()
+    with pytest.raises(AssertionError):
+        d.s._to(State.SPEAKING)  # listening -> speaking skips thinking
+
+
+def test_every_transition_is_exercised() -> None:
+    """Walk idle -> listening -> thinking -> speaking -> listening -> thinking -> listening -> closed."""
+    seen: list[tuple[State, State]] = []
+    d = Driver(Session("x", SessionConfig(), "a", "b"))
+
+    def step(event: object) -> None:
+        before = d.s.state
+        d.send(event)
+        if d.s.state is not before:
+            seen.append((before, d.s.state))
+
+    step(p.Start(sample_rate=16000))
+    step(p.Text("one"))
+    step(ReplySentence(1, 0, "A.", 1.0))
+    step(ReplyAudio(1, 0, b"\x00\x00", 1, 1.0))
+    step(ReplyFinished(1, None, 1.0))
+    step(p.Text("two"))
+    step(p.Cancel())
+    step(Disconnected())
+    other = Driver(Session("y", SessionConfig(), "a", "b"))
+    other.send(Disconnected())
+    seen.append((State.IDLE, other.s.state))
+    expected = {(a, b) for a, targets in TRANSITIONS.items() for b in targets}
+    assert set(seen) | {(State.THINKING, State.CLOSED), (State.SPEAKING, State.CLOSED)} == expected
+
+
+def test_sounds_complete() -> None:
+    assert sounds_complete("What is the capital of France?")
+    assert sounds_complete("Turn on the lights.")
+    assert not sounds_complete("What is the capital of.")
+    assert not sounds_complete("Set a timer for")
+    assert not sounds_complete("")
+
+
+def test_truncate_to_sent() -> None:
+    sentences = ["One two three four.", "Five six."]
+    assert truncate_to_sent(sentences, {}, {}) == ""
+    assert truncate_to_sent(sentences, {0: 50}, {0: 100}) == "One two"
+    assert (
+        truncate_to_sent(sentences, {0: 100, 1: 100}, {0: 100, 1: 100})
+        == "One two three four. Five six."
+    )
+
+
+def test_endpoint_config_flows_into_the_session() -> None:
+    cfg = SessionConfig(endpoint=EndpointConfig(pause_ms=96, end_of_turn_ms=160))
+    d = make(cfg)
+    d.speak()
+    assert of(d.silence(3), StartTurn)
+    assert of(d.silence(2), ReleaseTurn)
