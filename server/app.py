@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import http
 import json
 import logging
@@ -126,7 +127,7 @@ class Connection:
                         run_turn(self.rt, effect, released, self.deliver, self.config.pacing)
                     )
                     self.turns[effect.turn_id] = (task, released)
-                    task.add_done_callback(lambda _t, i=effect.turn_id: self._forget_turn(i, _t))
+                    task.add_done_callback(functools.partial(self._forget_turn, effect.turn_id))
                 case ReleaseTurn(turn_id=turn_id):
                     self.turns[turn_id][1].set()
                 case CancelTurn(turn_id=turn_id):

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import ParamSpec, TypeVar
 
 from audio.asr import Transcriber, load_transcriber
-from audio.tts import Synthesizer, load_synthesizer
+from audio.tts import Synthesizer
 from audio.vad import SileroVad
 from model.engine import ReplyEngine
 
@@ -90,7 +90,7 @@ def load_runtime(options: RuntimeOptions) -> Runtime:
     workers = {name: Worker(name) for name in ("vad", "asr", "tts", "reply")}
     vad = _timed("Silero VAD", SileroVad)
     asr = _timed(f"Whisper {options.asr}", lambda: load_transcriber(options.asr, options.cache_dir))
-    tts = _timed("Piper voice en_US-joe-medium", load_synthesizer)
+    tts = _timed("Piper voice en_US-joe-medium", Synthesizer)
     reply = _timed(
         f"reply engine {options.engine}", lambda: load_engine(options.engine, workers["reply"])
     )

@@ -26,11 +26,12 @@ from audio.endpoint import (
     EndOfTurn,
     EndpointConfig,
     Endpointer,
+    EndpointEvent,
     SpeechPaused,
     SpeechResumed,
     SpeechStarted,
 )
-from audio.resample import StreamResampler, pcm16_to_float32
+from audio.resample import Quality, StreamResampler, pcm16_to_float32
 from audio.ring import AudioRing
 from model.engine import ChatMessage, GenerationStats
 
@@ -250,46 +251,11 @@ class _Turn:
 
 # A transcript reads as complete when it ends with terminal punctuation and its last
 # word is not one that announces more (Whisper punctuates half sentences too).
-_OPEN_ENDINGS = frozenset(
-    [
-        "a",
-        "an",
-        "the",
-        "and",
-        "or",
-        "but",
-        "so",
-        "to",
-        "of",
-        "in",
-        "on",
-        "at",
-        "for",
-        "with",
-        "from",
-        "by",
-        "about",
-        "like",
-        "is",
-        "are",
-        "was",
-        "what",
-        "which",
-        "who",
-        "how",
-        "when",
-        "where",
-        "why",
-        "my",
-        "your",
-        "our",
-        "their",
-        "this",
-        "that",
-        "um",
-        "uh",
-    ]
-)
+_OPEN_WORDS = """
+    a an the and or but so to of in on at for with from by about like is are was
+    what which who how when where why my your our their this that um uh
+"""
+_OPEN_ENDINGS = frozenset(_OPEN_WORDS.split())
 _LAST_WORD = re.compile(r"([A-Za-z']+)\W*$")
 
 
@@ -415,7 +381,7 @@ class Session:
         self._input_rate = start.sample_rate
         # Upsampling 8 kHz with soxr's low quality filter holds back 60 ms of audio,
         # a delay added to every end of turn; cubic interpolation holds back none.
-        quality = "QQ" if start.sample_rate < SAMPLE_RATE else "LQ"
+        quality: Quality = "QQ" if start.sample_rate < SAMPLE_RATE else "LQ"
         self._resampler = StreamResampler(start.sample_rate, SAMPLE_RATE, quality)
         self._output_rate = out_rate
         self._to(State.LISTENING)
@@ -458,7 +424,7 @@ class Session:
         """Wall time of an input sample: the newest sample arrived at `now`."""
         return now - (self._ring.total_written - sample) / SAMPLE_RATE
 
-    def _handle_endpoint(self, events: list[object], now: float) -> list[Effect]:
+    def _handle_endpoint(self, events: list[EndpointEvent], now: float) -> list[Effect]:
         out: list[Effect] = []
         for ev in events:
             match ev:
@@ -550,9 +516,8 @@ class Session:
         return [Send(p.TranscriptPartial(u.turn_id, event.text))]
 
     def _utterance_audio(self, u: _Utterance) -> np.ndarray:
-        pre = self.config.endpoint.pre_roll_ms * SAMPLE_RATE // 1000
         end = u.end if u.end is not None else self._ring.total_written
-        return self._ring.slice(max(0, u.start - pre), end)
+        return self._ring.slice(self.config.endpoint.asr_start(u.start), end)
 
     # -- turns --
 

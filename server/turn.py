@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from audio.resample import float32_to_pcm16, int16_to_float32, resample
-from model.engine import ChatMessage, ReplyEnd, Sentence
+from model.engine import ChatMessage, GenerationStats, ReplyEnd, Sentence
 
 from .runtime import Runtime
 from .session import (
@@ -96,11 +96,11 @@ async def _produce(
     conversation: tuple[ChatMessage, ...],
     chunks: asyncio.Queue[_Chunk | None],
     deliver: Deliver,
-) -> tuple[object, float]:
+) -> tuple[GenerationStats | None, float]:
     """Reply sentences -> TTS, first sentence first; the model keeps writing meanwhile."""
     loop = asyncio.get_running_loop()
     t0 = loop.time()
-    stats = None
+    stats: GenerationStats | None = None
     try:
         async for chunk in rt.reply.stream(conversation, rt.max_reply_tokens):
             match chunk:

@@ -1,7 +1,7 @@
 """The session state machine, driven synchronously: no socket, no loop, no clock.
 
 VAD results are fed as probability sequences (one per 32 ms frame); the endpoint
-defaults are min speech 3 frames, pause 7 frames, end of turn 19 frames.
+settings used here are min speech 3 frames, pause 7 frames, end of turn 19 frames.
 """
 
 from __future__ import annotations
@@ -43,6 +43,11 @@ from server.session import (
 
 FRAME = 512
 SPEECH, SILENCE = 0.9, 0.05
+ENDPOINT = EndpointConfig(min_speech_ms=96, pause_ms=224, end_of_turn_ms=608)
+
+
+def settings(**kwargs: object) -> SessionConfig:
+    return SessionConfig(endpoint=ENDPOINT, **kwargs)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -83,7 +88,7 @@ def of(effects: list[Effect], kind: type) -> list[Effect]:
 
 
 def make(config: SessionConfig | None = None) -> Driver:
-    d = Driver(Session("test", config or SessionConfig(), "tiny.en", "fake"))
+    d = Driver(Session("test", config or settings(), "tiny.en", "fake"))
     out = d.send(p.Start(sample_rate=16000))
     assert isinstance(sent(out)[0], p.Ready)
     return d
@@ -111,7 +116,7 @@ def released_turn(d: Driver) -> int:
 
 
 def test_start_sends_ready_and_listens() -> None:
-    d = Driver(Session("abc", SessionConfig(), "tiny.en", "fake"))
+    d = Driver(Session("abc", settings(), "tiny.en", "fake"))
     assert d.s.state is State.IDLE
     (ready,) = sent(d.send(p.Start(sample_rate=48000, output_sample_rate=24000)))
     assert ready == p.Ready("abc", 48000, 24000, asr="tiny.en", reply_engine="fake")
@@ -125,7 +130,7 @@ def test_start_sends_ready_and_listens() -> None:
     [p.Start(sample_rate=11025), p.Start(sample_rate=16000, output_sample_rate=44100)],
 )
 def test_unsupported_rate_is_an_error_and_session_stays_idle(start: p.Start) -> None:
-    d = Driver(Session("x", SessionConfig(), "a", "b"))
+    d = Driver(Session("x", settings(), "a", "b"))
     (err,) = sent(d.send(start))
     assert isinstance(err, p.Error) and err.code == "unsupported_sample_rate"
     assert d.s.state is State.IDLE
@@ -133,7 +138,7 @@ def test_unsupported_rate_is_an_error_and_session_stays_idle(start: p.Start) -> 
 
 
 def test_wrong_protocol_version() -> None:
-    d = Driver(Session("x", SessionConfig(), "a", "b"))
+    d = Driver(Session("x", settings(), "a", "b"))
     (err,) = sent(d.send(p.Start(sample_rate=16000, protocol=2)))
     assert isinstance(err, p.Error) and err.code == "unsupported_protocol"
 
@@ -142,7 +147,7 @@ def test_wrong_protocol_version() -> None:
     "event", [AudioBytes(b"\x00\x00"), p.Text("hi"), p.Cancel(), p.EndOfInput()]
 )
 def test_anything_before_start_is_not_started(event: object) -> None:
-    d = Driver(Session("x", SessionConfig(), "a", "b"))
+    d = Driver(Session("x", settings(), "a", "b"))
     out = d.send(event)
     (err,) = sent(out)
     assert isinstance(err, p.Error) and err.code == "not_started"
@@ -162,7 +167,7 @@ def test_audio_bytes_are_validated_and_resampled() -> None:
 
 
 def test_audio_at_8khz_is_resampled_to_16khz() -> None:
-    d = Driver(Session("x", SessionConfig(), "a", "b"))
+    d = Driver(Session("x", settings(), "a", "b"))
     d.send(p.Start(sample_rate=8000))
     total = 0
     for _ in range(10):
@@ -172,7 +177,7 @@ def test_audio_at_8khz_is_resampled_to_16khz() -> None:
 
 
 def test_too_many_errors_closes_the_connection() -> None:
-    d = make(SessionConfig(max_errors=3))
+    d = make(settings(max_errors=3))
     d.send(AudioBytes(b"\x00"))
     d.send(AudioBytes(b"\x00"))
     out = d.s.protocol_error(p.ProtocolError("bad_json", "x"))
@@ -228,7 +233,7 @@ def test_end_of_turn_releases_everything_held_in_order() -> None:
 
 
 def test_complete_sentence_is_released_before_the_long_silence() -> None:
-    d = make(SessionConfig(complete_turn_ms=320))
+    d = make(settings(complete_turn_ms=320))
     spoken_turn(d, "What is the capital of France?")  # 7 silent frames = 224 ms
     assert not of(d.silence(2), ReleaseTurn)  # 288 ms
     out = d.silence(1)  # 320 ms
@@ -285,7 +290,7 @@ def test_empty_transcript_ends_the_turn_without_a_reply() -> None:
 
 
 def test_partial_transcripts_one_at_a_time() -> None:
-    d = make(SessionConfig(partial_interval_ms=320, min_partial_speech_ms=320))
+    d = make(settings(partial_interval_ms=320, min_partial_speech_ms=320))
     out = d.speak(9)
     assert not of(out, StartPartial)
     out = d.speak(1)  # 10 frames = 320 ms heard
@@ -413,9 +418,9 @@ def test_illegal_transition_is_refused() -> None:
 
 
 def test_every_transition_is_exercised() -> None:
-    """Walk idle -> listening -> thinking -> speaking -> listening -> thinking -> listening -> closed."""
+    """idle -> listening -> thinking -> speaking -> listening -> thinking -> ... -> closed."""
     seen: list[tuple[State, State]] = []
-    d = Driver(Session("x", SessionConfig(), "a", "b"))
+    d = Driver(Session("x", settings(), "a", "b"))
 
     def step(event: object) -> None:
         before = d.s.state
@@ -431,7 +436,7 @@ def test_every_transition_is_exercised() -> None:
     step(p.Text("two"))
     step(p.Cancel())
     step(Disconnected())
-    other = Driver(Session("y", SessionConfig(), "a", "b"))
+    other = Driver(Session("y", settings(), "a", "b"))
     other.send(Disconnected())
     seen.append((State.IDLE, other.s.state))
     expected = {(a, b) for a, targets in TRANSITIONS.items() for b in targets}
@@ -458,6 +463,7 @@ def test_truncate_to_sent() -> None:
 
 def test_endpoint_config_flows_into_the_session() -> None:
     cfg = SessionConfig(endpoint=EndpointConfig(pause_ms=96, end_of_turn_ms=160))
+    assert cfg.endpoint != ENDPOINT
     d = make(cfg)
     d.speak()
     assert of(d.silence(3), StartTurn)
