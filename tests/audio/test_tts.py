@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from audio.asr import Transcriber, load_transcriber
+from audio.resample import int16_to_float32, resample
+from audio.tts import Synthesizer
+from tests.speech import word_error_rate
+
+pytestmark = pytest.mark.models
+
+
+@pytest.fixture(scope="module")
+def tts() -> Synthesizer:
+    return Synthesizer()
+
+
+def test_one_int16_chunk_per_sentence(tts: Synthesizer) -> None:
+    assert tts.sample_rate == 22_050
+    chunks = list(tts.synthesize("Sure. The timer is set for ten minutes. Anything else?"))
+    assert len(chunks) == 3
+    for c in chunks:
+        assert c.dtype == np.int16 and c.ndim == 1
+        assert 0.2 * tts.sample_rate < len(c) < 3 * tts.sample_rate
+        assert np.abs(c).max() > 16_000  # peak-normalised like Piper
+    assert list(tts.synthesize("")) == []
+
+
+def test_speech_is_intelligible(tts: Synthesizer) -> None:
+    asr: Transcriber = load_transcriber("tiny.en")
+    text = "Your package will arrive on Friday afternoon."
+    audio = np.concatenate(list(tts.synthesize(text)))
+    heard = asr.transcribe(resample(int16_to_float32(audio), tts.sample_rate, 16_000)).text
+    assert word_error_rate(text, heard) <= 0.25, heard
+
+
+def test_first_chunk_latency(tts: Synthesizer) -> None:
+    """Prints the time to the first sentence's audio (figure, not assertion)."""
+    reply = "It is sunny in Paris tomorrow. Expect a high of twenty two degrees."
+    runs = []
+    for _ in range(5):
+        t = time.perf_counter()
+        next(iter(tts.synthesize(reply)))
+        runs.append((time.perf_counter() - t) * 1000)
+    print(f"Piper first chunk: {np.median(runs):.0f} ms (median of 5)")
