@@ -9,8 +9,8 @@ from audio.asr import Transcriber, load_transcriber
 from audio.endpoint import (
     EndOfTurn,
     EndpointConfig,
-    EndpointEvent,
     Endpointer,
+    EndpointEvent,
     SpeechPaused,
     SpeechStarted,
     looks_incomplete,
