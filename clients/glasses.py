@@ -57,9 +57,7 @@ async def start_session(ws: ClientConnection, rate: int, client: str) -> p.Ready
     return message
 
 
-async def first_turn(
-    ws: ClientConnection, ready: p.Ready, printer: bool = True
-) -> TurnResult:
+async def first_turn(ws: ClientConnection, ready: p.Ready, printer: bool = True) -> TurnResult:
     """Read events until a turn's reply is done and measured; its audio is what was kept."""
     audio = TurnAudio()
     events: list[p.ServerMessage] = [ready]
