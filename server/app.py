@@ -9,6 +9,7 @@ blocking inference goes to the runtime's worker threads, and each turn is one ta
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import http
@@ -175,34 +176,84 @@ class Connection:
                 return
 
 
-def _route(connection: ServerConnection, request: Request) -> Response | None:
-    path = request.path.split("?", 1)[0]
-    if path == p.PATH:
-        return None
-    if path == "/healthz":
-        return connection.respond(http.HTTPStatus.OK, "ok\n")
-    body = json.dumps({"error": "not_found", "message": f"the voice endpoint is {p.PATH}"})
-    return connection.respond(http.HTTPStatus.NOT_FOUND, body + "\n")
+class LagMonitor:
+    """Measures event-loop lag: how late a 10 ms sleep wakes up, over a sliding window."""
+
+    def __init__(self, interval_s: float = 0.01, window: int = 6000) -> None:
+        self.interval_s = interval_s
+        self.samples: collections.deque[float] = collections.deque(maxlen=window)
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            t0 = loop.time()
+            await asyncio.sleep(self.interval_s)
+            self.samples.append(max(0.0, loop.time() - t0 - self.interval_s))
+
+    def summary(self) -> dict[str, float]:
+        if not self.samples:
+            return {}
+        lag = sorted(self.samples)
+
+        def pick(q: float) -> float:
+            return round(lag[min(len(lag) - 1, int(q * len(lag)))] * 1000, 2)
+
+        return {"p50_ms": pick(0.5), "p99_ms": pick(0.99), "max_ms": pick(1.0), "n": len(lag)}
+
+
+@dataclass
+class App:
+    """Shared by every connection: the runtime, the config, live counters."""
+
+    rt: Runtime
+    config: ServerConfig
+    lag: LagMonitor = field(default_factory=LagMonitor)
+    sessions: set[Connection] = field(default_factory=set)
+
+    def route(self, connection: ServerConnection, request: Request) -> Response | None:
+        path = request.path.split("?", 1)[0]
+        if path == p.PATH:
+            return None
+        if path == "/healthz":
+            return connection.respond(http.HTTPStatus.OK, "ok\n")
+        if path == "/stats":
+            return connection.respond(http.HTTPStatus.OK, json.dumps(self.stats()) + "\n")
+        body = json.dumps({"error": "not_found", "message": f"the voice endpoint is {p.PATH}"})
+        return connection.respond(http.HTTPStatus.NOT_FOUND, body + "\n")
+
+    def stats(self) -> dict[str, object]:
+        pending = {name: w.pending for name, w in self.rt.workers.items()}
+        return {"sessions": len(self.sessions), "loop_lag": self.lag.summary(), "queued": pending}
+
+    async def handle(self, ws: ServerConnection) -> None:
+        connection = Connection(ws, self.rt, self.config)
+        self.sessions.add(connection)
+        try:
+            await connection.run()
+        finally:
+            self.sessions.discard(connection)
 
 
 async def start_server(
     rt: Runtime, host: str, port: int, config: ServerConfig | None = None
-) -> Server:
+) -> tuple[Server, App]:
     """Start listening; the caller closes the returned server (sessions get 1001)."""
-    cfg = config or ServerConfig()
-
-    async def handler(ws: ServerConnection) -> None:
-        await Connection(ws, rt, cfg).run()
-
-    return await serve(handler, host, port, process_request=_route, max_size=MAX_FRAME_BYTES)
+    app = App(rt, config or ServerConfig())
+    server = await serve(
+        app.handle, host, port, process_request=app.route, max_size=MAX_FRAME_BYTES
+    )
+    return server, app
 
 
 async def run_until(
     rt: Runtime, host: str, port: int, stop: asyncio.Event, on_ready: Callable[[str], None]
 ) -> None:
-    server = await start_server(rt, host, port)
+    server, app = await start_server(rt, host, port)
+    monitor = asyncio.create_task(app.lag.run())
     sock_host, sock_port = server.sockets[0].getsockname()[:2]
     on_ready(f"ws://{sock_host}:{sock_port}{p.PATH}")
     await stop.wait()
+    log.info("shutting down: closing %d session(s)", len(app.sessions))
     server.close()  # every open session gets a close frame with 1001 (going away)
     await server.wait_closed()
+    monitor.cancel()

@@ -1,0 +1,51 @@
+"""``quicksilver serve`` as a user runs it: start, serve, stop on a signal."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
+
+from server import protocol as p
+
+from .conftest import ROOT, start_server
+
+pytestmark = [pytest.mark.e2e, pytest.mark.models]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+async def test_signal_closes_every_session_with_1001_and_exits_0(
+    tmp_path_factory: pytest.TempPathFactory, sig: signal.Signals
+) -> None:
+    srv = start_server(tmp_path_factory.mktemp("cli") / "server.log")
+    try:
+        async with connect(srv.url) as a, connect(srv.url) as b:
+            for ws in (a, b):
+                await ws.send(p.encode(p.Start(sample_rate=16000)))
+                assert isinstance(p.decode_server(await ws.recv()), p.Ready)
+            srv.proc.send_signal(sig)
+            for ws in (a, b):
+                with pytest.raises(ConnectionClosed) as closed:
+                    async with asyncio.timeout(30):
+                        while True:
+                            await ws.recv()
+                assert closed.value.rcvd is not None
+                assert closed.value.rcvd.code == p.CloseCode.GOING_AWAY
+        assert srv.proc.wait(30) == 0
+    finally:
+        srv.stop(signal.SIGKILL)
+
+
+def test_help_and_bad_engine() -> None:
+    cmd = [sys.executable, "-m", "server.cli"]
+    run = subprocess.run([*cmd, "serve", "--help"], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0 and "--asr" in run.stdout and "--engine" in run.stdout
+    run = subprocess.run(
+        [*cmd, "serve", "--engine", "nope"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert run.returncode == 2 and "invalid choice" in run.stderr
