@@ -221,6 +221,8 @@ def normalize_words(text: str) -> list[str]:
     """Lowercase words without punctuation, numbers spelt out as spoken."""
     t = text.lower().replace("%", " percent ").replace("&", " and ")
     t = re.sub(r"\$(\d[\d,]*(?:\.\d+)?)", r"\1 dollars", t)
+    # Whisper writes "at seven thirty" as "at 7:30", "at 7.30" or "at 730": a time of day
+    t = re.sub(r"\bat (\d{1,2})[.:]?(\d\d)\b", r"at \1:\2", t)
     t = re.sub(r"\d+:\d\d|\d[\d,]*(?:\.\d+)?(?:st|nd|rd|th)?", _spell_number, t)
     t = t.replace("\u2019", "'")  # typographic apostrophe
     words = []
