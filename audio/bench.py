@@ -151,7 +151,8 @@ def main() -> None:
     parser.add_argument("--cache-dir", type=Path, default=None, help="joined Whisper base")
     parser.add_argument("--speech-cache", type=Path, default=None)
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(message)s")  # shows the base join
+    logging.basicConfig(format="%(message)s")
+    logging.getLogger("audio").setLevel(logging.INFO)  # shows the first-run base join
     speech = make_speech(args.speech_cache)
     bench_vad_and_endpoint(speech, args.repeats)
     bench_tts(args.repeats)
