@@ -177,9 +177,9 @@ class Connection:
 
 
 class LagMonitor:
-    """Measures event-loop lag: how late a 10 ms sleep wakes up, over a sliding window."""
+    """Event-loop lag: how late a 10 ms sleep wakes up, over the last ~5 minutes."""
 
-    def __init__(self, interval_s: float = 0.01, window: int = 6000) -> None:
+    def __init__(self, interval_s: float = 0.01, window: int = 30_000) -> None:
         self.interval_s = interval_s
         self.samples: collections.deque[float] = collections.deque(maxlen=window)
 
