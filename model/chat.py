@@ -60,7 +60,7 @@ def trim_history(tok: Tokenizer, messages: Sequence[ChatMessage], budget: int) -
     head = msgs[:1] if msgs and msgs[0].role == "system" else []
     body = msgs[len(head) :]
     sizes = [len(encode_message(tok, m)) for m in msgs]
-    total = sum(sizes) + 3  # + "<|im_start|>assistant\n"
+    total = sum(sizes) + len(encode_chat(tok, []))  # + "<|im_start|>assistant\n"
     sizes = sizes[len(head) :]
     while len(body) > 1 and total > budget:
         total -= sizes.pop(0)

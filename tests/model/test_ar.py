@@ -1,0 +1,123 @@
+"""The real SmolLM2 autoregressive engine (loaded once for the module)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Generator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from model.ar import ARGenerator, load_ar_generator
+from model.engine import (
+    ChatMessage,
+    GenerationStats,
+    ReplyEnd,
+    Sentence,
+    TextGenerator,
+    ThreadedReplyEngine,
+)
+
+pytestmark = pytest.mark.models
+
+FRANCE = [ChatMessage("user", "What is the capital of France?")]
+# Greedy SmolLM2 answers this in several sentences (about 80 tokens).
+LONG = [ChatMessage("user", "Can you tell me a fun fact about octopuses?")]
+
+
+@pytest.fixture(scope="module")
+def ar(smollm2_gguf) -> ARGenerator:
+    return load_ar_generator(smollm2_gguf)
+
+
+def collect(gen: Generator[str, None, GenerationStats]) -> tuple[list[str], GenerationStats]:
+    pieces: list[str] = []
+    while True:
+        try:
+            pieces.append(next(gen))
+        except StopIteration as done:
+            return pieces, done.value
+
+
+class Recording:
+    """Wraps a real generator and records when and how its reply ended."""
+
+    def __init__(self, inner: TextGenerator) -> None:
+        self.inner, self.name = inner, inner.name
+        self.finished = threading.Event()
+        self.stats: GenerationStats | None = None
+
+    def generate(
+        self, conversation: Sequence[ChatMessage], max_tokens: int, should_stop: Callable[[], bool]
+    ) -> Generator[str, None, GenerationStats]:
+        try:
+            self.stats = yield from self.inner.generate(conversation, max_tokens, should_stop)
+            return self.stats
+        finally:
+            self.finished.set()
+
+
+def test_capital_of_france(ar: ARGenerator) -> None:
+    pieces, stats = collect(ar.generate(FRANCE, 32, lambda: False))
+    reply = "".join(pieces)
+    assert "Paris" in reply
+    assert stats.stopped_by == "end"
+    assert stats.tokens == len(ar.tokenizer.encode(reply))
+    assert stats.forward_passes == stats.tokens + 1  # prefill + one per token after
+
+
+def test_budget_and_stop_flag(ar: ARGenerator) -> None:
+    _, stats = collect(ar.generate(LONG, 5, lambda: False))
+    assert stats == GenerationStats(tokens=5, forward_passes=5, stopped_by="budget")
+    _, stats = collect(ar.generate(LONG, 64, lambda: True))
+    assert stats == GenerationStats(tokens=0, forward_passes=0, stopped_by="cancel")
+    seen: list[str] = []
+    gen = ar.generate(LONG, 64, lambda: bool(seen))
+    seen.append(next(gen))
+    _, stats = collect(gen)
+    assert stats.stopped_by == "cancel" and stats.forward_passes == stats.tokens <= 2
+
+
+def test_concurrent_calls_do_not_interfere(ar: ARGenerator) -> None:
+    expected = "".join(collect(ar.generate(FRANCE, 16, lambda: False))[0])
+    with ThreadPoolExecutor(2) as pool:
+        reply = lambda: collect(ar.generate(FRANCE, 16, lambda: False))  # noqa: E731
+        futures = [pool.submit(reply), pool.submit(reply)]
+        replies = ["".join(f.result()[0]) for f in futures]
+    assert replies == [expected, expected]
+
+
+async def test_engine_streams_sentences(ar: ARGenerator) -> None:
+    with ThreadPoolExecutor(1) as pool:
+        engine = ThreadedReplyEngine(ar, pool)
+        chunks = [c async for c in engine.stream(FRANCE, 32)]
+    assert engine.name == "smollm2-ar"
+    *sentences, end = chunks
+    assert isinstance(end, ReplyEnd) and end.stats.stopped_by == "end"
+    assert [s.index for s in sentences] == list(range(len(sentences)))
+    assert "Paris" in " ".join(s.text for s in sentences)
+
+
+async def test_engine_cancelled_mid_reply_frees_the_worker(ar: ARGenerator) -> None:
+    recording = Recording(ar)
+    first = asyncio.Event()
+    chunks: list[object] = []
+    with ThreadPoolExecutor(1) as pool:
+        engine = ThreadedReplyEngine(recording, pool)
+
+        async def consume() -> None:
+            async for chunk in engine.stream(LONG, 120):
+                chunks.append(chunk)
+                first.set()
+
+        task = asyncio.create_task(consume())
+        await first.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # stream() waited for the worker: the generator has already returned
+        assert recording.finished.is_set()
+    assert recording.stats is not None and recording.stats.stopped_by == "cancel"
+    assert recording.stats.tokens < 120
+    assert all(isinstance(c, Sentence) for c in chunks)  # no ReplyEnd after a cancel
