@@ -91,7 +91,7 @@ def recommended_model(device: str) -> str:
     """The default Whisper model for a device (measurements in docs/audio.md).
 
     On a GPU, "base": fewer word errors, and its extra cost is a few tens of ms. On CPU,
-    "tiny.en": "base" takes ~2.3x as long (about 1 s for a 3 s question on 2 cores),
+    "tiny.en": "base" takes ~2x as long (about 1 s for a 3 s question on 2 cores),
     which alone exceeds the whole turn budget Quicksilver aims at there.
     """
     return "tiny.en" if device == "cpu" else "base"
