@@ -170,12 +170,23 @@ class Llama(nn.Module):
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         self.config = config
-        self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
+        # _weight: skip nn.Embedding's own normal_ init, which on the meta device
+        # (from_state_dict) costs over a second of one-time setup; _init_weights below.
+        emb = torch.empty(config.vocab_size, config.n_embd)
+        self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd, _weight=emb)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.norm = RMSNorm(config.n_embd, config.norm_eps)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
+        if not emb.is_meta:
+            self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        # N(0, 0.02) as nanoGPT and HF Llama (initializer_range) do
+        if isinstance(module, nn.Linear | nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     @classmethod
     def from_state_dict(
