@@ -47,18 +47,15 @@ class EndpointConfig:
     neg_threshold: float = 0.35  # once speaking, only p < neg_threshold is silence
     min_speech_ms: float = 96.0  # shorter bursts (clicks, taps) never start a turn
     pause_ms: float = 192.0  # silence before SpeechPaused: speculative ASR + reply start
-    end_of_turn_ms: float = 416.0  # silence before EndOfTurn: the reply is released
-    # ...unless the server marked the words so far unfinished (mark_incomplete): then
-    # the user gets this long to go on ("Add milk, eggs, and ... bread").
-    incomplete_end_of_turn_ms: float = 1200.0
+    end_of_turn_ms: float = 416.0  # silence before EndOfTurn (the server may hold longer)
     pre_roll_ms: float = 320.0  # audio before the detected start handed to ASR
     max_turn_s: float = 28.0  # forced end (Whisper sees 30 s, minus the pre-roll)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.neg_threshold <= self.threshold < 1.0:
             raise ValueError("need 0 < neg_threshold <= threshold < 1")
-        if not 0 < self.pause_ms <= self.end_of_turn_ms <= self.incomplete_end_of_turn_ms:
-            raise ValueError("need 0 < pause_ms <= end_of_turn_ms <= incomplete_end_of_turn_ms")
+        if not 0 < self.pause_ms <= self.end_of_turn_ms:
+            raise ValueError("need 0 < pause_ms <= end_of_turn_ms")
         if self.min_speech_ms < 0 or self.pre_roll_ms < 0:
             raise ValueError("durations must be >= 0")
         if self.max_turn_s * 1000 <= self.min_speech_ms:
@@ -120,8 +117,6 @@ class Endpointer:
         self._min_speech = ms_to_frames(c.min_speech_ms) if c.min_speech_ms > 0 else 1
         self._pause = ms_to_frames(c.pause_ms)
         self._end = ms_to_frames(c.end_of_turn_ms)
-        self._end_hold = ms_to_frames(c.incomplete_end_of_turn_ms)
-        self._hold = False  # current pause was marked unfinished
         self._max_turn = ms_to_frames(c.max_turn_s * 1000)
         self.phase = Phase.SILENCE
         self.frames = 0  # frames seen since the session started
@@ -135,6 +130,12 @@ class Endpointer:
         for p in probs:
             self._step(float(p), events)
         return events
+
+    @property
+    def hearing_speech(self) -> bool:
+        """Speech is being heard now, confirmed or not yet (shorter than min_speech)."""
+        in_speech = self.phase is not Phase.SILENCE and self._silence_start is None
+        return in_speech or self._cand_start is not None
 
     def end_input(self, end_sample: int | None = None) -> list[EndpointEvent]:
         """Push-to-talk release (or the caller knows the turn is over): end it now.
@@ -153,20 +154,6 @@ class Endpointer:
             end = max(self.frames * FRAME_SAMPLES, end_sample or 0)
         return self._finish(end, "end_input")
 
-    def mark_incomplete(self, end_sample: int) -> bool:
-        """The words up to the pause at ``end_sample`` look unfinished: wait
-        ``incomplete_end_of_turn_ms`` of silence instead of ``end_of_turn_ms``.
-
-        Applies to that pause only (a stale mark for an earlier pause, or one arriving
-        after the turn ended, is ignored: returns False).
-        """
-        if self.phase is not Phase.PAUSED or self._silence_start is None:
-            return False
-        if self._silence_start * FRAME_SAMPLES != end_sample:
-            return False
-        self._hold = True
-        return True
-
     # -- per-frame state machine -------------------------------------------------------
 
     def _step(self, p: float, events: list[EndpointEvent]) -> None:
@@ -183,7 +170,7 @@ class Endpointer:
             self._silence_start = None  # short dip inside speech: nothing was announced
         elif self._candidate(i, p):
             events.append(SpeechResumed(self._take_candidate() * FRAME_SAMPLES))
-            self.phase, self._silence_start, self._hold = Phase.SPEECH, None, False
+            self.phase, self._silence_start = Phase.SPEECH, None
         elif self._cand_start is None:  # silence timers wait while a candidate is open
             self._check_silence(events)
             return
@@ -218,7 +205,7 @@ class Endpointer:
         assert self._silence_start is not None
         gap = self.frames - self._silence_start
         end = self._silence_start * FRAME_SAMPLES
-        if gap >= (self._end_hold if self._hold else self._end):
+        if gap >= self._end:
             events.extend(self._finish(end, "silence"))
         elif gap >= self._pause and self.phase is Phase.SPEECH:
             self.phase = Phase.PAUSED
@@ -237,7 +224,6 @@ class Endpointer:
             events.append(SpeechPaused(end))
         events.append(EndOfTurn(end, reason))
         self.phase, self.turn_start, self._silence_start = Phase.SILENCE, None, None
-        self._hold = False
         self._clear_candidate()
         return events
 
@@ -245,7 +231,8 @@ class Endpointer:
 # Words after which an English sentence (almost) never ends: articles, possessives,
 # conjunctions, a few prepositions that are never particles ("turn it on" ends in one),
 # fillers. Deliberately short: a false "unfinished" costs
-# incomplete_end_of_turn_ms of waiting, a false "finished" answers half a question.
+# the session's incomplete_end_of_turn_ms of waiting, a false "finished" answers half a
+# question.
 _DANGLING = frozenset(
     [
         *("a", "an", "the", "my", "your", "our", "their", "its"),
@@ -260,8 +247,8 @@ def looks_incomplete(text: str) -> bool:
     """Heuristic on a (speculative) transcript: does it stop mid-sentence?
 
     True when it is empty of words, ends with a comma, dash or ellipsis, or ends with a
-    word no English sentence ends with. The server calls :meth:`Endpointer.mark_incomplete`
-    when this holds for the transcript of a pause.
+    word no English sentence ends with. The session (server/session.py) holds a turn
+    whose transcript looks incomplete open for longer before it answers.
     """
     t = text.strip()
     if t.endswith((",", "-", "\u2014", "...", "\u2026", ";", ":")):

@@ -8,10 +8,13 @@ is testable synchronously (see tests/server/test_session.py). The asyncio layer 
 server/app.py only moves bytes and runs effects.
 
 Turns. Every user turn has an id. When the user pauses, the final ASR and the reply
-start *speculatively*; their messages are held back until the turn is final (long
-enough silence, or a complete-sounding sentence after a shorter one) and thrown away
-if the user goes on speaking. Once released, a turn's audio is sent as it is produced;
-barge-in cancels it, and the conversation keeps only the part sent as audio.
+start *speculatively*; their messages are held back until the turn is final and thrown
+away if the user goes on speaking. A turn is final once the endpointer's silence has
+passed *and* its transcript is known: nothing could be sent before the transcript
+anyway, and it lets a transcript that stops mid-sentence ("Add milk, eggs, and") hold
+the turn open longer, so half a question is not answered. Once released, a turn's
+audio is sent as it is produced; barge-in cancels it, and the conversation keeps only
+the part sent as audio.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from audio.endpoint import (
     SpeechPaused,
     SpeechResumed,
     SpeechStarted,
+    looks_incomplete,
 )
 from audio.resample import Quality, StreamResampler, pcm16_to_float32
 from audio.ring import AudioRing
@@ -60,9 +64,9 @@ TRANSITIONS: dict[State, frozenset[State]] = {
 @dataclass(frozen=True)
 class SessionConfig:
     endpoint: EndpointConfig = field(default_factory=EndpointConfig)
-    # After this much silence, a turn whose speculative transcript reads as a complete
-    # sentence is final without waiting for endpoint.end_of_turn_ms (docs/audio.md).
-    complete_turn_ms: int = 350
+    # Silence after which a turn whose transcript looks unfinished is answered anyway
+    # (docs/audio.md); endpoint.end_of_turn_ms applies to every other turn.
+    incomplete_end_of_turn_ms: int = 1200
     partial_interval_ms: int = 700  # new speech between partial transcripts
     min_partial_speech_ms: int = 500
     ring_seconds: float = 40.0
@@ -222,6 +226,7 @@ class _Utterance:
     start: int  # sample index in the 16 kHz input stream
     end: int | None = None  # set while paused
     end_time: float | None = None  # wall time of `end`
+    ended: bool = False  # the endpointer's silence has passed; waiting to be final
     partial_in_flight: bool = False
     last_partial_at: int = 0
 
@@ -233,7 +238,7 @@ class _Turn:
     id: int
     speech_end_time: float  # end of user speech, or arrival of a text message
     released: bool = False
-    speculative: bool = False
+    speculative: bool = False  # started during the trailing silence
     transcript: str | None = None
     user_committed: bool = False
     held: list[p.ServerMessage] = field(default_factory=list)
@@ -247,24 +252,6 @@ class _Turn:
     first_sentence_ms: float | None = None
     tts_first_ms: float | None = None
     first_audio_time: float | None = None
-
-
-# A transcript reads as complete when it ends with terminal punctuation and its last
-# word is not one that announces more (Whisper punctuates half sentences too).
-_OPEN_WORDS = """
-    a an the and or but so to of in on at for with from by about like is are was
-    what which who how when where why my your our their this that um uh
-"""
-_OPEN_ENDINGS = frozenset(_OPEN_WORDS.split())
-_LAST_WORD = re.compile(r"([A-Za-z']+)\W*$")
-
-
-def sounds_complete(text: str) -> bool:
-    text = text.strip()
-    if not text or text[-1] not in ".?!":
-        return False
-    m = _LAST_WORD.search(text)
-    return m is not None and m.group(1).lower() not in _OPEN_ENDINGS
 
 
 def truncate_to_sent(sentences: list[str], sent: dict[int, int], total: dict[int, int]) -> str:
@@ -418,7 +405,7 @@ class Session:
     def _on_vad(self, result: VadResult, now: float) -> list[Effect]:
         self._ring.append(result.samples)
         out = self._handle_endpoint(self._endpointer.feed(result.probs), now)
-        return out + self._maybe_release_early(now) + self._maybe_partial()
+        return out + self._maybe_final(now) + self._maybe_partial()
 
     def _sample_time(self, sample: int, now: float) -> float:
         """Wall time of an input sample: the newest sample arrived at `now`."""
@@ -434,11 +421,14 @@ class Session:
                     out += self._on_speech_resumed(sample)
                 case SpeechPaused(end_sample=end):
                     out += self._on_speech_paused(end, now)
-                case EndOfTurn(end_sample=end):
-                    out += self._on_end_of_turn(end, now)
+                case EndOfTurn(end_sample=end, reason=reason):
+                    out += self._on_end_of_turn(end, reason == "silence", now)
         return out
 
     def _on_speech_start(self, start: int) -> list[Effect]:
+        u = self._utterance
+        if u is not None and u.ended:  # the turn was held open, and the user went on
+            return self._continue_utterance(u, start)
         out = self._cancel_turn("barge_in")
         out += self._drop_speculation()
         u = _Utterance(turn_id=self._new_turn_id(), start=start, last_partial_at=start)
@@ -449,8 +439,12 @@ class Session:
         u = self._utterance
         if u is None:  # we had already answered this speech: it is a new turn
             return self._on_speech_start(sample)
+        return self._continue_utterance(u, sample)
+
+    def _continue_utterance(self, u: _Utterance, sample: int) -> list[Effect]:
         out = self._drop_speculation()
         u.end = u.end_time = None
+        u.ended = False
         return [*out, Send(p.SpeechStarted(u.turn_id, sample * 1000 // SAMPLE_RATE))]
 
     def _on_speech_paused(self, end: int, now: float) -> list[Effect]:
@@ -464,7 +458,7 @@ class Session:
             out += self._begin_turn(turn, audio=self._utterance_audio(u), text=None, release=False)
         return out
 
-    def _on_end_of_turn(self, end: int, now: float) -> list[Effect]:
+    def _on_end_of_turn(self, end: int, by_silence: bool, now: float) -> list[Effect]:
         u = self._utterance
         if u is None:
             return []
@@ -472,25 +466,29 @@ class Session:
         if u.end is None:  # push-to-talk or max turn length: no pause was seen
             u.end, u.end_time = end, self._sample_time(end, now)
             out.append(Send(p.SpeechStopped(u.turn_id, end * 1000 // SAMPLE_RATE)))
-        self._utterance = None
+        u.ended = True
         turn = self._turn
-        if turn is not None and turn.id == u.turn_id:
+        if turn is None or turn.id != u.turn_id:  # no speculation running: start now
+            assert u.end_time is not None
+            turn = _Turn(id=u.turn_id, speech_end_time=u.end_time)
+            out += self._begin_turn(turn, audio=self._utterance_audio(u), text=None, release=False)
+        if not by_silence:  # the client (or the length limit) says the turn is over
+            self._utterance = None
             return out + self._release(turn, now)
-        assert u.end_time is not None
-        turn = _Turn(id=u.turn_id, speech_end_time=u.end_time, final_time=now)
-        return out + self._begin_turn(turn, audio=self._utterance_audio(u), text=None, release=True)
+        return out + self._maybe_final(now)
 
-    def _maybe_release_early(self, now: float) -> list[Effect]:
+    def _maybe_final(self, now: float) -> list[Effect]:
+        """Release the held turn once its transcript is known and reads as finished."""
         u, turn = self._utterance, self._turn
-        if u is None or u.end is None or turn is None or turn.released or turn.id != u.turn_id:
+        if u is None or not u.ended or turn is None or turn.released or turn.id != u.turn_id:
             return []
-        silence_ms = (self._ring.total_written - u.end) * 1000 / SAMPLE_RATE
-        if turn.transcript is None or silence_ms < self.config.complete_turn_ms:
+        if turn.transcript is None or self._endpointer.hearing_speech:
             return []
-        if not sounds_complete(turn.transcript):
+        silence_ms = (self._ring.total_written - (u.end or 0)) * 1000 / SAMPLE_RATE
+        unfinished = turn.transcript.strip() != "" and looks_incomplete(turn.transcript)
+        if unfinished and silence_ms < self.config.incomplete_end_of_turn_ms:
             return []
         self._utterance = None
-        self._endpointer.end_input()  # the endpointer's turn is over too
         return self._release(turn, now)
 
     def _maybe_partial(self) -> list[Effect]:
@@ -541,7 +539,7 @@ class Session:
         self._to(State.THINKING)
         out: list[Effect] = [ReleaseTurn(turn.id)]
         self._commit_user(turn)
-        if turn.transcript is not None and turn.speculative:
+        if turn.transcript is not None:
             out.append(Send(p.TranscriptFinal(turn.id, turn.transcript)))
         out += [Send(m) for m in turn.held]
         turn.held.clear()
@@ -570,7 +568,7 @@ class Session:
             return []
         turn.transcript, turn.asr_ms = event.text, event.asr_ms
         if not turn.released:
-            return self._maybe_release_early(now)
+            return self._maybe_final(now)
         self._commit_user(turn)
         return [Send(p.TranscriptFinal(turn.id, event.text))]
 

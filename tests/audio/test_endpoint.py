@@ -17,12 +17,11 @@ from audio.endpoint import (
 )
 
 F = FRAME_SAMPLES
-# 32 ms frames: min speech 3 frames, pause 6, end of turn 13, unfinished hold 20, max 40.
+# 32 ms frames: min speech 3 frames, pause 6, end of turn 13, max 40.
 CFG = EndpointConfig(
     min_speech_ms=96,
     pause_ms=192,
     end_of_turn_ms=416,
-    incomplete_end_of_turn_ms=640,
     pre_roll_ms=64,
     max_turn_s=1.28,
 )
@@ -99,30 +98,6 @@ def test_candidate_in_pause_holds_end_until_decided() -> None:
     # the gap reaches end_of_turn while a 2-frame burst is undecided: decided when it ends
     events = run([S] * 5 + [Q] * 11 + [S] * 2 + [Q] * 5)
     assert events[-1] == (18, EndOfTurn(5 * F))
-
-
-def test_mark_incomplete_extends_end_of_turn_for_that_pause() -> None:
-    ep = Endpointer(CFG)
-    assert ep.feed([S] * 5 + [Q] * 6) == [SpeechStarted(0), SpeechPaused(5 * F)]
-    assert not ep.mark_incomplete(4 * F)  # stale: not this pause
-    assert ep.mark_incomplete(5 * F)
-    assert ep.feed([Q] * 13) == []  # 19 silent frames < 20
-    assert ep.feed([Q]) == [EndOfTurn(5 * F)]
-
-
-def test_mark_incomplete_is_forgotten_on_resume() -> None:
-    ep = Endpointer(CFG)
-    ep.feed([S] * 5 + [Q] * 6)
-    ep.mark_incomplete(5 * F)
-    events = ep.feed([S] * 5 + [Q] * 13)
-    assert events == [SpeechResumed(11 * F), SpeechPaused(16 * F), EndOfTurn(16 * F)]
-
-
-def test_mark_incomplete_ignored_outside_pause() -> None:
-    ep = Endpointer(CFG)
-    assert not ep.mark_incomplete(0)
-    ep.feed([S] * 5)
-    assert not ep.mark_incomplete(5 * F)
 
 
 def test_max_turn_forces_end_and_continues_with_a_new_turn() -> None:
@@ -204,3 +179,14 @@ def test_config_validation_and_pre_roll() -> None:
 )
 def test_looks_incomplete(text: str, incomplete: bool) -> None:
     assert looks_incomplete(text) is incomplete
+
+
+def test_hearing_speech_includes_unconfirmed_speech() -> None:
+    ep = Endpointer(CFG)
+    assert not ep.hearing_speech
+    ep.feed([S])  # one frame: a candidate, not yet a turn
+    assert ep.hearing_speech and ep.phase is Phase.SILENCE
+    ep.feed([S] * 4 + [Q])
+    assert not ep.hearing_speech  # in a turn, but silent now
+    ep.feed([S])
+    assert ep.hearing_speech

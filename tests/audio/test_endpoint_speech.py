@@ -8,16 +8,13 @@ import pytest
 from audio.asr import Transcriber, load_transcriber
 from audio.endpoint import (
     EndOfTurn,
-    EndpointConfig,
     Endpointer,
     EndpointEvent,
     SpeechPaused,
     SpeechStarted,
-    looks_incomplete,
 )
-from audio.ring import AudioRing
 from audio.vad import SileroVad
-from tests.speech import QUESTIONS, SpeechFactory, have_espeak, pad, word_error_rate
+from tests.speech import QUESTIONS, SpeechFactory, have_espeak
 
 pytestmark = pytest.mark.models
 
@@ -73,43 +70,3 @@ def test_click_does_not_start_a_turn(vad: SileroVad) -> None:
     audio = np.zeros(RATE * 2, np.float32)
     audio[RATE : RATE + 480] = rng.standard_normal(480).astype(np.float32) * 0.5  # 30 ms
     assert endpoint(vad, audio) == []
-
-
-def run_with_hints(
-    vad: SileroVad, tiny: Transcriber, audio: np.ndarray, cfg: EndpointConfig, hint: bool
-) -> tuple[list[EndpointEvent], list[str]]:
-    """What the server does: speculative ASR on each pause, unfinished-words hint."""
-    state, ep, ring = vad.new_state(), Endpointer(cfg), AudioRing()
-    events: list[EndpointEvent] = []
-    texts: list[str] = []
-    turn_start = 0
-    for pos in range(0, len(audio), 320):
-        ring.append(audio[pos : pos + 320])
-        for e in ep.feed(vad.process(state, audio[pos : pos + 320])):
-            events.append(e)
-            if isinstance(e, SpeechStarted):
-                turn_start = e.start_sample
-            elif isinstance(e, SpeechPaused):
-                text = tiny.transcribe(ring.slice(cfg.asr_start(turn_start), e.end_sample)).text
-                texts.append(text)
-                if hint and looks_incomplete(text):
-                    ep.mark_incomplete(e.end_sample)
-    return events, texts
-
-
-def test_unfinished_words_hold_the_turn_open(
-    vad: SileroVad, tiny: Transcriber, speech: SpeechFactory
-) -> None:
-    first = speech.piper("Add milk, eggs, and")
-    second = speech.piper("bread to my shopping list.")
-    audio = pad(np.concatenate([first, np.zeros(int(0.7 * RATE), np.float32), second]), 0.5, 1.5)
-    cfg = EndpointConfig()
-
-    events, texts = run_with_hints(vad, tiny, audio, cfg, hint=False)
-    assert sum(isinstance(e, EndOfTurn) for e in events) == 2  # half a question answered
-
-    events, texts = run_with_hints(vad, tiny, audio, cfg, hint=True)
-    assert sum(isinstance(e, EndOfTurn) for e in events) == 1, (events, texts)
-    assert any(looks_incomplete(t) for t in texts[:-1]), texts
-    final = texts[-1]
-    assert word_error_rate("add milk eggs and bread to my shopping list", final) < 0.25, texts

@@ -19,8 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.speech import SpeechFactory
-
 ROOT = Path(__file__).resolve().parents[2]
 _URL = re.compile(r"listening on (ws://\S+)")
 
@@ -73,8 +71,3 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     srv = start_server(tmp_path_factory.mktemp("server") / "server.log")
     yield srv
     srv.stop()
-
-
-@pytest.fixture(scope="session")
-def speech(tmp_path_factory: pytest.TempPathFactory) -> SpeechFactory:
-    return SpeechFactory(tmp_path_factory.mktemp("speech"))

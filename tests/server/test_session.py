@@ -37,7 +37,6 @@ from server.session import (
     State,
     TurnFailed,
     VadResult,
-    sounds_complete,
     truncate_to_sent,
 )
 
@@ -106,8 +105,8 @@ def spoken_turn(d: Driver, transcript: str = "What is the capital of France?") -
 
 
 def released_turn(d: Driver) -> int:
-    turn = spoken_turn(d, "What is the capital of")  # incomplete: waits for end of turn
-    out = d.silence(12)
+    turn = spoken_turn(d)
+    out = d.silence(12)  # 19 silent frames: the end of turn
     assert of(out, ReleaseTurn)
     return turn
 
@@ -223,35 +222,62 @@ def test_speaking_again_throws_the_speculative_turn_away() -> None:
 
 def test_end_of_turn_releases_everything_held_in_order() -> None:
     d = make()
-    turn = spoken_turn(d, "What is the capital of")
+    turn = spoken_turn(d)
     d.send(ReplySentence(turn, 0, "Paris is the capital.", 50.0))
-    out = d.silence(12)  # 19 frames of silence in all
+    assert not of(d.silence(11), ReleaseTurn)
+    out = d.silence(1)  # 19 frames of silence in all
     assert of(out, ReleaseTurn) == [ReleaseTurn(turn)]
     assert [type(m) for m in sent(out)] == [p.TranscriptFinal, p.ReplyText]
     assert d.s.state is State.THINKING
-    assert d.s.conversation == [ChatMessage("user", "What is the capital of")]
+    assert d.s.conversation == [ChatMessage("user", "What is the capital of France?")]
+    assert not of(d.silence(30), StartTurn)  # one turn, one reply
 
 
-def test_complete_sentence_is_released_before_the_long_silence() -> None:
-    d = make(settings(complete_turn_ms=320))
-    spoken_turn(d, "What is the capital of France?")  # 7 silent frames = 224 ms
-    assert not of(d.silence(2), ReleaseTurn)  # 288 ms
-    out = d.silence(1)  # 320 ms
-    assert of(out, ReleaseTurn)
-    (final,) = sent(out, p.TranscriptFinal)
-    assert final.text == "What is the capital of France?"  # type: ignore[union-attr]
-    # The endpointer's own end of turn later must not start a second reply.
-    assert not of(d.silence(15), StartTurn)
-
-
-def test_transcript_arriving_after_end_of_turn_is_sent_when_it_arrives() -> None:
+def test_turn_waits_for_its_transcript_after_the_silence() -> None:
+    """Nothing can be sent before the transcript: the turn is final when it arrives."""
     d = make()
     d.speak()
     (start,) = of(d.silence(7), StartTurn)
-    out = d.silence(12)
-    assert of(out, ReleaseTurn) and not sent(out, p.TranscriptFinal)
-    (final,) = sent(d.send(FinalTranscript(start.turn_id, "Hello there", 80.0)))  # type: ignore[attr-defined]
-    assert isinstance(final, p.TranscriptFinal) and final.text == "Hello there"
+    assert isinstance(start, StartTurn)
+    assert not of(d.silence(12), ReleaseTurn)
+    out = d.send(FinalTranscript(start.turn_id, "Hello there.", 80.0))
+    assert of(out, ReleaseTurn) == [ReleaseTurn(start.turn_id)]
+    (final,) = sent(out)
+    assert isinstance(final, p.TranscriptFinal) and final.text == "Hello there."
+
+
+def test_unfinished_transcript_holds_the_turn_open() -> None:
+    d = make(settings(incomplete_end_of_turn_ms=960))  # 30 frames
+    turn = spoken_turn(d, "Add milk, eggs, and")
+    assert not of(d.silence(12), ReleaseTurn)  # the usual end of turn: held
+    assert not of(d.silence(10), ReleaseTurn)  # 29 frames
+    out = d.silence(1)  # 30 frames: answered anyway
+    assert of(out, ReleaseTurn) == [ReleaseTurn(turn)]
+
+
+def test_unconfirmed_speech_delays_the_held_decision() -> None:
+    """A word starting just as the hold runs out is not cut off by it."""
+    d = make(settings(incomplete_end_of_turn_ms=960))  # 30 frames
+    turn = spoken_turn(d, "Add milk, eggs, and")
+    d.silence(22)  # 29 silent frames
+    out = d.speak(2)  # shorter than min speech: not yet a turn, but not silence
+    assert not of(out, ReleaseTurn)
+    out = d.speak(1)  # confirmed: the same turn goes on
+    assert of(out, CancelTurn) == [CancelTurn(turn)] and not of(out, ReleaseTurn)
+
+
+def test_going_on_after_an_unfinished_pause_continues_the_same_turn() -> None:
+    d = make()
+    turn = spoken_turn(d, "Add milk, eggs, and")
+    d.silence(15)  # past the endpointer's end of turn, held by the session
+    out = d.speak(5)
+    assert of(out, CancelTurn) == [CancelTurn(turn)]  # the speculation was wrong
+    assert sent(out) == [p.SpeechStarted(turn, sent(out)[0].audio_ms)]  # type: ignore[union-attr]
+    assert not sent(out, p.ReplyCancelled)  # nothing had been said
+    out = d.speak(10) + d.silence(7)
+    (again,) = of(out, StartTurn)
+    assert isinstance(again, StartTurn) and again.turn_id == turn
+    assert again.audio is not None and again.audio.size > 16000  # both halves
 
 
 def test_reply_audio_speaking_done_and_metrics() -> None:
@@ -380,9 +406,10 @@ def test_failed_speculation_is_silent_and_the_final_turn_starts_afresh() -> None
     d.speak()
     (start,) = of(d.silence(7), StartTurn)
     assert d.send(TurnFailed(start.turn_id, "boom")) == []  # type: ignore[attr-defined]
-    out = d.silence(12)
-    (again,) = of(out, StartTurn)
-    assert of(out, ReleaseTurn) == [ReleaseTurn(again.turn_id)]  # type: ignore[attr-defined]
+    (again,) = of(d.silence(12), StartTurn)
+    assert isinstance(again, StartTurn) and again.turn_id == start.turn_id  # type: ignore[attr-defined]
+    out = d.send(FinalTranscript(again.turn_id, "Hello.", 50.0))
+    assert of(out, ReleaseTurn) == [ReleaseTurn(again.turn_id)]
 
 
 def test_disconnect_cancels_the_turn_and_sends_nothing() -> None:
@@ -443,14 +470,6 @@ def test_every_transition_is_exercised() -> None:
     assert set(seen) | {(State.THINKING, State.CLOSED), (State.SPEAKING, State.CLOSED)} == expected
 
 
-def test_sounds_complete() -> None:
-    assert sounds_complete("What is the capital of France?")
-    assert sounds_complete("Turn on the lights.")
-    assert not sounds_complete("What is the capital of.")
-    assert not sounds_complete("Set a timer for")
-    assert not sounds_complete("")
-
-
 def test_truncate_to_sent() -> None:
     sentences = ["One two three four.", "Five six."]
     assert truncate_to_sent(sentences, {}, {}) == ""
@@ -466,5 +485,6 @@ def test_endpoint_config_flows_into_the_session() -> None:
     assert cfg.endpoint != ENDPOINT
     d = make(cfg)
     d.speak()
-    assert of(d.silence(3), StartTurn)
+    (start,) = of(d.silence(3), StartTurn)
+    d.send(FinalTranscript(start.turn_id, "Hi.", 10.0))  # type: ignore[attr-defined]
     assert of(d.silence(2), ReleaseTurn)
