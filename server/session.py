@@ -19,7 +19,6 @@ the part sent as audio.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from enum import Enum
 
