@@ -15,15 +15,19 @@ import functools
 import http
 import json
 import logging
+import re
+import secrets
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from . import protocol as p
+from .resume import ResumeStore
 from .runtime import Runtime
 from .session import (
     AudioBytes,
@@ -54,17 +58,26 @@ MAX_FRAME_BYTES = 256 * 1024  # websockets closes with 1009 above this
 class ServerConfig:
     session: SessionConfig = field(default_factory=SessionConfig)
     pacing: Pacing = field(default_factory=Pacing)
+    resume_ttl_s: float = 120.0  # how long a dropped session's conversation is kept
 
 
 _CLOSE = object()
 
 
 class Connection:
-    def __init__(self, ws: ServerConnection, rt: Runtime, config: ServerConfig) -> None:
+    def __init__(
+        self,
+        ws: ServerConnection,
+        rt: Runtime,
+        config: ServerConfig,
+        resume: ResumeStore | None,
+    ) -> None:
         self.ws = ws
         self.rt = rt
         self.config = config
-        self.session = Session(uuid.uuid4().hex[:12], config.session, rt.asr_name, rt.reply.name)
+        names = (rt.asr_name, rt.reply.name)
+        token = secrets.token_urlsafe(18)
+        self.session = Session(uuid.uuid4().hex[:12], config.session, *names, resume, token)
         self.vad_state = rt.vad.new_state()
         self.loop = asyncio.get_running_loop()
         self.outbox: asyncio.Queue[str | bytes | Close | object] = asyncio.Queue()
@@ -176,6 +189,34 @@ class Connection:
                 return
 
 
+WEB_ROOT = Path(__file__).resolve().parent.parent / "clients" / "web"
+_CONTENT_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
+    ".json": "application/json",
+}
+_WEB_NAME = re.compile(r"^/web/([A-Za-z0-9_-]+\.[a-z]+)$")
+
+
+def web_file(path: str) -> Path | None:
+    """The demo page's files: ``/`` and ``/web/NAME``, never anything outside the folder."""
+    name = "index.html" if path == "/" else (m.group(1) if (m := _WEB_NAME.match(path)) else None)
+    if name is None or Path(name).suffix not in _CONTENT_TYPES:
+        return None
+    file = WEB_ROOT / name
+    return file if file.is_file() else None
+
+
+def _file_response(connection: ServerConnection, file: Path) -> Response:
+    response = connection.respond(http.HTTPStatus.OK, file.read_text("utf-8"))
+    del response.headers["Content-Type"]
+    response.headers["Content-Type"] = _CONTENT_TYPES[file.suffix]
+    response.headers["Cache-Control"] = "no-cache"
+    return response
+
+
 class LagMonitor:
     """Event-loop lag: how late a 10 ms sleep wakes up, over the last ~5 minutes."""
 
@@ -209,6 +250,11 @@ class App:
     config: ServerConfig
     lag: LagMonitor = field(default_factory=LagMonitor)
     sessions: set[Connection] = field(default_factory=set)
+    resume: ResumeStore | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        ttl = self.config.resume_ttl_s
+        self.resume = ResumeStore(ttl) if ttl > 0 else None
 
     def route(self, connection: ServerConnection, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]
@@ -218,15 +264,22 @@ class App:
             return connection.respond(http.HTTPStatus.OK, "ok\n")
         if path == "/stats":
             return connection.respond(http.HTTPStatus.OK, json.dumps(self.stats()) + "\n")
+        if (page := web_file(path)) is not None:
+            return _file_response(connection, page)
         body = json.dumps({"error": "not_found", "message": f"the voice endpoint is {p.PATH}"})
         return connection.respond(http.HTTPStatus.NOT_FOUND, body + "\n")
 
     def stats(self) -> dict[str, object]:
         pending = {name: w.pending for name, w in self.rt.workers.items()}
-        return {"sessions": len(self.sessions), "loop_lag": self.lag.summary(), "queued": pending}
+        return {
+            "sessions": len(self.sessions),
+            "resumable": len(self.resume) if self.resume is not None else 0,
+            "loop_lag": self.lag.summary(),
+            "queued": pending,
+        }
 
     async def handle(self, ws: ServerConnection) -> None:
-        connection = Connection(ws, self.rt, self.config)
+        connection = Connection(ws, self.rt, self.config, self.resume)
         self.sessions.add(connection)
         try:
             await connection.run()
@@ -246,9 +299,14 @@ async def start_server(
 
 
 async def run_until(
-    rt: Runtime, host: str, port: int, stop: asyncio.Event, on_ready: Callable[[str], None]
+    rt: Runtime,
+    host: str,
+    port: int,
+    stop: asyncio.Event,
+    on_ready: Callable[[str], None],
+    config: ServerConfig | None = None,
 ) -> None:
-    server, app = await start_server(rt, host, port)
+    server, app = await start_server(rt, host, port, config)
     monitor = asyncio.create_task(app.lag.run())
     sock_host, sock_port = server.sockets[0].getsockname()[:2]
     on_ready(f"ws://{sock_host}:{sock_port}{p.PATH}")

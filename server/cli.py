@@ -34,6 +34,12 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="where prepared models go (~/.cache/quicksilver)",
     )
+    serve.add_argument(
+        "--resume-ttl",
+        type=float,
+        default=120.0,
+        help="seconds a dropped session's conversation is kept for resumption (0: off)",
+    )
     serve.add_argument("--log-level", default="INFO")
     return parser
 
@@ -72,9 +78,10 @@ def _serve(args: argparse.Namespace) -> int:
         def ready(url: str) -> None:
             print(f"Quicksilver listening on {url} (protocol v{p.PROTOCOL_VERSION})", flush=True)
 
-        from .app import run_until
+        from .app import ServerConfig, run_until
 
-        await run_until(rt, args.host, args.port, stop, ready)
+        config = ServerConfig(resume_ttl_s=args.resume_ttl)
+        await run_until(rt, args.host, args.port, stop, ready, config)
 
     try:
         asyncio.run(run())

@@ -44,6 +44,7 @@ class Start:
     client: str = "unknown"
     output_sample_rate: int | None = None
     protocol: int = PROTOCOL_VERSION
+    resume_token: str | None = None  # from an earlier ready: continue that conversation
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,8 @@ class Ready:
     protocol: int = PROTOCOL_VERSION
     asr: str = ""
     reply_engine: str = ""
+    resume_token: str = ""  # send in a later start to continue this conversation
+    resumed: bool = False  # this session continues an earlier conversation
 
 
 @dataclass(frozen=True)
@@ -231,6 +234,7 @@ _SCALARS: dict[str, tuple[type, ...]] = {
     "str": (str,),
     "float | None": (int, float, type(None)),
     "int | None": (int, type(None)),
+    "str | None": (str, type(None)),
     "bool": (bool,),
 }
 

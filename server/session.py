@@ -39,6 +39,7 @@ from audio.ring import AudioRing
 from model.engine import ChatMessage, GenerationStats
 
 from . import protocol as p
+from .resume import ResumeError, ResumeStore
 
 SAMPLE_RATE = 16_000  # everything inside the session runs at 16 kHz
 
@@ -269,11 +270,22 @@ def truncate_to_sent(sentences: list[str], sent: dict[int, int], total: dict[int
 
 
 class Session:
-    def __init__(self, session_id: str, config: SessionConfig, asr: str, engine: str) -> None:
+    def __init__(
+        self,
+        session_id: str,
+        config: SessionConfig,
+        asr: str,
+        engine: str,
+        resume: ResumeStore | None = None,
+        resume_token: str = "",
+    ) -> None:
         self.id = session_id
         self.config = config
         self.state = State.IDLE
         self.conversation: list[ChatMessage] = []
+        self.resume_token = resume_token
+        self._resume = resume
+        self._now = 0.0
         self._names = (asr, engine)
         self._ring = AudioRing(int(config.ring_seconds * SAMPLE_RATE))
         self._endpointer = Endpointer(config.endpoint)
@@ -290,6 +302,7 @@ class Session:
     def receive(self, event: Event, now: float) -> list[Effect]:
         if self.state is State.CLOSED:
             return []
+        self._now = now
         match event:
             case p.Start():
                 return self._on_start(event)
@@ -342,9 +355,15 @@ class Session:
         return self._error(error.code, error.message)
 
     def _close(self, code: int, reason: str) -> list[Effect]:
-        out = self._cancel_turn("closed")
+        out = self._cancel_turn("closed") + self._drop_speculation()
+        self._park()
         self._to(State.CLOSED)
         return [*out, Close(code, reason)]
+
+    def _park(self) -> None:
+        """Keep the conversation for a while, so the client can resume it."""
+        if self._resume is not None and self.state is not State.IDLE and self.resume_token:
+            self._resume.park(self.resume_token, self.conversation, self._now)
 
     # -- client messages --
 
@@ -364,6 +383,14 @@ class Session:
             return self._error(
                 "unsupported_sample_rate", f"output_sample_rate must be one of {rates}"
             )
+        resumed = start.resume_token is not None
+        if start.resume_token is not None:
+            if self._resume is None:
+                return self._error("bad_resume_token", "this server does not resume sessions")
+            try:
+                self.conversation = self._resume.take(start.resume_token, self._now)
+            except ResumeError as err:
+                return self._error(err.code, err.message)
         self._input_rate = start.sample_rate
         # Upsampling 8 kHz with soxr's low quality filter holds back 60 ms of audio,
         # a delay added to every end of turn; cubic interpolation holds back none.
@@ -372,7 +399,16 @@ class Session:
         self._output_rate = out_rate
         self._to(State.LISTENING)
         asr, engine = self._names
-        ready = p.Ready(self.id, start.sample_rate, out_rate, asr=asr, reply_engine=engine)
+        token = self.resume_token if self._resume is not None else ""
+        ready = p.Ready(
+            self.id,
+            start.sample_rate,
+            out_rate,
+            asr=asr,
+            reply_engine=engine,
+            resume_token=token,
+            resumed=resumed,
+        )
         return [Send(ready)]
 
     def _on_audio_bytes(self, data: bytes) -> list[Effect]:
@@ -664,5 +700,6 @@ class Session:
 
     def _on_disconnect(self) -> list[Effect]:
         out = self._cancel_turn("closed") + self._drop_speculation()
+        self._park()
         self._to(State.CLOSED)
         return out

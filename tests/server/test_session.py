@@ -14,6 +14,7 @@ import pytest
 from audio.endpoint import EndpointConfig
 from model.engine import ChatMessage, GenerationStats
 from server import protocol as p
+from server.resume import ResumeStore
 from server.session import (
     TRANSITIONS,
     AudioBytes,
@@ -488,3 +489,70 @@ def test_endpoint_config_flows_into_the_session() -> None:
     (start,) = of(d.silence(3), StartTurn)
     d.send(FinalTranscript(start.turn_id, "Hi.", 10.0))  # type: ignore[attr-defined]
     assert of(d.silence(2), ReleaseTurn)
+
+
+# --- resumption ------------------------------------------------------------------
+
+
+def resumable(store: ResumeStore, token: str) -> Driver:
+    return Driver(Session("r", settings(), "a", "b", store, token))
+
+
+def test_ready_carries_a_resume_token_and_a_drop_parks_the_conversation() -> None:
+    store = ResumeStore(ttl_s=60)
+    d = resumable(store, "tok-1")
+    (ready,) = sent(d.send(p.Start(sample_rate=16000)))
+    assert isinstance(ready, p.Ready) and ready.resume_token == "tok-1" and not ready.resumed
+    d.send(p.Text("My name is Ada."))
+    d.send(ReplySentence(1, 0, "Nice to meet you, Ada.", 10.0))
+    d.send(ReplyAudio(1, 0, b"\x00\x00" * 10, 20, 1.0))  # half of it went out
+    d.now = 10.0
+    d.send(Disconnected())
+    assert len(store) == 1
+
+    again = resumable(store, "tok-2")
+    again.now = 30.0
+    (ready,) = sent(again.send(p.Start(sample_rate=8000, resume_token="tok-1")))
+    assert isinstance(ready, p.Ready) and ready.resumed and ready.resume_token == "tok-2"
+    assert again.s.conversation == [
+        ChatMessage("user", "My name is Ada."),
+        ChatMessage("assistant", "Nice to"),  # only what was sent as audio
+    ]
+    (start,) = of(again.send(p.Text("What is my name?")), StartTurn)
+    assert isinstance(start, StartTurn) and start.history == tuple(again.s.conversation[:2])
+
+
+def test_resume_tokens_are_single_use_and_expire() -> None:
+    store = ResumeStore(ttl_s=60)
+    d = resumable(store, "tok")
+    d.send(p.Start(sample_rate=16000))
+    d.send(Disconnected())  # parked at t=0
+    late = resumable(store, "x")
+    late.now = 61.0
+    (err,) = sent(late.send(p.Start(sample_rate=16000, resume_token="tok")))
+    assert isinstance(err, p.Error) and err.code == "resume_expired"
+    assert late.s.state is State.IDLE
+    (err,) = sent(late.send(p.Start(sample_rate=16000, resume_token="made-up")))
+    assert isinstance(err, p.Error) and err.code == "bad_resume_token"
+    assert isinstance(sent(late.send(p.Start(sample_rate=16000)))[0], p.Ready)  # fresh start
+
+
+def test_a_taken_token_cannot_be_replayed() -> None:
+    store = ResumeStore(ttl_s=60)
+    d = resumable(store, "tok")
+    d.send(p.Start(sample_rate=16000))
+    d.send(Disconnected())
+    assert sent(resumable(store, "a").send(p.Start(sample_rate=16000, resume_token="tok")))
+    (err,) = sent(resumable(store, "b").send(p.Start(sample_rate=16000, resume_token="tok")))
+    assert isinstance(err, p.Error) and err.code == "bad_resume_token"
+
+
+def test_without_a_store_there_is_no_token_and_resuming_is_refused() -> None:
+    d = make()
+    (err,) = sent(Driver(d.s).send(p.Start(sample_rate=16000, resume_token="t")))
+    assert isinstance(err, p.Error) and err.code == "already_started"
+    fresh = Driver(Session("x", settings(), "a", "b"))
+    (err,) = sent(fresh.send(p.Start(sample_rate=16000, resume_token="t")))
+    assert isinstance(err, p.Error) and err.code == "bad_resume_token"
+    (ready,) = sent(fresh.send(p.Start(sample_rate=16000)))
+    assert isinstance(ready, p.Ready) and ready.resume_token == ""

@@ -1,0 +1,62 @@
+"""Conversations of dropped connections, kept for a while against a resume token.
+
+A car drives into a tunnel: the connection drops, the client reconnects and sends its
+resume token in ``start``, and the conversation goes on where it was. Pure logic with
+the time passed in, like the session; tokens are single use (a resumed session gets a
+new one), so a leaked token cannot be replayed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from model.engine import ChatMessage
+
+
+class ResumeError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class _Parked:
+    conversation: tuple[ChatMessage, ...]
+    expires_at: float
+
+
+class ResumeStore:
+    def __init__(self, ttl_s: float = 120.0, max_entries: int = 10_000) -> None:
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self._parked: dict[str, _Parked] = {}
+        self._expired: dict[str, None] = {}  # recently expired tokens, for a precise error
+
+    def park(self, token: str, conversation: list[ChatMessage], now: float) -> None:
+        self._purge(now)
+        if self.ttl_s <= 0:
+            return
+        if len(self._parked) >= self.max_entries:  # drop the oldest first
+            del self._parked[next(iter(self._parked))]
+        self._parked[token] = _Parked(tuple(conversation), now + self.ttl_s)
+
+    def take(self, token: str, now: float) -> list[ChatMessage]:
+        """The parked conversation for ``token``; it can be taken once."""
+        self._purge(now)
+        parked = self._parked.pop(token, None)
+        if parked is not None:
+            return list(parked.conversation)
+        if token in self._expired:
+            raise ResumeError("resume_expired", "that session has expired; start a new one")
+        raise ResumeError("bad_resume_token", "unknown resume token; start a new session")
+
+    def _purge(self, now: float) -> None:
+        for token in [t for t, p in self._parked.items() if p.expires_at <= now]:
+            del self._parked[token]
+            self._expired[token] = None
+        while len(self._expired) > self.max_entries:
+            del self._expired[next(iter(self._expired))]
+
+    def __len__(self) -> int:
+        return len(self._parked)
