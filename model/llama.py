@@ -60,8 +60,9 @@ class KVCache:
         device: torch.device | str = "cpu",
     ) -> None:
         shape = (config.n_layer, batch, config.n_kv_head, max_len, config.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        # empty, not zeros: only the first `length` positions are ever read
+        self.k = torch.empty(shape, dtype=dtype, device=device)
+        self.v = torch.empty(shape, dtype=dtype, device=device)
         self.length = 0  # committed positions
 
     @property

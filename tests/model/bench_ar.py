@@ -23,6 +23,13 @@ from model.tokenizer import Tokenizer
 
 QUESTION = "My flight lands at nine tonight. What should I do first when I reach the hotel?"
 N_NEW = 40
+AGREEMENT_QUESTIONS = [
+    "What is the capital of France?",
+    "What's a good way to fall asleep faster?",
+    "How long should I boil an egg?",
+    "Can you tell me a fun fact about octopuses?",
+    "What is the weather usually like in London in spring?",
+]
 
 
 def run_once(model: Llama, prompt: list[int]) -> tuple[list[int], float, float]:
@@ -69,6 +76,19 @@ def main(repeats: int = 5) -> None:
     print(f"same greedy tokens: {same}")
     for d, out in outputs.items():
         print(f"{d!s:15s} {tok.decode(out)!r}")
+    agreement(models, tok)
+
+
+def agreement(models: dict[torch.dtype, Llama], tok: Tokenizer) -> None:
+    """Do the dtypes give the same greedy replies (up to 80 tokens) to other questions?"""
+    same = 0
+    for q in AGREEMENT_QUESTIONS:
+        prompt = build_prompt(tok, [ChatMessage("user", q)], 1024)
+        a, b = (list(greedy(m, prompt, 80, tok.stop_ids)) for m in models.values())
+        diff = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+        same += a == b
+        print(f"  {q!r}: {'same' if a == b else f'first differs at token {diff}'}")
+    print(f"same greedy replies: {same}/{len(AGREEMENT_QUESTIONS)}")
 
 
 if __name__ == "__main__":
