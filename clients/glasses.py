@@ -1,33 +1,55 @@
-"""Smart-glasses client (minimal): stream a WAV as the microphone, print every event.
+"""Smart-glasses client: microphone up, speech down, reconnecting when the network drops.
 
     python -m clients.glasses --url ws://127.0.0.1:8765/v1/voice --wav question.wav \\
         [--out reply.wav]
+    python -m clients.glasses --url ws://HOST:8765/v1/voice          # live mic + speaker
 
-Streams the WAV at real-time pace followed by a second of silence, prints every server
-event as one JSON line on stdout (audio frames as ``{"type": "audio", ...}`` lines),
-writes the reply audio of the first completed turn to ``--out``, and exits 0 after
-that turn; non-zero with a message on stderr otherwise.
+With ``--wav`` the WAV is the microphone (real-time pace, then a second of silence) and
+the client exits 0 after the first completed turn, writing its reply audio to ``--out``.
+Without ``--wav`` it captures the default microphone at 16 kHz in 20 ms frames and
+plays replies on the default speaker (needs the ``audio`` extra) until Ctrl-C or
+``--turns`` completed turns. Every server event is printed as one JSON line on stdout
+(audio frames as ``{"type": "audio", ...}``). Playback of a cancelled reply stops at
+once. After a dropped connection the client reconnects with backoff and resumes the
+conversation with its resume token; an unreachable server is reported on stderr with a
+non-zero exit.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI
+from websockets.exceptions import ConnectionClosed, InvalidURI
 
 from server import protocol as p
 
-from .common import Pacer, Pcm, TurnAudio, frames, read_wav, silence, write_wav
+from .common import (
+    NETWORK_ERRORS,
+    ClientError,
+    Pacer,
+    Pcm,
+    ResumeRefused,
+    TurnAudio,
+    backoff,
+    frames,
+    read_wav,
+    silence,
+    start_session,
+    unreachable,
+)
+from .devices import DeviceMicrophone, DeviceSpeaker, Microphone, Speaker, WavMicrophone, WavSpeaker
 
+__all__ = ["ClientError", "Glasses", "GlassesOptions", "first_turn", "start_session"]
 
-class ClientError(Exception):
-    """The session ended without a completed turn; the message says why."""
+FATAL_CLOSE_CODES = {1008, 1009, int(p.CloseCode.TOO_MANY_ERRORS)}  # reconnecting won't help
 
 
 @dataclass
@@ -45,16 +67,6 @@ async def stream_audio(ws: ClientConnection, pcm: Pcm, trailing_s: float = 1.0) 
     for chunk in frames(pcm) + frames(silence(pcm.rate, trailing_s)):
         await pacer.wait(len(chunk) / 2 / pcm.rate)
         await ws.send(chunk)
-
-
-async def start_session(ws: ClientConnection, rate: int, client: str) -> p.Ready:
-    await ws.send(p.encode(p.Start(sample_rate=rate, client=client, output_sample_rate=16000)))
-    message = p.decode_server(await ws.recv())
-    if isinstance(message, p.Error):
-        raise ClientError(f"server refused the session: {message.code}: {message.message}")
-    if not isinstance(message, p.Ready):
-        raise ClientError(f"expected ready, got {message.type}")
-    return message
 
 
 async def first_turn(ws: ClientConnection, ready: p.Ready, printer: bool = True) -> TurnResult:
@@ -86,44 +98,188 @@ async def first_turn(ws: ClientConnection, ready: p.Ready, printer: bool = True)
     raise ClientError("the server closed the connection before a reply was complete")
 
 
-async def run(url: str, wav: Path, out: Path | None, timeout_s: float) -> TurnResult:
-    pcm = read_wav(wav)
-    try:
-        async with connect(url, open_timeout=10) as ws:
-            ready = await start_session(ws, pcm.rate, "glasses")
-            print(p.encode(ready), flush=True)
-            sender = asyncio.create_task(stream_audio(ws, pcm))
+@dataclass
+class GlassesOptions:
+    url: str
+    turns: int | None = 1  # stop after this many completed turns; None: run until stopped
+    timeout_s: float | None = 120.0  # for the whole run, reconnections included
+    retries: int = 8  # reconnection attempts after a drop before giving up
+    output_rate: int = 16000
+
+
+def print_event(message: p.ServerMessage | None, frame: str | bytes) -> None:
+    """The CLI's event printer: one JSON line per server message or audio frame."""
+    if isinstance(frame, bytes):
+        turn_id, seq, _ = p.unpack_audio(frame)
+        print(json.dumps({"type": "audio", "turn_id": turn_id, "seq": seq, "bytes": len(frame)}))
+    else:
+        print(frame, flush=True)
+
+
+def log(text: str) -> None:
+    print(f"glasses: {text}", file=sys.stderr, flush=True)
+
+
+class Glasses:
+    """One conversation over as many connections as the network needs."""
+
+    def __init__(
+        self,
+        options: GlassesOptions,
+        mic: Microphone,
+        speaker: Speaker,
+        on_frame: Callable[[p.ServerMessage | None, str | bytes], None] = print_event,
+    ) -> None:
+        self.options = options
+        self.mic = mic
+        self.speaker = speaker
+        self.on_frame = on_frame
+        self.results: list[TurnResult] = []
+        self.resume_token: str | None = None
+        self.connections = 0
+
+    async def run(self) -> list[TurnResult]:
+        try:
+            async with asyncio.timeout(self.options.timeout_s):
+                await self._reconnecting()
+        except TimeoutError:
+            raise ClientError(f"no complete reply within {self.options.timeout_s} s") from None
+        return self.results
+
+    async def _reconnecting(self) -> None:
+        delays, failures = backoff(), 0
+        while True:
             try:
-                async with asyncio.timeout(timeout_s):
-                    result = await first_turn(ws, ready)
+                if await self._connection():
+                    return
+                reason = "the server closed the connection"
+            except InvalidURI as exc:
+                raise unreachable(self.options.url, exc) from None
+            except NETWORK_ERRORS as exc:
+                if self.connections == 0:
+                    raise unreachable(self.options.url, exc) from None
+                reason = f"connection lost ({exc or type(exc).__name__})"
+            failures += 1
+            if failures > self.options.retries:
+                raise ClientError(f"{reason}; gave up after {self.options.retries} reconnections")
+            delay = next(delays)
+            log(f"{reason}; reconnecting in {delay:.1f} s")
+            await asyncio.sleep(delay)
+
+    async def _connection(self) -> bool:
+        """One connection; True when enough turns completed."""
+        async with connect(self.options.url, open_timeout=10, max_size=None) as ws:
+            ready = await self._start(ws)
+            self.connections += 1
+            self.on_frame(ready, p.encode(ready))
+            sender = asyncio.create_task(self._send_mic(ws))
+            try:
+                return await self._converse(ws, ready)
+            except ConnectionClosed as exc:
+                if exc.rcvd is not None and exc.rcvd.code in FATAL_CLOSE_CODES:
+                    raise ClientError(f"the server closed the session: {exc}") from None
+                raise
             finally:
                 sender.cancel()
-    except TimeoutError:
-        raise ClientError(f"no complete reply within {timeout_s:.0f} s") from None
-    except (OSError, InvalidURI, InvalidStatus) as exc:
-        raise ClientError(f"cannot reach the server at {url}: {exc}") from None
-    except ConnectionClosed as exc:
-        raise ClientError(f"connection closed: {exc}") from None
-    if out is not None:
-        write_wav(out, result.audio, result.output_rate)
-    return result
+                with contextlib.suppress(asyncio.CancelledError, *NETWORK_ERRORS):
+                    await sender
+
+    async def _start(self, ws: ClientConnection) -> p.Ready:
+        rate, out_rate = self.mic.rate, self.options.output_rate
+        try:
+            ready = await start_session(ws, rate, "glasses", self.resume_token, out_rate)
+        except ResumeRefused as exc:
+            log(f"could not resume the conversation ({exc.code}); starting a new one")
+            ready = await start_session(ws, rate, "glasses", None, out_rate)
+        self.resume_token = ready.resume_token or None
+        return ready
+
+    async def _send_mic(self, ws: ClientConnection) -> None:
+        async for chunk in self.mic.stream():
+            await ws.send(chunk)
+
+    async def _converse(self, ws: ClientConnection, ready: p.Ready) -> bool:
+        audio = TurnAudio()
+        transcripts: dict[int, str] = {}
+        done: dict[int, p.ReplyDone] = {}
+        async for frame in ws:
+            if isinstance(frame, bytes):
+                turn_id = audio.add(frame)
+                if turn_id not in audio.cancelled:
+                    self.speaker.play(turn_id, p.unpack_audio(frame)[2])
+                self.on_frame(None, frame)
+                continue
+            message = p.decode_server(frame)
+            self.on_frame(message, frame)
+            match message:
+                case p.TranscriptFinal(turn_id=t, text=text):
+                    transcripts[t] = text
+                case p.ReplyCancelled(turn_id=t):
+                    audio.cancel(t)
+                    self.speaker.flush(t)
+                case p.ReplyDone(turn_id=t, text=text) if text:
+                    done[t] = message
+                case p.Metrics(turn_id=t) if t in done:
+                    self._complete(t, transcripts.get(t, ""), done.pop(t).text, audio, ready)
+                    if self.options.turns is not None and len(self.results) >= self.options.turns:
+                        return True
+        return False
+
+    def _complete(
+        self, turn_id: int, transcript: str, reply: str, audio: TurnAudio, ready: p.Ready
+    ) -> None:
+        rate = ready.output_sample_rate
+        self.results.append(TurnResult(turn_id, transcript, reply, audio.pcm(turn_id), rate))
+        if isinstance(self.speaker, WavSpeaker):
+            self.speaker.keep(turn_id)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m clients.glasses",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--url", default=f"ws://127.0.0.1:8765{p.PATH}")
+    parser.add_argument("--wav", type=Path, help="16-bit WAV as the microphone (default: live)")
+    parser.add_argument("--out", type=Path, help="write the reply audio here (WAV)")
+    parser.add_argument("--play", action="store_true", help="play replies on the speaker")
+    parser.add_argument("--turns", type=int, help="stop after N turns (default 1 with --wav)")
+    parser.add_argument("--timeout", type=float, help="seconds for the whole run")
+    parser.add_argument("--retries", type=int, default=8, help="reconnections after a drop")
+    return parser
+
+
+def _devices(args: argparse.Namespace) -> tuple[Microphone, Speaker]:
+    mic: Microphone = WavMicrophone(read_wav(args.wav)) if args.wav else DeviceMicrophone()
+    live_out = args.play or (args.wav is None and args.out is None)
+    speaker: Speaker = DeviceSpeaker(16000) if live_out else WavSpeaker(16000, args.out)
+    return mic, speaker
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m clients.glasses", description=__doc__)
-    parser.add_argument("--url", default=f"ws://127.0.0.1:8765{p.PATH}")
-    parser.add_argument("--wav", type=Path, required=True, help="16-bit mono/stereo WAV")
-    parser.add_argument("--out", type=Path, help="write the reply audio here (WAV)")
-    parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait")
-    args = parser.parse_args(argv)
-    if not args.wav.is_file():
-        print(f"glasses: no such WAV file: {args.wav}", file=sys.stderr)
+    args = _parser().parse_args(argv)
+    if args.wav is not None and not args.wav.is_file():
+        log(f"no such WAV file: {args.wav}")
+        return 2
+    live = args.wav is None
+    turns = args.turns if args.turns is not None else (None if live else 1)
+    timeout = args.timeout or (None if live and turns is None else 120.0)
+    options = GlassesOptions(args.url, turns, timeout, args.retries)
+    try:
+        mic, speaker = _devices(args)
+    except (RuntimeError, ValueError) as exc:
+        log(str(exc))
         return 2
     try:
-        asyncio.run(run(args.url, args.wav, args.out, args.timeout))
+        asyncio.run(Glasses(options, mic, speaker).run())
     except (ClientError, ValueError) as exc:
-        print(f"glasses: {exc}", file=sys.stderr)
+        log(str(exc))
         return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        speaker.close()
     return 0
 
 
