@@ -1,0 +1,89 @@
+"""One forward pass over a chunk of tokens against a KV cache: what every decoder uses.
+
+Greedy autoregressive decoding and the diffusion samplers are written against the
+small :class:`StepBackend` protocol, with numpy in and out, so the same decoding code
+runs on the PyTorch model (:class:`TorchBackend`: training, tests, the reference) and
+on exported models in ONNX Runtime (``export/runtime.py``: serving, no torch).
+
+Positions are implicit: a step's tokens sit right after the cache's committed prefix.
+``attend="causal"`` is ordinary left-to-right attention (prompt prefill, one AR
+token); ``attend="block"`` lets every token of the chunk see the whole chunk and the
+whole prefix (denoising one block of a block-diffusion model, BD3-LM / Fast-dLLM v2).
+A step with ``commit=False`` leaves the cache as it was, so a block can be denoised
+repeatedly and committed once, when its tokens are final.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+Attend = Literal["causal", "block"]
+Logits = NDArray[np.float32]
+
+
+class StepBackend(Protocol):
+    name: str
+    vocab_size: int  # width of the logits
+    max_len: int  # positions a cache can hold
+
+    def new_cache(self) -> Any: ...
+
+    def cache_length(self, cache: Any) -> int: ...
+
+    def truncate(self, cache: Any, length: int) -> None:
+        """Forget every committed position from ``length`` on (a rolled-back reply)."""
+        ...
+
+    def step(
+        self,
+        cache: Any,
+        ids: NDArray[np.int64],
+        attend: Attend,
+        commit: bool,
+        last_only: bool = False,
+    ) -> Logits:
+        """Logits ``(T, V)`` for ``ids (T,)`` (``(1, V)`` with last_only), float32."""
+        ...
+
+
+class TorchBackend:
+    """The PyTorch Llama behind the :class:`StepBackend` protocol (batch 1)."""
+
+    def __init__(self, model: Any, max_len: int = 2048, name: str = "torch") -> None:
+        import torch  # imported here: the serving path never loads this class
+
+        self._torch = torch
+        self.model = model
+        self.name = name
+        self.vocab_size = int(model.config.vocab_size)
+        self.max_len = max_len
+
+    def new_cache(self) -> Any:
+        with self._torch.inference_mode():
+            return self.model.new_cache(1, self.max_len)
+
+    def cache_length(self, cache: Any) -> int:
+        return int(cache.length)
+
+    def truncate(self, cache: Any, length: int) -> None:
+        if not 0 <= length <= cache.length:
+            raise ValueError(f"cannot truncate a cache of {cache.length} to {length}")
+        cache.length = length
+
+    def step(
+        self,
+        cache: Any,
+        ids: NDArray[np.int64],
+        attend: Attend,
+        commit: bool,
+        last_only: bool = False,
+    ) -> Logits:
+        torch = self._torch
+        mask = "causal" if attend == "causal" else "full"
+        with torch.inference_mode():
+            x = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64))[None]  # (1, T)
+            logits = self.model(x, cache=cache, mask=mask, commit=commit, last_only=last_only)
+            return logits[0].float().numpy()  # (T, V)
