@@ -40,7 +40,11 @@ def _parser() -> argparse.ArgumentParser:
         default=120.0,
         help="seconds a dropped session's conversation is kept for resumption (0: off)",
     )
-    serve.add_argument("--log-level", default="INFO")
+    serve.set_defaults(run=_serve)
+    # Other commands register themselves here: each module's register(sub) adds a
+    # subparser with set_defaults(run=function taking the parsed args, returning rc).
+    for command in sub.choices.values():
+        command.add_argument("--log-level", default="INFO")
     return parser
 
 
@@ -51,9 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    if args.command == "serve":
-        return _serve(args)
-    return 2
+    rc: int = args.run(args)
+    return rc
 
 
 def _serve(args: argparse.Namespace) -> int:
