@@ -45,6 +45,7 @@ from .session import (
     SessionConfig,
     StartPartial,
     StartTurn,
+    State,
     VadResult,
 )
 from .turn import Pacing, run_turn
@@ -90,7 +91,7 @@ class Connection:
         try:
             async for frame in self.ws:
                 await self.apply(self._receive_frame(frame))
-                if self.session.state.value == "closed":
+                if self.session.state is State.CLOSED:
                     break
         except ConnectionClosed:
             pass
