@@ -1,0 +1,273 @@
+// Quicksilver voice demo: microphone -> /v1/voice -> transcript, reply, speech.
+// Plain ES module, no build step. Protocol: docs/protocol.md.
+
+const INPUT_RATE = 16000;
+const OUTPUT_RATES = [8000, 16000, 22050, 24000, 48000];
+const FRAME_SAMPLES = 320; // 20 ms at 16 kHz
+const HEADER_BYTES = 8; // turn_id, seq (uint32 LE)
+const STAGES = [
+  ["endpointing_ms", "endpointing", "endpointing"],
+  ["asr_ms", "ASR", "asr"],
+  ["reply_ms", "reply", "reply"],
+  ["tts_first_chunk_ms", "TTS first chunk", "tts"],
+  ["first_audio_ms", "total", "total"],
+];
+
+const $ = (id) => document.getElementById(id);
+
+// Read by tests and by anyone curious (devtools): counters of what happened.
+const stats = (window.qsStats = {
+  state: "idle",
+  sentFrames: 0,
+  receivedFrames: 0, // reply audio frames from the server
+  playedFrames: 0, // ... that the playback worklet started to play
+  droppedFrames: 0, // ... thrown away because their turn was cancelled
+  underruns: 0,
+  bufferedMs: 0,
+  turns: 0,
+  errors: [],
+});
+
+class VoiceSession {
+  constructor(url) {
+    this.url = url;
+    this.ws = null;
+    this.ctx = null;
+    this.stream = null;
+    this.capture = null;
+    this.playback = null;
+    this.outputRate = INPUT_RATE;
+    this.ready = false;
+    this.stopped = false;
+    this.resumeToken = null;
+    this.retries = 0;
+    this.cancelled = new Set();
+    this.turns = new Map(); // turn_id -> view
+  }
+
+  async start() {
+    this.stopped = false;
+    setState("connecting", "asking for the microphone");
+    this.stream = await navigator.mediaDevices.getUserMedia({
+      audio: { echoCancellation: true, noiseSuppression: true, autoGainControl: true, channelCount: 1 },
+    });
+    this.ctx = new AudioContext({ latencyHint: "interactive" });
+    await this.ctx.audioWorklet.addModule("/web/capture-worklet.js");
+    await this.ctx.audioWorklet.addModule("/web/playback-worklet.js");
+    const rate = this.ctx.sampleRate;
+    this.outputRate = OUTPUT_RATES.includes(rate) ? rate : INPUT_RATE;
+    this.capture = new AudioWorkletNode(this.ctx, "qs-capture", {
+      processorOptions: { targetRate: INPUT_RATE, frameSamples: FRAME_SAMPLES },
+    });
+    this.capture.port.onmessage = (e) => this.sendAudio(e.data);
+    this.ctx.createMediaStreamSource(this.stream).connect(this.capture);
+    const mute = this.ctx.createGain(); // keeps the capture node pulled, silently
+    mute.gain.value = 0;
+    this.capture.connect(mute).connect(this.ctx.destination);
+    this.playback = new AudioWorkletNode(this.ctx, "qs-playback", {
+      outputChannelCount: [1],
+      processorOptions: { inputRate: this.outputRate, jitterMs: 60 },
+    });
+    this.playback.port.onmessage = (e) => updateAudioStats(e.data);
+    this.playback.connect(this.ctx.destination);
+    await this.ctx.resume();
+    this.connect();
+  }
+
+  connect() {
+    setState(this.retries ? "reconnecting" : "connecting", `connecting to ${this.url}`);
+    const ws = (this.ws = new WebSocket(this.url));
+    ws.binaryType = "arraybuffer";
+    ws.onopen = () => {
+      const start = { type: "start", sample_rate: INPUT_RATE, client: "web", output_sample_rate: this.outputRate };
+      if (this.resumeToken) start.resume_token = this.resumeToken;
+      ws.send(JSON.stringify(start));
+    };
+    ws.onmessage = (e) => (typeof e.data === "string" ? this.onEvent(JSON.parse(e.data)) : this.onAudio(e.data));
+    ws.onclose = (e) => this.onClose(e);
+  }
+
+  onClose(event) {
+    this.ready = false;
+    if (this.stopped) return setState("idle", "not connected");
+    if (event.code === 4002 || event.code === 1009) return fail(`the server closed the session (${event.code} ${event.reason})`);
+    const delay = Math.min(5000, 250 * 2 ** this.retries++);
+    if (this.retries > 8) return fail(`cannot reach the server at ${this.url}; is \`quicksilver serve\` running?`);
+    setState("reconnecting", `connection lost (code ${event.code}); retrying in ${(delay / 1000).toFixed(1)} s`);
+    setTimeout(() => !this.stopped && this.connect(), delay);
+  }
+
+  stop() {
+    this.stopped = true;
+    this.ws?.close(1000, "bye");
+    this.stream?.getTracks().forEach((t) => t.stop());
+    this.ctx?.close();
+    setState("idle", "not connected");
+  }
+
+  sendAudio(buffer) {
+    if (!this.ready || this.ws.readyState !== WebSocket.OPEN) return;
+    this.ws.send(buffer);
+    stats.sentFrames++;
+  }
+
+  onAudio(buffer) {
+    const view = new DataView(buffer);
+    const turn = view.getUint32(0, true);
+    stats.receivedFrames++;
+    if (this.cancelled.has(turn)) return; // the worklet would drop it too
+    const pcm = buffer.slice(HEADER_BYTES);
+    this.playback.port.postMessage({ type: "audio", turn, pcm }, [pcm]);
+    this.turn(turn).setStatus("speaking");
+    setState("answering", "answering");
+  }
+
+  onEvent(msg) {
+    switch (msg.type) {
+      case "ready":
+        this.ready = true;
+        this.retries = 0;
+        this.resumeToken = msg.resume_token || null;
+        hideError();
+        $("session").textContent = `session ${msg.session_id}${msg.resumed ? " (resumed)" : ""} · ASR ${msg.asr} · reply ${msg.reply_engine}`;
+        return setState("listening", "listening");
+      case "speech_started":
+        this.turn(msg.turn_id).setStatus("listening");
+        return setState("hearing", "hearing you");
+      case "speech_stopped":
+        return setState("answering", "thinking");
+      case "transcript_partial":
+        return setPartial(msg.text);
+      case "transcript_final":
+        setPartial("");
+        return this.turn(msg.turn_id).setYou(msg.text || "(nothing understood)");
+      case "reply_text":
+        return this.turn(msg.turn_id).addReply(msg.text);
+      case "reply_done":
+        this.playback.port.postMessage({ type: "complete", turn: msg.turn_id });
+        this.turn(msg.turn_id).done(msg.text);
+        return setState("listening", "listening");
+      case "reply_cancelled":
+        this.cancelled.add(msg.turn_id);
+        this.playback.port.postMessage({ type: "cancel", turn: msg.turn_id });
+        return this.turn(msg.turn_id).cancel(msg.reason, msg.spoken_text);
+      case "metrics":
+        stats.turns++;
+        return this.turn(msg.turn_id).metrics(msg);
+      case "error":
+        if ((msg.code === "bad_resume_token" || msg.code === "resume_expired") && this.resumeToken) {
+          this.resumeToken = null; // start a new conversation on the same connection
+          return this.ws.send(JSON.stringify({ type: "start", sample_rate: INPUT_RATE, client: "web", output_sample_rate: this.outputRate }));
+        }
+        return showError(`${msg.code}: ${msg.message}`);
+    }
+  }
+
+  turn(id) {
+    if (!this.turns.has(id)) this.turns.set(id, new TurnView(id));
+    return this.turns.get(id);
+  }
+}
+
+class TurnView {
+  constructor(id) {
+    this.node = $("turn-template").content.firstElementChild.cloneNode(true);
+    this.node.dataset.turn = id;
+    this.you = this.node.querySelector(".you .text");
+    this.bot = this.node.querySelector(".bot .text");
+    this.status = this.node.querySelector(".status");
+    this.latency = this.node.querySelector(".latency");
+    this.sentences = [];
+    $("turns").append(this.node);
+  }
+  setYou(text) { this.you.textContent = text; }
+  setStatus(text) { this.status.textContent = text; }
+  addReply(text) { this.sentences.push(text); this.bot.textContent = this.sentences.join(" "); }
+  done(text) { if (text) this.bot.textContent = text; this.setStatus(text ? "" : "(no reply)"); }
+  cancel(reason, spoken) {
+    this.node.classList.add("cancelled");
+    this.setStatus(`interrupted (${reason.replace("_", "-")}); heard: “${spoken}”`);
+  }
+  metrics(m) {
+    const values = STAGES.map(([key]) => m[key]);
+    const scale = Math.max(1, ...values.filter((v) => v != null));
+    this.latency.replaceChildren();
+    for (const [key, label, cls] of STAGES) {
+      const v = m[key];
+      const bar = el("div", "bar " + cls);
+      bar.style.width = v == null ? "0" : `${(100 * v) / scale}%`;
+      const track = el("div", "track");
+      track.append(bar);
+      this.latency.append(el("span", "stage", label), track, el("span", "ms", v == null ? "–" : `${Math.round(v)} ms`));
+    }
+    const note = m.speculative ? "ASR and reply ran during the trailing silence (speculative): they overlap endpointing." : "";
+    this.latency.append(el("span", "note", `${note} ${m.reply_tokens} tokens, ${m.forward_passes} forward passes.`.trim()));
+    this.latency.hidden = false;
+  }
+}
+
+function el(tag, cls, text) {
+  const node = document.createElement(tag);
+  node.className = cls;
+  if (text != null) node.textContent = text;
+  return node;
+}
+
+function setState(state, text) {
+  stats.state = state;
+  const node = $("state");
+  node.dataset.state = state;
+  node.textContent = text;
+}
+
+function setPartial(text) { $("partial").textContent = text || "\u00a0"; }
+
+function showError(text) {
+  stats.errors.push(text);
+  const node = $("error");
+  node.textContent = text;
+  node.hidden = false;
+}
+
+function hideError() { $("error").hidden = true; }
+
+function fail(text) {
+  showError(text);
+  setState("error", "disconnected");
+  $("toggle").textContent = "Start talking";
+  $("toggle").classList.remove("stop");
+}
+
+function updateAudioStats(s) {
+  stats.playedFrames = s.played;
+  stats.droppedFrames = s.dropped;
+  stats.underruns = s.underruns;
+  stats.bufferedMs = s.bufferedMs;
+  $("audio-stats").textContent = `audio: ${stats.receivedFrames} frames received, ${s.played} played, ${s.dropped} dropped, ${s.bufferedMs} ms buffered`;
+}
+
+function voiceUrl() {
+  const override = new URLSearchParams(location.search).get("ws");
+  if (override) return override;
+  return `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/v1/voice`;
+}
+
+let session = null;
+$("toggle").addEventListener("click", async () => {
+  const button = $("toggle");
+  if (session && !session.stopped) {
+    session.stop();
+    button.textContent = "Start talking";
+    button.classList.remove("stop");
+    return;
+  }
+  button.textContent = "Stop";
+  button.classList.add("stop");
+  session = window.qsSession = new VoiceSession(voiceUrl());
+  try {
+    await session.start();
+  } catch (err) {
+    session.stopped = true;
+    fail(err.name === "NotAllowedError" ? "microphone permission was refused" : `cannot start: ${err.message || err}`);
+  }
+});
