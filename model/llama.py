@@ -42,6 +42,15 @@ class LlamaConfig:
     norm_eps: float = 1e-5
     max_seq_len: int = 8192
     tie_embeddings: bool = True
+    attn_bias: bool = False  # biases on q, k, v (Qwen2, hence Dream)
+    # Rows of the token embedding when it holds more than the vocabulary: SmolLM2 adapted
+    # to diffusion has one extra row, the mask token, which is an input but never a
+    # logit (the head keeps vocab_size outputs). None: vocab_size.
+    embedding_size: int | None = None
+
+    @property
+    def n_emb(self) -> int:
+        return self.embedding_size or self.vocab_size
 
     @property
     def head_dim(self) -> int:
@@ -119,9 +128,9 @@ class Attention(nn.Module):
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
         self.nh, self.nkv, self.hd = cfg.n_head, cfg.n_kv_head, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.n_embd, self.nh * self.hd, bias=False)
-        self.k_proj = nn.Linear(cfg.n_embd, self.nkv * self.hd, bias=False)
-        self.v_proj = nn.Linear(cfg.n_embd, self.nkv * self.hd, bias=False)
+        self.q_proj = nn.Linear(cfg.n_embd, self.nh * self.hd, bias=cfg.attn_bias)
+        self.k_proj = nn.Linear(cfg.n_embd, self.nkv * self.hd, bias=cfg.attn_bias)
+        self.v_proj = nn.Linear(cfg.n_embd, self.nkv * self.hd, bias=cfg.attn_bias)
         self.o_proj = nn.Linear(self.nh * self.hd, cfg.n_embd, bias=False)
 
     def forward(self, x, rope, mask, cache: KVCache | None, layer: int, commit: bool):
@@ -173,8 +182,8 @@ class Llama(nn.Module):
         self.config = config
         # _weight: skip nn.Embedding's own normal_ init, which on the meta device
         # (from_state_dict) costs over a second of one-time setup; _init_weights below.
-        emb = torch.empty(config.vocab_size, config.n_embd)
-        self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd, _weight=emb)
+        emb = torch.empty(config.n_emb, config.n_embd)
+        self.tok_emb = nn.Embedding(config.n_emb, config.n_embd, _weight=emb)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.norm = RMSNorm(config.n_embd, config.norm_eps)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -239,7 +248,14 @@ class Llama(nn.Module):
             cache.length += T
         if last_only:
             x = x[:, -1:]
-        return self.lm_head(self.norm(x))  # (B, T, V)
+        return self.head(self.norm(x))  # (B, T, V)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits over the vocabulary: a tied head skips the extra (mask) embedding rows."""
+        V = self.config.vocab_size
+        if self.lm_head.weight.shape[0] == V:
+            return self.lm_head(x)
+        return F.linear(x, self.lm_head.weight[:V])
 
 
 def _resolve_mask(mask: Mask, past: int, T: int, device) -> Mask:
