@@ -1,0 +1,88 @@
+"""Client tests: the real server (the end-to-end fixture) and a TCP proxy that can cut it.
+
+The proxy stands for the network between a device and the server: ``drop()`` aborts
+every connection through it at once (no close frame, like a car entering a tunnel),
+and ``refuse`` makes it turn new connections away (the server is unreachable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
+
+import pytest
+
+from tests.e2e.conftest import ServerProcess, server
+
+__all__ = ["Proxy", "server"]
+
+
+class Proxy:
+    def __init__(self, target: str) -> None:
+        parts = urlsplit(target)
+        assert parts.hostname is not None and parts.port is not None
+        self.host, self.port, self.path = parts.hostname, parts.port, parts.path
+        self.live: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+        self.refuse = False
+        self.accepted = 0
+        self.drops = 0
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        port = self.server.sockets[0].getsockname()[1]
+        return f"ws://127.0.0.1:{port}{self.path}"
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.refuse:
+            writer.transport.abort()
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
+        except OSError:
+            writer.transport.abort()
+            return
+        self.accepted += 1
+        pair = (writer, up_writer)
+        self.live.add(pair)
+        try:
+            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        finally:
+            self.live.discard(pair)
+            for w in pair:
+                w.transport.abort()
+
+    def drop(self) -> None:
+        """Cut every connection now, both ways, without a close handshake."""
+        self.drops += 1
+        for pair in list(self.live):
+            for w in pair:
+                w.transport.abort()
+
+    async def close(self) -> None:
+        self.drop()
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+
+
+async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+        while data := await src.read(65536):
+            dst.write(data)
+            await dst.drain()
+    dst.transport.abort()
+
+
+@pytest.fixture
+async def proxy(server: ServerProcess) -> AsyncIterator[Proxy]:
+    px = Proxy(server.url)
+    await px.start()
+    yield px
+    await px.close()

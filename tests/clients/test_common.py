@@ -1,0 +1,85 @@
+"""Client building blocks without a server: ground truth, percentiles, backoff, playback."""
+
+from __future__ import annotations
+
+import itertools
+import types
+
+import numpy as np
+import pytest
+
+from clients import devices
+from clients.common import Pcm, backoff, speech_bounds
+from clients.harness import Utterance, percentiles
+from tests.speech import write_wav
+
+
+def test_speech_bounds_finds_the_first_and_last_loud_sample() -> None:
+    samples = np.zeros(16000, np.int16)
+    samples[4000:12000] = 8000
+    samples[6000] = 0
+    onset, end = speech_bounds(Pcm(samples, 16000))
+    assert (onset, end) == (0.25, 0.75)
+    with pytest.raises(ValueError):
+        speech_bounds(Pcm(np.full(100, 10, np.int16), 16000))
+
+
+def test_utterance_marks_the_frames_holding_speech(tmp_path: object) -> None:
+    audio = np.zeros(16000, np.float32)
+    audio[3210:8000] = 0.5  # onset in frame 10 (20 ms = 320 samples), last sample in 24
+    path = write_wav(tmp_path / "u.wav", audio)  # type: ignore[operator]
+    u = Utterance.load(path)
+    assert (u.onset_frame, u.end_frame) == (10, 24)
+
+
+def test_percentiles_name_their_keys_and_tolerate_no_data() -> None:
+    out = percentiles([float(v) for v in range(1, 101)], "x_ms")
+    assert out["x_ms_n"] == 100 and out["x_ms_p50"] == 50.5
+    assert out["x_ms_p95"] == pytest.approx(95.05, abs=0.06) and out["x_ms_p99"] == 99.0
+    assert percentiles([], "y")["y_p95"] is None
+
+
+def test_backoff_grows_to_a_cap() -> None:
+    delays = list(itertools.islice(backoff(0.25, 2.0, 2.0, jitter=0.0), 5))
+    assert delays == [0.25, 0.5, 1.0, 2.0, 2.0]
+    jittered = list(itertools.islice(backoff(1.0, 1.0, 1.0, jitter=0.2), 50))
+    assert all(0.8 <= d <= 1.2 for d in jittered) and len(set(jittered)) > 1
+
+
+class FakeStream:
+    def __init__(self, **kwargs: object) -> None:
+        self.kwargs = kwargs
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def close(self) -> None: ...
+
+
+def test_speaker_flush_drops_a_cancelled_turn_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sound-card callback never plays a frame of a turn after it was flushed."""
+    fake = types.SimpleNamespace(RawOutputStream=FakeStream)
+    monkeypatch.setattr(devices, "sounddevice_module", lambda: fake)
+    speaker = devices.DeviceSpeaker(16000)
+    speaker.play(1, b"\x01\x00" * 400)
+    speaker.play(2, b"\x02\x00" * 200)
+    block = bytearray(640)
+    speaker._fill(memoryview(block), 320, None, None)
+    assert bytes(block) == b"\x01\x00" * 320
+    speaker.flush(1)  # barge-in: 80 samples of turn 1 were still queued
+    speaker.play(1, b"\x01\x00" * 100)  # late audio of the cancelled turn
+    speaker._fill(memoryview(block), 320, None, None)
+    assert bytes(block) == b"\x02\x00" * 200 + bytes(240)
+
+
+def test_wav_speaker_keeps_only_completed_turns(tmp_path: object) -> None:
+    path = tmp_path / "out.wav"  # type: ignore[operator]
+    speaker = devices.WavSpeaker(16000, path)
+    speaker.play(1, b"\x01\x00" * 10)
+    speaker.flush(1)
+    speaker.play(1, b"\x01\x00" * 10)
+    speaker.play(2, b"\x02\x00" * 10)
+    speaker.keep(2)
+    speaker.close()
+    from clients.common import read_wav
+
+    assert read_wav(path).samples.tolist() == [2] * 10
