@@ -1,0 +1,311 @@
+"""Samplers for the diffusion reply model, written against StepBackend (numpy logits).
+
+A reply is produced in blocks of ``B`` positions, left to right. A block starts as ``B``
+mask tokens; each denoising step runs the model over the block, proposes a token for
+every masked position and commits some of them; the rest stay masked for the next step.
+Which ones commit is the *commit rule*, a pure function (:func:`decide`):
+
+* ``"lowconf"``, low-confidence remasking (LLaDA, Nie et al. 2025, Alg. 5): a fixed
+  number of commits per step, ``ceil(masked / steps_left)``, most confident first, so
+  a block takes exactly ``steps_per_block`` steps.
+* ``"threshold"``, confidence-aware parallel decoding (Fast-dLLM, Wu et al. 2025): every
+  masked position whose confidence exceeds ``threshold``, and at least the most
+  confident one, so a step always makes progress.
+
+With ``attention="block"`` (BD3-LM, Arriola et al. 2025; Fast-dLLM v2) the prompt is
+prefilled causally into the KV cache once, each noisy block attends to the cache and
+to itself, and a finished block is committed to the cache with one more pass, so the
+cache of finished blocks is exact. With ``attention="full"`` (LLaDA, Dream as
+published) every step runs the whole sequence, prompt included, without a cache.
+
+With the Dream logit shift (Ye et al. 2025), logits at position ``i`` predict the token
+at ``i + 1``: the first position of a block is predicted by the last row of the pass
+before it (the prefill or the previous block's commit), the others by the block's own
+rows ``0..B-2``.
+
+End of reply: once an end token is committed at position ``j``, every position after
+``j`` becomes that end token (never generated) and no further block starts. Tokens are
+released as soon as they are final, that is once no mask precedes them, so speech can
+start before the last block is denoised.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from model.backend import StepBackend
+from model.engine import GenerationStats
+
+Rule = Literal["threshold", "lowconf"]
+Attention = Literal["block", "full"]
+Ids = NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class DiffusionConfig:
+    """What a sampler needs to know about the model; ids come from its config/tokenizer."""
+
+    mask_id: int
+    end_ids: frozenset[int]  # tokens that end a reply (ChatML <|im_end|>, eos)
+    attention: Attention = "block"  # "block": block-causal with a KV cache; "full": LLaDA
+    shift: bool = True  # Dream: logits at i predict the token at i + 1
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    block_size: int = 16
+    rule: Rule = "threshold"
+    threshold: float = 0.9  # "threshold": commit every masked position above it
+    # "lowconf": steps per block, commits spread evenly. "threshold": the most steps a
+    # block may take; its last step commits whatever is still masked.
+    steps_per_block: int = 8
+    temperature: float = 0.0  # 0: greedy; > 0: Gumbel-max sampling
+    max_steps: int = 64  # step budget: denoising passes per reply, all blocks together
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.steps_per_block < 1 or self.max_steps < 1:
+            raise ValueError(f"block_size, steps_per_block, max_steps must be >= 1: {self}")
+        if self.rule not in ("threshold", "lowconf"):
+            raise ValueError(f"unknown commit rule {self.rule!r}")
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """A backend cache whose first ``length`` positions hold the prompt's first tokens."""
+
+    cache: Any
+    length: int
+
+
+# ---------------------------------------------------------------------------- decisions
+
+
+def propose(
+    logits: NDArray[np.float32], temperature: float, rng: np.random.Generator
+) -> tuple[Ids, NDArray[np.float32]]:
+    """A token and its confidence for every row of ``logits (N, V)``.
+
+    Greedy at temperature 0, else Gumbel-max sampling from softmax(logits / T). The
+    confidence is the model's probability of the chosen token, softmax(logits)[token].
+    """
+    if temperature > 0:
+        noisy = logits / temperature + rng.gumbel(size=logits.shape)
+        tokens = noisy.argmax(-1)
+    else:
+        tokens = logits.argmax(-1)
+    z = logits - logits.max(-1, keepdims=True)  # (N, V), stable softmax
+    chosen = np.take_along_axis(z, tokens[:, None], -1)[:, 0]  # (N,)
+    conf = np.exp(chosen) / np.exp(z).sum(-1)
+    return tokens.astype(np.int64), conf.astype(np.float32)
+
+
+def choose(
+    confidence: NDArray[np.float32],
+    masked: NDArray[np.bool_],
+    n: int | None = None,
+    threshold: float | None = None,
+) -> Ids:
+    """Positions to commit, ascending: the ``n`` most confident masked ones, or every
+    masked one with confidence > ``threshold`` and at least the most confident one.
+    Ties go to the leftmost position."""
+    cand = np.flatnonzero(masked)
+    order = cand[np.argsort(-confidence[cand], kind="stable")]
+    if threshold is not None:
+        n = max(1, int((confidence[cand] > threshold).sum()))
+    assert n is not None, "choose needs n or threshold"
+    return np.sort(order[: min(n, cand.size)])
+
+
+def decide(
+    logits: NDArray[np.float32],
+    masked: NDArray[np.bool_],
+    settings: SamplerSettings,
+    steps_left: int,
+    rng: np.random.Generator,
+) -> tuple[Ids, Ids]:
+    """The commit rule: which masked positions of a block commit, and to which tokens.
+
+    ``logits (N, V)`` predict the block's ``N`` positions; ``masked (N,)`` marks those
+    still undecided; ``steps_left`` counts this step. The last step commits them all.
+    """
+    where = np.flatnonzero(masked)
+    tokens, conf = propose(logits[where], settings.temperature, rng)  # (M,), (M,)
+    every = np.ones(where.size, dtype=bool)
+    if steps_left <= 1:
+        pick = np.arange(where.size)
+    elif settings.rule == "lowconf":
+        pick = choose(conf, every, n=math.ceil(where.size / steps_left))
+    else:
+        pick = choose(conf, every, threshold=settings.threshold)
+    return where[pick], tokens[pick]
+
+
+def cut_at_end(x: Ids, lo: int, hi: int, end_ids: frozenset[int]) -> int | None:
+    """Index of the first end token in ``x[lo:hi]``; everything after it becomes that
+    token, so it is never generated. None when there is none."""
+    ends = np.flatnonzero(np.isin(x[lo:hi], list(end_ids)))
+    if ends.size == 0:
+        return None
+    j = lo + int(ends[0])
+    x[j + 1 :] = x[j]
+    return j
+
+
+# ---------------------------------------------------------------------------- the loop
+
+
+@dataclass
+class _Reply:
+    """The state of one reply: its positions and what it has cost so far."""
+
+    model: DiffusionConfig
+    settings: SamplerSettings
+    rng: np.random.Generator
+    should_stop: Callable[[], bool]
+    x: Ids  # (n_blocks * B,) reply tokens, mask where undecided
+    limit: int  # positions that may be generated (max_tokens)
+    passes: int = 0  # model passes: prefill, denoising steps, block commits
+    steps: int = 0  # denoising steps (what the step budget counts)
+    done: int = 0  # reply tokens released
+    ended: bool = False  # an end token was committed
+
+    def stats(self, stopped_by: Literal["end", "budget", "cancel"]) -> GenerationStats:
+        return GenerationStats(self.done, self.passes, stopped_by)
+
+
+def _never() -> bool:
+    return False
+
+
+def sample(
+    backend: StepBackend,
+    prompt: Sequence[int],
+    model: DiffusionConfig,
+    settings: SamplerSettings,
+    rng: np.random.Generator,
+    max_tokens: int,
+    should_stop: Callable[[], bool] = _never,
+    prefix: Prefix | None = None,
+) -> Generator[int, None, GenerationStats]:
+    """Yield reply token ids (end token excluded) as soon as they are final.
+
+    ``prefix``: a cache already holding the start of ``prompt`` (block attention only);
+    the rest of the prompt is prefilled, and the cache ends up holding the prompt and
+    the committed blocks. Returns the reply's :class:`GenerationStats`; ``stopped_by``
+    is "end" (an end token), "budget" (``max_tokens`` or the step budget), "cancel".
+    """
+    if not prompt:
+        raise ValueError("the prompt is empty")
+    n_blocks = math.ceil(max(max_tokens, 0) / settings.block_size)
+    x = np.full(n_blocks * settings.block_size, model.mask_id, dtype=np.int64)
+    r = _Reply(model, settings, rng, should_stop, x, max(max_tokens, 0))
+    if r.limit == 0:
+        return r.stats("budget")
+    if model.attention == "full":
+        return (yield from _sample_full(backend, np.asarray(prompt, np.int64), r))
+    return (yield from _sample_blocks(backend, np.asarray(prompt, np.int64), r, prefix))
+
+
+def _sample_blocks(
+    backend: StepBackend, prompt: Ids, r: _Reply, prefix: Prefix | None
+) -> Generator[int, None, GenerationStats]:
+    """Block-causal decoding: causal prefill, then blocks committed to the KV cache."""
+    B = r.settings.block_size
+    cache = prefix.cache if prefix is not None else backend.new_cache()
+    start = 0 if prefix is None else min(prefix.length, prompt.size - 1)  # >= 1 new token
+    backend.truncate(cache, start)
+    if r.should_stop():
+        return r.stats("cancel")
+    last = backend.step(cache, prompt[start:], "causal", commit=True, last_only=True)[-1]
+    r.passes += 1
+    for lo in range(0, r.x.size, B):
+        block = r.x[lo : lo + B]  # a view: commits write into r.x
+
+        def predict(block: Ids = block, last: NDArray[np.float32] = last) -> NDArray[np.float32]:
+            logits = backend.step(cache, block, "block", commit=False)  # (B, V)
+            return np.concatenate([last[None], logits[:-1]]) if r.model.shift else logits
+
+        if not (yield from _denoise(r, lo, predict)):
+            return r.stats("cancel")
+        if (stop := _finished(r, lo + B)) is not None:
+            return r.stats(stop)
+        if r.should_stop():
+            return r.stats("cancel")
+        last = backend.step(cache, block, "block", commit=True, last_only=True)[-1]
+        r.passes += 1
+    return r.stats("budget")  # not reached: _finished stops at the last block
+
+
+def _sample_full(
+    backend: StepBackend, prompt: Ids, r: _Reply
+) -> Generator[int, None, GenerationStats]:
+    """LLaDA-style decoding: every step runs prompt + whole reply, bidirectionally."""
+    B, P, s = r.settings.block_size, prompt.size, int(r.model.shift)
+    cache = backend.new_cache()  # stays empty: nothing is committed
+    for lo in range(0, r.x.size, B):
+
+        def predict(lo: int = lo) -> NDArray[np.float32]:
+            seq = np.concatenate([prompt, r.x])  # (P + N,)
+            logits = backend.step(cache, seq, "block", commit=False)  # (P + N, V)
+            return logits[P + lo - s : P + lo + B - s]  # (B, V)
+
+        if not (yield from _denoise(r, lo, predict)):
+            return r.stats("cancel")
+        if (stop := _finished(r, lo + B)) is not None:
+            return r.stats(stop)
+    return r.stats("budget")
+
+
+def _finished(r: _Reply, hi: int) -> Literal["end", "budget"] | None:
+    """Why the reply stops after the block ending at ``hi``, or None to go on."""
+    if r.ended:
+        return "end"
+    if hi >= r.limit or r.steps >= r.settings.max_steps:
+        return "budget"
+    return None
+
+
+def _denoise(
+    r: _Reply, lo: int, predict: Callable[[], NDArray[np.float32]]
+) -> Generator[int, None, bool]:
+    """Denoise the block at ``lo`` until none of its live positions is masked,
+    yielding tokens as they become final. Returns False if cancelled."""
+    hi = min(lo + r.settings.block_size, r.limit)  # live positions: [lo, hi)
+    taken = 0  # steps spent on this block
+    while (masked := r.x[lo:hi] == r.model.mask_id).any():
+        if r.should_stop():
+            return False
+        left = min(r.settings.steps_per_block - taken, r.settings.max_steps - r.steps)
+        logits = _no_mask(predict()[: hi - lo], r.model.mask_id)  # (live, V)
+        r.passes, r.steps, taken = r.passes + 1, r.steps + 1, taken + 1
+        pos, tok = decide(logits, masked, r.settings, left, r.rng)
+        r.x[lo + pos] = tok
+        if cut_at_end(r.x, lo, hi, r.model.end_ids) is not None:
+            r.ended = True
+        yield from _release(r)
+    return True
+
+
+def _no_mask(logits: NDArray[np.float32], mask_id: int) -> NDArray[np.float32]:
+    """Never propose the mask token (LLaDA and Dream have it inside their vocabulary)."""
+    if mask_id >= logits.shape[-1]:
+        return logits  # SmolLM2: the head has no mask logit
+    logits = logits.copy()
+    logits[:, mask_id] = -np.inf
+    return logits
+
+
+def _release(r: _Reply) -> list[int]:
+    """Tokens that just became final: the run of committed tokens after the released
+    ones, up to the first mask or end token."""
+    k = r.done
+    while k < r.limit and r.x[k] != r.model.mask_id and int(r.x[k]) not in r.model.end_ids:
+        k += 1
+    out, r.done = r.x[r.done : k].tolist(), k
+    return out

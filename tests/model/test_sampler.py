@@ -1,0 +1,299 @@
+"""The diffusion samplers: the pure commit rule, then the loop on a scripted backend.
+
+ScriptBackend implements StepBackend with logits fixed in advance per reply position,
+so each test states exactly which token each position wants and how confident the
+model is. The real backends run the same loop in tests/model/test_diffusion.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+from model.engine import GenerationStats
+from model.sampler import (
+    DiffusionConfig,
+    SamplerSettings,
+    choose,
+    cut_at_end,
+    decide,
+    propose,
+    sample,
+)
+
+V, MASK, END = 32, 31, 2
+MODEL = DiffusionConfig(mask_id=MASK, end_ids=frozenset({END, 3}), attention="block", shift=False)
+
+
+def confident_logits(token: int, p: float) -> np.ndarray:
+    """Logits (V,) whose softmax gives ``token`` probability ``p``, the rest uniform."""
+    rest = (1 - p) / (V - 1)
+    probs = np.full(V, rest)
+    probs[token] = p
+    return np.log(probs).astype(np.float32)
+
+
+class ScriptBackend:
+    """Position i of the reply always predicts ``targets[i]`` with ``confs[i]``."""
+
+    name = "script"
+    vocab_size = V
+    max_len = 512
+
+    def __init__(self, targets: Sequence[int], confs: Sequence[float], prompt_len: int) -> None:
+        self.rows = np.stack([confident_logits(t, c) for t, c in zip(targets, confs, strict=True)])
+        self.prompt_len = prompt_len
+        self.calls: list[tuple[str, bool, list[int]]] = []  # (attend, commit, ids)
+
+    def new_cache(self) -> dict[str, int]:
+        return {"length": 0}
+
+    def cache_length(self, cache: dict[str, int]) -> int:
+        return cache["length"]
+
+    def truncate(self, cache: dict[str, int], length: int) -> None:
+        cache["length"] = length
+
+    def step(self, cache: Any, ids: np.ndarray, attend: str, commit: bool, last_only=False):
+        self.calls.append((attend, commit, ids.tolist()))
+        start = cache["length"] - self.prompt_len  # reply position of ids[0]
+        out = np.zeros((len(ids), V), np.float32)
+        for i in range(len(ids)):
+            if 0 <= start + i < len(self.rows):
+                out[i] = self.rows[start + i]
+        if commit:
+            cache["length"] += len(ids)
+        return out[-1:] if last_only else out
+
+    def denoise_inputs(self) -> list[list[int]]:
+        return [ids for attend, commit, ids in self.calls if attend == "block" and not commit]
+
+
+def run(gen: Generator[int, None, GenerationStats]) -> tuple[list[int], GenerationStats]:
+    tokens: list[int] = []
+    while True:
+        try:
+            tokens.append(next(gen))
+        except StopIteration as done:
+            return tokens, done.value
+
+
+PROMPT = [7, 8, 9]
+RNG = np.random.default_rng
+
+
+# ------------------------------------------------------------------ pure decisions
+
+
+def test_choose_takes_the_n_most_confident_masked_positions_ties_leftmost() -> None:
+    conf = np.array([0.1, 0.9, 0.5, 0.9, 0.99], np.float32)
+    masked = np.array([True, True, True, True, False])
+    assert choose(conf, masked, n=1).tolist() == [1]  # 0.9 tie: the leftmost
+    assert choose(conf, masked, n=3).tolist() == [1, 2, 3]
+    assert choose(conf, masked, n=10).tolist() == [0, 1, 2, 3]  # never an unmasked one
+
+
+def test_choose_threshold_commits_all_above_and_at_least_one() -> None:
+    conf = np.array([0.95, 0.2, 0.97, 0.3], np.float32)
+    masked = np.ones(4, bool)
+    assert choose(conf, masked, threshold=0.9).tolist() == [0, 2]
+    assert choose(conf, masked, threshold=0.99).tolist() == [2]  # none above: the best
+    assert choose(conf, np.array([False, True, False, True]), threshold=0.9).tolist() == [3]
+
+
+def test_propose_is_greedy_at_zero_temperature_with_softmax_confidence() -> None:
+    logits = np.stack([confident_logits(5, 0.7), confident_logits(9, 0.2)])
+    tokens, conf = propose(logits, 0.0, RNG(0))
+    assert tokens.tolist() == [5, 9]
+    np.testing.assert_allclose(conf, [0.7, 0.2], rtol=1e-5)
+
+
+def test_decide_lowconf_spreads_commits_over_the_steps_left() -> None:
+    logits = np.stack([confident_logits(t, c) for t, c in [(4, 0.3), (5, 0.8), (6, 0.6)]])
+    masked = np.ones(3, bool)
+    s = SamplerSettings(rule="lowconf")
+    pos, tok = decide(logits, masked, s, steps_left=2, rng=RNG(0))  # ceil(3 / 2) = 2
+    assert pos.tolist() == [1, 2] and tok.tolist() == [5, 6]
+    pos, _ = decide(logits, masked, s, steps_left=3, rng=RNG(0))
+    assert pos.tolist() == [1]
+
+
+def test_decide_last_step_commits_everything_masked() -> None:
+    logits = np.stack([confident_logits(4, 0.1)] * 4)
+    masked = np.array([True, False, True, True])
+    pos, tok = decide(logits, masked, SamplerSettings(threshold=0.9), 1, RNG(0))
+    assert pos.tolist() == [0, 2, 3] and tok.tolist() == [4, 4, 4]
+
+
+def test_cut_at_end_fills_everything_after_the_first_end() -> None:
+    x = np.array([5, MASK, END, 6, MASK, 7, MASK], np.int64)
+    assert cut_at_end(x, 0, 4, frozenset({END})) == 2
+    assert x.tolist() == [5, MASK, END, END, END, END, END]
+    assert cut_at_end(np.array([5, 6]), 0, 2, frozenset({END})) is None
+
+
+# ------------------------------------------------------------------ the loop
+
+
+def test_lowconf_commits_one_position_per_step_most_confident_first() -> None:
+    b = ScriptBackend([10, 11, 12, 13], [0.1, 0.9, 0.5, 0.7], len(PROMPT))
+    s = SamplerSettings(block_size=4, rule="lowconf", steps_per_block=4)
+    tokens, stats = run(sample(b, PROMPT, MODEL, s, RNG(0), max_tokens=4))
+    M = MASK
+    assert b.denoise_inputs() == [
+        [M, M, M, M],
+        [M, 11, M, M],
+        [M, 11, M, 13],
+        [M, 11, 12, 13],
+    ]
+    assert tokens == [10, 11, 12, 13]
+    assert stats == GenerationStats(4, 1 + 4, "budget")  # prefill + 4 steps, no commit
+
+
+def test_threshold_commits_in_parallel_and_always_makes_progress() -> None:
+    b = ScriptBackend([10, 11, 12, 13], [0.95, 0.2, 0.97, 0.3], len(PROMPT))
+    s = SamplerSettings(block_size=4, rule="threshold", threshold=0.9, steps_per_block=8)
+    tokens, stats = run(sample(b, PROMPT, MODEL, s, RNG(0), max_tokens=4))
+    M = MASK
+    assert b.denoise_inputs() == [[M, M, M, M], [10, M, 12, M], [10, M, 12, 13]]
+    assert tokens == [10, 11, 12, 13] and stats.forward_passes == 1 + 3
+
+
+def test_blocks_left_to_right_with_one_commit_pass_between() -> None:
+    b = ScriptBackend(list(range(10, 18)), [0.99] * 8, len(PROMPT))
+    s = SamplerSettings(block_size=4)
+    tokens, stats = run(sample(b, PROMPT, MODEL, s, RNG(0), max_tokens=8))
+    assert [(a, c) for a, c, _ in b.calls] == [
+        ("causal", True),  # prompt prefill
+        ("block", False),  # block 0, all above threshold at once
+        ("block", True),  # block 0 committed to the cache
+        ("block", False),  # block 1: the last, never committed
+    ]
+    assert b.calls[0][2] == PROMPT and b.calls[2][2] == [10, 11, 12, 13]
+    assert tokens == list(range(10, 18)) and stats == GenerationStats(8, 4, "budget")
+
+
+def test_end_token_stops_the_reply_and_nothing_after_it_is_generated() -> None:
+    # The end token at 2 is the most confident: it commits first, 3 is never generated,
+    # and no second block starts although max_tokens allows three.
+    b = ScriptBackend([10, 11, END, 13] + [14] * 8, [0.5, 0.6, 0.9, 0.8] + [0.9] * 8, 3)
+    s = SamplerSettings(block_size=4, rule="lowconf", steps_per_block=4)
+    tokens, stats = run(sample(b, PROMPT, MODEL, s, RNG(0), max_tokens=12))
+    M = MASK
+    assert b.denoise_inputs() == [[M, M, M, M], [M, M, END, END], [M, 11, END, END]]
+    assert tokens == [10, 11]
+    assert stats == GenerationStats(2, 1 + 3, "end")
+    assert not any(commit for _, commit, _ in b.calls[1:])
+
+
+def test_any_end_id_ends_the_reply() -> None:
+    b = ScriptBackend([10, 3, 12, 13], [0.99] * 4, len(PROMPT))
+    tokens, stats = run(sample(b, PROMPT, MODEL, SamplerSettings(block_size=4), RNG(0), 4))
+    assert tokens == [10] and stats.stopped_by == "end"
+
+
+def test_step_budget_forces_the_block_then_stops() -> None:
+    b = ScriptBackend(list(range(10, 26)), [0.1] * 16, len(PROMPT))
+    s = SamplerSettings(block_size=8, rule="threshold", steps_per_block=8, max_steps=3)
+    tokens, stats = run(sample(b, PROMPT, MODEL, s, RNG(0), max_tokens=16))
+    # one commit per step (nothing above threshold); the third step commits the rest
+    assert len(b.denoise_inputs()) == 3
+    assert tokens == list(range(10, 18)) and stats == GenerationStats(8, 1 + 3, "budget")
+
+
+def test_steps_per_block_caps_a_threshold_block() -> None:
+    b = ScriptBackend(list(range(10, 18)), [0.1] * 8, len(PROMPT))
+    s = SamplerSettings(block_size=8, threshold=0.9, steps_per_block=2)
+    tokens, stats = run(sample(b, PROMPT, MODEL, s, RNG(0), max_tokens=8))
+    assert len(tokens) == 8 and stats.forward_passes == 1 + 2
+
+
+def test_max_tokens_inside_a_block_leaves_the_tail_masked_and_uncommitted() -> None:
+    b = ScriptBackend(list(range(10, 18)), [0.99] * 8, len(PROMPT))
+    tokens, stats = run(sample(b, PROMPT, MODEL, SamplerSettings(block_size=8), RNG(0), 5))
+    assert tokens == [10, 11, 12, 13, 14] and stats == GenerationStats(5, 2, "budget")
+    assert b.denoise_inputs()[0] == [MASK] * 8  # the block keeps its full size
+
+
+def test_tokens_are_released_as_soon_as_no_mask_precedes_them() -> None:
+    events: list[str] = []
+    b = ScriptBackend([10, 11, 12, 13, 14, 15, 16, 17], [0.99, 0.5, 0.9, 0.8] + [0.9] * 4, 3)
+    b_step = b.step
+
+    def step(*args, **kwargs):  # type: ignore[no-untyped-def]
+        events.append("pass")
+        return b_step(*args, **kwargs)
+
+    b.step = step  # type: ignore[method-assign]
+    s = SamplerSettings(block_size=4, rule="lowconf", steps_per_block=4)
+    for token in sample(b, PROMPT, MODEL, s, RNG(0), 8):
+        events.append(str(token))
+    # pass 2 commits position 0 (most confident): 10 is released at once; 11 waits for
+    # pass 5, which makes 11, 12, 13 final together; block 1 comes after.
+    assert events[:3] == ["pass", "pass", "10"]
+    assert events.index("11") < events.index("14") and events.count("pass") == 1 + 4 + 1 + 4
+
+
+def test_shift_predicts_a_block_start_from_the_previous_pass() -> None:
+    class Shifted(ScriptBackend):
+        """Row i predicts reply position i + 1, as after Dream's shift."""
+
+        def step(self, cache, ids, attend, commit, last_only=False):  # type: ignore[no-untyped-def]
+            cache["length"] += 1  # pretend one position later ...
+            out = super().step(cache, ids, attend, commit, last_only)
+            cache["length"] -= 1  # ... and restore
+            return out
+
+    b = Shifted(list(range(10, 18)), [0.99] * 8, len(PROMPT))
+    model = DiffusionConfig(MASK, frozenset({END}), "block", shift=True)
+    tokens, _ = run(sample(b, PROMPT, model, SamplerSettings(block_size=4), RNG(0), 8))
+    assert tokens == list(range(10, 18))
+
+
+def test_cancel_stops_before_the_next_pass() -> None:
+    b = ScriptBackend(list(range(10, 26)), [0.1] * 16, len(PROMPT))
+    calls = iter(range(100))
+    stop = lambda: next(calls) >= 3  # noqa: E731
+    tokens, stats = run(sample(b, PROMPT, MODEL, SamplerSettings(block_size=8), RNG(0), 16, stop))
+    assert tokens == [10]  # the first step committed (and released) one position
+    assert stats.stopped_by == "cancel" and stats.forward_passes == 3 == len(b.calls)
+
+
+def test_sampling_is_deterministic_for_a_seed() -> None:
+    b = ScriptBackend(list(range(10, 26)), [0.3] * 16, len(PROMPT))
+    s = SamplerSettings(block_size=8, rule="lowconf", steps_per_block=4, temperature=1.0)
+    a1, _ = run(sample(b, PROMPT, MODEL, s, RNG(7), 16))
+    a2, _ = run(sample(b, PROMPT, MODEL, s, RNG(7), 16))
+    a3, _ = run(sample(b, PROMPT, MODEL, s, RNG(8), 16))
+    assert a1 == a2 and a1 != a3
+
+
+def test_the_mask_token_is_never_committed() -> None:
+    b = ScriptBackend([MASK, 11, 12, 13], [0.99] * 4, len(PROMPT))
+    tokens, _ = run(sample(b, PROMPT, MODEL, SamplerSettings(block_size=4), RNG(0), 4))
+    assert MASK not in tokens and len(tokens) == 4
+
+
+def test_full_attention_reruns_prompt_and_reply_without_a_cache() -> None:
+    class Full(ScriptBackend):
+        def step(self, cache, ids, attend, commit, last_only=False):  # type: ignore[no-untyped-def]
+            assert attend == "block" and not commit and cache["length"] == 0
+            return super().step(cache, ids, attend, commit, last_only)
+
+    b = Full(list(range(10, 18)), [0.99] * 8, len(PROMPT))
+    b.prompt_len = 0  # rows are indexed from the prompt's first token
+    b.rows = np.concatenate([np.zeros((len(PROMPT), V), np.float32), b.rows])
+    model = DiffusionConfig(MASK, frozenset({END}), "full", shift=False)
+    tokens, stats = run(sample(b, PROMPT, model, SamplerSettings(block_size=4), RNG(0), 8))
+    assert tokens == list(range(10, 18)) and stats.forward_passes == 2
+    assert all(len(ids) == len(PROMPT) + 8 for _, _, ids in b.calls)
+
+
+def test_settings_are_validated() -> None:
+    with pytest.raises(ValueError):
+        SamplerSettings(block_size=0)
+    with pytest.raises(ValueError):
+        SamplerSettings(rule="topk")  # type: ignore[arg-type]
