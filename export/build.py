@@ -1,0 +1,284 @@
+"""Build an exported model directory: ONNX fp32, int8 (CPU), fp16 (GPU), TensorRT.
+
+Steps: load the PyTorch model (the offline SmolLM2 GGUF, with TRAINING's adapter merged
+when one is given), give its embedding the mask-token row (CONTRACT.md items 1 and 5),
+export one step (:mod:`export.graph`) to ONNX, quantise and convert, check every file
+against the PyTorch model (:mod:`export.parity`), and write the tokenizer and the
+manifest (sizes, sha256, parity figures) last.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnxruntime as ort
+import torch
+
+from export.graph import DYNAMIC_AXES, INPUT_NAMES, OUTPUT_NAMES, StepGraph, example_inputs
+from export.modeldir import FILES, FORMAT_VERSION, MANIFEST, TOKENIZER, Variant
+from export.parity import ParityReport, check_parity
+from model.llama import Llama
+from model.tokenizer import Tokenizer, TokenizerData
+
+log = logging.getLogger("quicksilver")
+OPSET = 17
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    adapter: Path | None = None
+    int8: bool = True
+    fp16: bool = False
+    tensorrt: bool = False
+    keep_fp32: bool = True  # the int8 and fp16 files are made from it
+    check: bool = True  # parity figures in the manifest
+    per_channel: bool = False  # int8 weight scales per output channel
+
+
+@dataclass
+class Source:
+    """The PyTorch model to export and where it came from."""
+
+    model: Llama
+    tokenizer: TokenizerData
+    info: dict[str, Any]
+
+
+def load_source(adapter: Path | None = None) -> Source:
+    """The offline SmolLM2 (GGUF), with ``adapter`` merged when given."""
+    from model.gguf import GGUFFile, find_smollm2_gguf
+
+    path = find_smollm2_gguf()
+    f = GGUFFile(path)
+    config = f.llama_config()
+    model = Llama.from_state_dict(config, f.state_dict(config))
+    info: dict[str, Any] = {"gguf": path.name, "gguf_sha256": sha256(path), "adapter": None}
+    if adapter is not None:
+        model, info["adapter"] = merge_adapter(model, adapter)
+    return Source(model, f.tokenizer_data(), info)
+
+
+def merge_adapter(model: Llama, path: Path) -> tuple[Llama, dict[str, Any]]:
+    """TRAINING's LoRA + mask row merged into a copy with the extra embedding row."""
+    try:
+        from model.adapter import apply_adapter, load_adapter  # type: ignore[import-not-found]
+    except ImportError as exc:
+        raise RuntimeError(
+            f"--adapter needs model/adapter.py (load_adapter, apply_adapter), "
+            f"which is not in this checkout: {exc}"
+        ) from exc
+    adapter = load_adapter(path)
+    merged = apply_adapter(with_mask_row(model), adapter)
+    merged = merged if isinstance(merged, Llama) else model
+    manifest = path / "manifest.json" if path.is_dir() else path.with_name("manifest.json")
+    info = json.loads(manifest.read_text()) if manifest.is_file() else {"path": str(path)}
+    return merged, info
+
+
+def with_mask_row(model: Llama) -> Llama:
+    """The same Llama with one more embedding row, the mean-embedding mask token."""
+    from export.graph import embedding_with_mask_row
+
+    cfg = model.config
+    if model.tok_emb.weight.shape[0] > cfg.vocab_size:
+        return model
+    if not hasattr(cfg, "embedding_size"):
+        raise RuntimeError("model.llama.LlamaConfig has no embedding_size (mask row) yet")
+    state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    state["tok_emb.weight"] = embedding_with_mask_row(model)
+    if not cfg.tie_embeddings:
+        state["lm_head.weight"] = model.lm_head.weight
+    bigger = dataclasses.replace(cfg, embedding_size=cfg.vocab_size + 1)  # type: ignore[call-arg]
+    return Llama.from_state_dict(bigger, state, model.dtype)
+
+
+def export_onnx(model: Llama, path: Path) -> Path:
+    """One step of ``model`` (its dtype: fp32 or fp16) as an ONNX graph."""
+    graph = StepGraph(model).eval()
+    with torch.no_grad(), warnings.catch_warnings():
+        # The TorchScript exporter is deprecated in favour of dynamo; it traces this
+        # plain graph in seconds, exactly, with the dynamic axes we name.
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            graph,
+            example_inputs(model),
+            str(path),
+            input_names=INPUT_NAMES,
+            output_names=OUTPUT_NAMES,
+            dynamic_axes=DYNAMIC_AXES,
+            opset_version=OPSET,
+            dynamo=False,
+        )
+    return path
+
+
+def quantize_int8(src: Path, dst: Path, per_channel: bool = False) -> Path:
+    """ONNX Runtime dynamic quantisation: int8 weights, activations quantised per call."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # quantize_dynamic logs a pre-processing hint via root
+    try:
+        quantize_dynamic(src, dst, weight_type=QuantType.QInt8, per_channel=per_channel)
+    finally:
+        root.setLevel(level)
+    return dst
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def build(out: Path, options: BuildOptions, source: Source | None = None) -> dict[str, Any]:
+    """Write every requested format into ``out``; the manifest last. Returns it."""
+    t0 = time.perf_counter()
+    src = source or _timed("loading SmolLM2 from its GGUF", lambda: load_source(options.adapter))
+    out.mkdir(parents=True, exist_ok=True)
+    model = src.model.float().eval()
+    built: dict[Variant, Path] = {}
+    fp32 = _timed(
+        "exporting the fp32 ONNX step graph", lambda: export_onnx(model, out / FILES["fp32"])
+    )
+    built["fp32"] = fp32
+    if options.int8:
+        built["int8"] = _timed(
+            "quantising to int8",
+            lambda: quantize_int8(fp32, out / FILES["int8"], options.per_channel),
+        )
+    if options.fp16:
+        half = copy.deepcopy(model).half()
+        built["fp16"] = _timed("exporting fp16", lambda: export_onnx(half, out / FILES["fp16"]))
+    tok = Tokenizer(src.tokenizer)
+    parity: dict[str, Any] = {}
+    if options.check:
+        for variant, path in built.items():
+            report = _timed(
+                f"checking {variant} against PyTorch", lambda p=path: _check(model, p, tok)
+            )
+            parity[variant] = report.as_dict() if report else {"skipped": "needs a GPU"}
+    if not options.keep_fp32:
+        fp32.unlink()
+        del built["fp32"]
+    tensorrt = _tensorrt(out, built, model, options)
+    (out / TOKENIZER).write_text(json.dumps(dataclasses.asdict(src.tokenizer)))
+    manifest = _manifest(out, built, model, src, parity, tensorrt, time.perf_counter() - t0)
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    return manifest
+
+
+def _check(model: Llama, path: Path, tok: Tokenizer) -> ParityReport | None:
+    from export.runtime import OrtBackend
+
+    try:
+        backend = OrtBackend(path, name=path.name)
+    except Exception as exc:  # an fp16 graph some CPU builds cannot run
+        log.warning("cannot run %s here (%s): parity not checked", path.name, exc)
+        return None
+    return check_parity(model, backend, tok)
+
+
+def _tensorrt(out: Path, built: dict[Variant, Path], model: Llama, options: BuildOptions) -> Any:
+    if not options.tensorrt:
+        return None
+    from export.tensorrt import build_engine
+
+    src = built.get("fp16") or built.get("fp32")
+    if src is None:
+        raise RuntimeError("--tensorrt needs the fp16 or fp32 ONNX file (add --fp16)")
+    cfg = model.config
+    engine = build_engine(src, out, (cfg.n_layer, cfg.n_kv_head, cfg.head_dim))
+    return str(engine.relative_to(out))
+
+
+def _manifest(
+    out: Path,
+    built: dict[Variant, Path],
+    model: Llama,
+    src: Source,
+    parity: dict[str, Any],
+    tensorrt: Any,
+    seconds: float,
+) -> dict[str, Any]:
+    cfg = model.config
+    files = {
+        p.name: {"variant": v, "bytes": p.stat().st_size, "sha256": sha256(p)}
+        for v, p in built.items()
+    }
+    files[TOKENIZER] = {
+        "bytes": (out / TOKENIZER).stat().st_size,
+        "sha256": sha256(out / TOKENIZER),
+    }
+    return {
+        "format_version": FORMAT_VERSION,
+        "graph": {"inputs": INPUT_NAMES, "outputs": OUTPUT_NAMES, "opset": OPSET},
+        "config": {
+            "vocab_size": cfg.vocab_size,
+            "mask_id": cfg.vocab_size,  # the extra embedding row (CONTRACT.md item 1)
+            "n_layer": cfg.n_layer,
+            "n_embd": cfg.n_embd,
+            "n_head": cfg.n_head,
+            "n_kv_head": cfg.n_kv_head,
+            "head_dim": cfg.head_dim,
+            "ffn_hidden": cfg.ffn_hidden,
+            "max_seq_len": cfg.max_seq_len,
+        },
+        "source": src.info,
+        "files": files,
+        "tensorrt": tensorrt,
+        "parity": parity,
+        "built_with": {"torch": torch.__version__, "onnxruntime": ort.__version__},
+        "build_seconds": round(seconds, 1),
+    }
+
+
+def build_atomic(final: Path, options: BuildOptions, source: Source | None = None) -> Path:
+    """Build under a temporary name next to ``final`` and rename it into place.
+
+    Another process sees nothing or the complete directory; when two race, the first
+    rename wins and the other discards its copy.
+    """
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    try:
+        build(tmp, options, source)
+        if final.exists() and not _current(final):
+            shutil.rmtree(final, ignore_errors=True)  # unfinished, or an older format
+        with contextlib.suppress(OSError):  # lost the race: the winner's copy stays
+            os.rename(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _current(model_dir: Path) -> bool:
+    try:
+        manifest = json.loads((model_dir / MANIFEST).read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return bool(manifest.get("format_version") == FORMAT_VERSION)
+
+
+def _timed(what: str, fn: Any) -> Any:
+    log.info("export: %s ...", what)
+    t0 = time.perf_counter()
+    value = fn()
+    log.info("export: %s done in %.1f s", what, time.perf_counter() - t0)
+    return value

@@ -1,0 +1,99 @@
+"""The exported model directory: its file names, its manifest, and where it is cached.
+
+A model directory holds the step graph in each built format, the tokenizer, and
+``manifest.json`` (sizes, sha256, parity figures). The manifest is written last, and
+directories are built under a temporary name and renamed into place, so a directory
+with a manifest is complete. Reading one needs no torch; building one does
+(:mod:`export.build`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from model.tokenizer import Tokenizer, TokenizerData
+
+log = logging.getLogger("quicksilver")
+
+Variant = Literal["fp32", "int8", "fp16"]
+FILES: dict[Variant, str] = {
+    "fp32": "model.onnx",
+    "int8": "model.int8.onnx",
+    "fp16": "model.fp16.onnx",
+}
+MANIFEST = "manifest.json"
+TOKENIZER = "tokenizer.json"
+# Bump when the graph's inputs or outputs change: cached directories are rebuilt.
+FORMAT_VERSION = 1
+DEFAULT_NAME = f"smollm2-135m-instruct-onnx-v{FORMAT_VERSION}"
+
+
+def default_cache_dir() -> Path:
+    return Path("~/.cache/quicksilver").expanduser()
+
+
+def default_model_dir(cache_dir: Path | None = None) -> Path:
+    """``<cache>/models/smollm2-135m-instruct-onnx-v1``: the serving default's home."""
+    root = cache_dir.expanduser() if cache_dir is not None else default_cache_dir()
+    return root / "models" / DEFAULT_NAME
+
+
+def read_manifest(model_dir: Path) -> dict[str, Any]:
+    path = model_dir / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{model_dir} is not an exported model directory (no {MANIFEST}); "
+            "build one with `quicksilver export --out DIR`"
+        )
+    manifest: dict[str, Any] = json.loads(path.read_text())
+    return manifest
+
+
+def is_complete(model_dir: Path, variant: Variant = "int8") -> bool:
+    try:
+        manifest = read_manifest(model_dir)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return False
+    name = FILES[variant]
+    return (
+        manifest.get("format_version") == FORMAT_VERSION
+        and name in manifest.get("files", {})
+        and (model_dir / name).is_file()
+    )
+
+
+def load_tokenizer(model_dir: Path) -> Tokenizer:
+    data = json.loads((model_dir / TOKENIZER).read_text())
+    return Tokenizer(TokenizerData(**data))
+
+
+def ensure_model_dir(cache_dir: Path | None = None, variant: Variant = "int8") -> Path:
+    """The default model directory, built on first use (needs torch, about a minute).
+
+    Later calls find it complete and return at once, without importing torch.
+    """
+    model_dir = default_model_dir(cache_dir)
+    if is_complete(model_dir, variant):
+        return model_dir
+    try:
+        from export.build import BuildOptions, build_atomic
+    except ImportError as exc:  # torch missing: a serving-only install
+        raise RuntimeError(
+            f"no exported model in {model_dir}, and building one needs PyTorch ({exc}); "
+            "run `quicksilver export --out DIR` where torch is installed and copy DIR there"
+        ) from exc
+    log.info(
+        "building the %s ONNX reply model into %s (first start only: exports SmolLM2 with "
+        "PyTorch and quantises it; later starts load it without torch)",
+        variant,
+        model_dir,
+    )
+    t0 = time.perf_counter()
+    options = BuildOptions(int8=variant == "int8", fp16=variant == "fp16", keep_fp32=False)
+    build_atomic(model_dir, options)
+    log.info("built %s in %.0f s", model_dir, time.perf_counter() - t0)
+    return model_dir

@@ -1,0 +1,102 @@
+"""Is an exported model the PyTorch model it came from? Logits and greedy tokens.
+
+Three steps cover what the decoders do: a causal prefill of a chat prompt, one
+autoregressive step against the cache, and one uncommitted block step (mask tokens
+and committed ones, ``attend="block"``) as a diffusion sampler takes it. Greedy
+replies to fixed questions are then compared token by token: int8 moves logits by
+more than float rounding, and what matters is whether it changes the words.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from export.prompts import QUESTIONS
+from model.backend import StepBackend, TorchBackend
+from model.chat import build_prompt
+from model.engine import ChatMessage
+from model.generate import greedy
+from model.llama import Llama
+from model.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class ParityReport:
+    prefill_max_abs: float  # max |logit difference| over every prefill row
+    ar_step_max_abs: float
+    block_step_max_abs: float
+    replies_identical: int  # greedy replies equal token for token
+    replies: int
+    token_agreement: float  # matching prefix tokens / reply tokens, over all replies
+    reply_tokens: int  # budget per reply
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in asdict(self).items()
+        }
+
+
+def reference_backend(model: Llama, max_len: int = 2048) -> TorchBackend:
+    """The PyTorch model with the mask row the export adds, so block steps can use it."""
+    try:
+        from export.build import with_mask_row
+
+        model = with_mask_row(model)
+    except RuntimeError:
+        pass  # an older Llama without embedding rows beyond the vocabulary
+    return TorchBackend(model, max_len=max_len, name="torch")
+
+
+def logit_diffs(
+    ref: StepBackend, other: StepBackend, prompt: Sequence[int], mask_id: int
+) -> tuple[float, float, float]:
+    """Max |diff| for a causal prefill, one AR step, one block step of 8."""
+    ids = np.asarray(prompt, dtype=np.int64)
+    ca, cb = ref.new_cache(), other.new_cache()
+    a, b = ref.step(ca, ids, "causal", True), other.step(cb, ids, "causal", True)
+    prefill = float(np.abs(a - b).max())
+    nxt = np.array([int(a[-1].argmax())], np.int64)
+    a, b = ref.step(ca, nxt, "causal", True), other.step(cb, nxt, "causal", True)
+    step = float(np.abs(a - b).max())
+    has_mask = ref.vocab_size < _embedding_rows(ref)
+    fill = mask_id if has_mask else int(nxt[0])
+    block = np.array([*ids[-3:], *([fill] * 5)], np.int64)
+    a = ref.step(ca, block, "block", False)
+    b = other.step(cb, block, "block", False)
+    return prefill, step, float(np.abs(a - b).max())
+
+
+def _embedding_rows(backend: StepBackend) -> int:
+    model = getattr(backend, "model", None)
+    return int(model.tok_emb.weight.shape[0]) if model is not None else backend.vocab_size
+
+
+def greedy_agreement(
+    ref: StepBackend, other: StepBackend, prompts: Sequence[Sequence[int]], n: int, stop: Any
+) -> tuple[int, float]:
+    same = matched = total = 0
+    for p in prompts:
+        a, b = list(greedy(ref, p, n, stop)), list(greedy(other, p, n, stop))
+        k = next(
+            (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+        )
+        same += a == b
+        matched += k
+        total += max(len(a), len(b), 1)
+    return same, matched / total
+
+
+def check_parity(
+    model: Llama, backend: StepBackend, tok: Tokenizer, n_prompts: int = 3, n_tokens: int = 32
+) -> ParityReport:
+    ref = reference_backend(model, backend.max_len)
+    prompts = [build_prompt(tok, [ChatMessage("user", q)], 1024) for q in QUESTIONS[:n_prompts]]
+    with torch.inference_mode():
+        prefill, step, block = logit_diffs(ref, backend, prompts[0], model.config.vocab_size)
+    same, agree = greedy_agreement(ref, backend, prompts, n_tokens, tok.stop_ids)
+    return ParityReport(prefill, step, block, same, len(prompts), agree, n_tokens)
