@@ -130,7 +130,8 @@ def reference_logits(ids: list[int], W: dict[str, torch.Tensor], fmt: str) -> to
         theta, eps = 500000.0, 1e-5
     else:
         layer = "model.layers.{}."
-        emb, norm, head = W["model.embed_tokens.weight"], W["model.norm.weight"], W["lm_head.weight"]
+        emb, norm = W["model.embed_tokens.weight"], W["model.norm.weight"]
+        head = W["lm_head.weight"]
         names = dict(q="self_attn.q_proj", k="self_attn.k_proj", v="self_attn.v_proj")
         names |= dict(o="self_attn.o_proj", gate="mlp.gate_proj", up="mlp.up_proj")
         names |= dict(down="mlp.down_proj", n1="input_layernorm", n2="post_attention_layernorm")
