@@ -3,7 +3,9 @@
 "smollm2-ar-onnx" is :class:`model.ar.ARGenerator` (greedy decoding from
 :mod:`model.generate`, the tokenizer and the ChatML prompt) on an
 :class:`export.runtime.OrtBackend`: the same decoding code as the PyTorch "smollm2-ar"
-engine, on the int8 ONNX model by default.
+engine, on the int8 ONNX model by default. "diffusion-onnx" is DIFFUSION's
+:class:`model.diffusion_engine.DiffusionGenerator` on the same file (the mask row is
+in it), so the two engines differ only in their decoder.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ from pathlib import Path
 from export.modeldir import FILES, Variant, load_tokenizer, read_manifest
 from export.runtime import OrtBackend, RuntimeConfig
 from model.ar import ARGenerator, AROptions
-from model.engine import ThreadedReplyEngine
+from model.engine import TextGenerator, ThreadedReplyEngine
 
 AR_ONNX = "smollm2-ar-onnx"
+DIFFUSION_ONNX = "diffusion-onnx"
 
 
 def load_onnx_backend(
@@ -40,7 +43,28 @@ def load_onnx_ar_generator(
     return ARGenerator(backend, load_tokenizer(model_dir), options or AROptions(), AR_ONNX)
 
 
-def load_onnx_ar_engine(
-    executor: Executor, model_dir: Path, variant: Variant = "int8"
-) -> ThreadedReplyEngine:
-    return ThreadedReplyEngine(load_onnx_ar_generator(model_dir, variant), executor)
+def load_onnx_diffusion_generator(
+    model_dir: Path, variant: Variant = "int8", config: RuntimeConfig | None = None
+) -> TextGenerator:
+    """DIFFUSION's generator (model/diffusion_engine.py) on the exported model."""
+    from model.diffusion_engine import (
+        DiffusionGenerator,
+        DiffusionOptions,
+        smollm2_diffusion_config,
+    )
+
+    options = DiffusionOptions()
+    config = config or RuntimeConfig(max_len=options.cache_len)
+    backend = load_onnx_backend(model_dir, variant, config)
+    tok = load_tokenizer(model_dir)
+    model = smollm2_diffusion_config(tok)
+    return DiffusionGenerator(backend, tok, model, options, name=DIFFUSION_ONNX)
+
+
+def load_onnx_engine(name: str, executor: Executor, model_dir: Path) -> ThreadedReplyEngine:
+    """ "smollm2-ar-onnx" or "diffusion-onnx" on the int8 model in ``model_dir``."""
+    if name == AR_ONNX:
+        return ThreadedReplyEngine(load_onnx_ar_generator(model_dir), executor)
+    if name == DIFFUSION_ONNX:
+        return ThreadedReplyEngine(load_onnx_diffusion_generator(model_dir), executor)
+    raise ValueError(f"unknown ONNX engine {name!r}")

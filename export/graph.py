@@ -97,17 +97,15 @@ class StepGraph(nn.Module):
         pv = past_values.permute(1, 2, 0, 3)
         new_k: list[torch.Tensor] = []
         new_v: list[torch.Tensor] = []
-        for layer, blk in enumerate(self.blocks):
+        blocks: list[Any] = list(self.blocks)
+        for layer, blk in enumerate(blocks):
             h, k, v = _attention(blk.attn, blk.attn_norm(x), rope, pk[layer], pv[layer], bias)
             new_k.append(k)
             new_v.append(v)
             x = x + h
             x = x + blk.mlp(blk.mlp_norm(x))
         y = self.norm(x[0].index_select(0, logit_rows))  # (K, C)
-        if self.head is None:
-            logits = (y @ self.embed_t)[:, : cfg.vocab_size]
-        else:
-            logits = self.head(y)
+        logits = (y @ self.embed_t)[:, : cfg.vocab_size] if self.head is None else self.head(y)
         keys = torch.stack(new_k).permute(2, 0, 1, 3)  # (T, L, n_kv, hd)
         values = torch.stack(new_v).permute(2, 0, 1, 3)
         return logits.float(), keys, values

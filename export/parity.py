@@ -77,11 +77,24 @@ def _embedding_rows(backend: StepBackend) -> int:
 
 
 def greedy_agreement(
-    ref: StepBackend, other: StepBackend, prompts: Sequence[Sequence[int]], n: int, stop: Any
+    ref: StepBackend,
+    other: StepBackend,
+    prompts: Sequence[Sequence[int]],
+    n: int,
+    stop: Any,
+    memo: dict[tuple[int, ...], list[int]] | None = None,
 ) -> tuple[int, float]:
+    """Replies identical, and the share of reply tokens before the first difference.
+
+    ``memo`` keeps the reference's replies, so several formats compare against one run.
+    """
+    memo = {} if memo is None else memo
     same = matched = total = 0
     for p in prompts:
-        a, b = list(greedy(ref, p, n, stop)), list(greedy(other, p, n, stop))
+        key = (*p, -n)
+        if key not in memo:
+            memo[key] = list(greedy(ref, p, n, stop))
+        a, b = memo[key], list(greedy(other, p, n, stop))
         k = next(
             (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
         )
@@ -92,11 +105,16 @@ def greedy_agreement(
 
 
 def check_parity(
-    model: Llama, backend: StepBackend, tok: Tokenizer, n_prompts: int = 3, n_tokens: int = 32
+    model: Llama,
+    backend: StepBackend,
+    tok: Tokenizer,
+    n_prompts: int = 3,
+    n_tokens: int = 32,
+    memo: dict[tuple[int, ...], list[int]] | None = None,
 ) -> ParityReport:
     ref = reference_backend(model, backend.max_len)
     prompts = [build_prompt(tok, [ChatMessage("user", q)], 1024) for q in QUESTIONS[:n_prompts]]
     with torch.inference_mode():
         prefill, step, block = logit_diffs(ref, backend, prompts[0], model.config.vocab_size)
-    same, agree = greedy_agreement(ref, backend, prompts, n_tokens, tok.stop_ids)
+    same, agree = greedy_agreement(ref, backend, prompts, n_tokens, tok.stop_ids, memo)
     return ParityReport(prefill, step, block, same, len(prompts), agree, n_tokens)

@@ -9,6 +9,9 @@ import signal
 import sys
 from pathlib import Path
 
+from export.commands import register as register_export
+from model.commands import register as register_model_commands
+
 from . import protocol as p
 from .runtime import DEFAULT_ASR, DEFAULT_ENGINE, ENGINES, RuntimeOptions, load_runtime
 
@@ -41,8 +44,10 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds a dropped session's conversation is kept for resumption (0: off)",
     )
     serve.set_defaults(run=_serve)
+    register_model_commands(sub)
     # Other commands register themselves here: each module's register(sub) adds a
     # subparser with set_defaults(run=function taking the parsed args, returning rc).
+    register_export(sub)
     for command in sub.choices.values():
         command.add_argument("--log-level", default="INFO")
     return parser

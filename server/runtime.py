@@ -27,8 +27,12 @@ log = logging.getLogger("quicksilver")
 P = ParamSpec("P")
 T = TypeVar("T")
 
-ENGINES = ("smollm2-ar",)
-DEFAULT_ENGINE = "smollm2-ar"
+# "-onnx" engines run exported models in ONNX Runtime without torch (export/); the
+# others run the PyTorch model. The default is the int8 ONNX autoregressive engine,
+# built into the cache on first start (docs/export.md); "diffusion-onnx" becomes the
+# default once the trained adapter meets the quality bar (docs, TRAINING).
+ENGINES = ("smollm2-ar-onnx", "smollm2-ar", "diffusion-onnx", "diffusion")
+DEFAULT_ENGINE = "smollm2-ar-onnx"
 DEFAULT_ASR = "tiny.en"  # chosen by measured accuracy and latency: docs/audio.md
 
 
@@ -92,14 +96,26 @@ def load_runtime(options: RuntimeOptions) -> Runtime:
     asr = _timed(f"Whisper {options.asr}", lambda: load_transcriber(options.asr, options.cache_dir))
     tts = _timed("Piper voice en_US-joe-medium", Synthesizer)
     reply = _timed(
-        f"reply engine {options.engine}", lambda: load_engine(options.engine, workers["reply"])
+        f"reply engine {options.engine}",
+        lambda: load_engine(options.engine, workers["reply"], options.cache_dir),
     )
     return Runtime(vad, asr, tts, reply, options.asr, options.max_reply_tokens, workers)
 
 
-def load_engine(name: str, worker: Worker) -> ReplyEngine:
+def load_engine(name: str, worker: Worker, cache_dir: Path | None = None) -> ReplyEngine:
+    """The reply engine ``name``; only the PyTorch engines import torch."""
     if name == "smollm2-ar":
-        from model.ar import load_ar_engine  # torch is imported only when chosen
+        from model.ar import load_ar_engine
 
         return load_ar_engine(worker.executor)
+    if name == "diffusion":
+        from model.diffusion_engine import load_diffusion_engine
+
+        engine: ReplyEngine = load_diffusion_engine(worker.executor)
+        return engine
+    if name in ("smollm2-ar-onnx", "diffusion-onnx"):
+        from export.engine import load_onnx_engine
+        from export.modeldir import ensure_model_dir
+
+        return load_onnx_engine(name, worker.executor, ensure_model_dir(cache_dir))
     raise ValueError(f"unknown reply engine {name!r}; choose one of {', '.join(ENGINES)}")

@@ -1,0 +1,328 @@
+"""``quicksilver bench llm``: the autoregressive baseline against the diffusion engine.
+
+One run, one machine, the same weights (one exported model directory), the same
+runtime (ONNX Runtime, int8) and the same prompts (:data:`export.prompts.QUESTIONS`),
+for each reply budget: time to the complete reply (p50, p95), tokens per second,
+forward passes per reply. PyTorch eager (fp32) timings of the same decoders sit beside
+them for reference. ``speedup`` is diffusion tokens/s over autoregressive tokens/s at
+the largest budget (64).
+
+The floor: every forward pass is counted in FLOPs (a chunk of T tokens against P cached
+positions, see :func:`step_flops`) and divided by the machine's peak rate, measured in
+the same run on a big int8 matrix product in ONNX Runtime (and fp32 in PyTorch); each
+engine's measured time is then compared with the time its passes would take at peak.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import statistics
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from export.modeldir import default_model_dir, ensure_model_dir, is_complete, load_tokenizer
+from export.prompts import QUESTIONS
+from export.runtime import OrtBackend, RuntimeConfig
+from model.backend import Attend, StepBackend
+from model.chat import build_prompt
+from model.engine import ChatMessage, GenerationStats
+from model.generate import greedy
+from model.tokenizer import Tokenizer
+
+log = logging.getLogger("quicksilver")
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    model_dir: Path
+    prompts: int = 20
+    budgets: tuple[int, ...] = (32, 64)
+    torch_reference: bool = True
+    variant: str = "int8"
+
+
+@dataclass(frozen=True)
+class Dims:
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_kv_head: int
+    head_dim: int
+    ffn_hidden: int
+    vocab_size: int
+
+
+def step_flops(d: Dims, T: int, P: int, K: int) -> float:
+    """Multiply-adds x 2 of one step: T new tokens, P cached, K logit rows.
+
+    Per layer: q, o (C x C), k, v (C x n_kv*hd), the SwiGLU MLP (3 x C x F), and
+    attention scores plus weighted values (2 x n_head x hd x T x (P+T)); then the head
+    (C x V) for K rows. Norms, RoPE and softmax are left out (under 1%).
+    """
+    C, kv = d.n_embd, d.n_kv_head * d.head_dim
+    linear = C * C * 2 + 2 * C * kv + 3 * C * d.ffn_hidden
+    attention = 2 * d.n_head * d.head_dim * (P + T)
+    return 2.0 * (d.n_layer * T * (linear + attention) + K * C * d.vocab_size)
+
+
+class CountingBackend:
+    """A StepBackend proxy that records each step's (T, P, K) for the FLOP count."""
+
+    def __init__(self, inner: StepBackend) -> None:
+        self.inner = inner
+        self.name, self.vocab_size, self.max_len = inner.name, inner.vocab_size, inner.max_len
+        self.steps: list[tuple[int, int, int]] = []
+
+    def new_cache(self) -> Any:
+        return self.inner.new_cache()
+
+    def cache_length(self, cache: Any) -> int:
+        return self.inner.cache_length(cache)
+
+    def truncate(self, cache: Any, length: int) -> None:
+        self.inner.truncate(cache, length)
+
+    def step(
+        self,
+        cache: Any,
+        ids: NDArray[np.int64],
+        attend: Attend,
+        commit: bool,
+        last_only: bool = False,
+    ) -> NDArray[np.float32]:
+        T = len(ids)
+        self.steps.append((T, self.inner.cache_length(cache), 1 if last_only else T))
+        return self.inner.step(cache, ids, attend, commit, last_only)
+
+
+Decoder = Callable[[StepBackend, list[int], int], Generator[int, None, GenerationStats]]
+
+
+def ar_decoder(tok: Tokenizer) -> Decoder:
+    def run(b: StepBackend, prompt: list[int], n: int) -> Generator[int, None, GenerationStats]:
+        return greedy(b, prompt, n, tok.stop_ids)
+
+    return run
+
+
+def diffusion_decoder(tok: Tokenizer) -> Decoder:
+    """DIFFUSION's sampler with its engine's default settings, seed 0 for every reply."""
+    from model.diffusion_engine import DiffusionOptions, smollm2_diffusion_config
+    from model.sampler import sample
+
+    settings = DiffusionOptions().sampler
+    config = smollm2_diffusion_config(tok)
+
+    def run(b: StepBackend, prompt: list[int], n: int) -> Generator[int, None, GenerationStats]:
+        return sample(b, prompt, config, settings, np.random.default_rng(0), n)
+
+    return run
+
+
+def _drain(gen: Generator[int, None, GenerationStats]) -> tuple[list[int], GenerationStats]:
+    out: list[int] = []
+    while True:
+        try:
+            out.append(next(gen))
+        except StopIteration as done:
+            return out, done.value
+
+
+def time_engine(
+    backend: StepBackend,
+    decode: Decoder,
+    prompts: list[list[int]],
+    budget: int,
+    peak: float,
+    dims: Dims,
+) -> dict[str, Any]:
+    counter = CountingBackend(backend)
+    _drain(decode(counter, prompts[0], budget))  # warm-up (allocations, first-run costs)
+    times: list[float] = []
+    tokens: list[int] = []
+    passes: list[int] = []
+    floor = 0.0
+    replies: list[list[int]] = []
+    for p in prompts:
+        counter.steps.clear()
+        t0 = time.perf_counter()
+        out, stats = _drain(decode(counter, p, budget))
+        times.append(time.perf_counter() - t0)
+        tokens.append(stats.tokens)
+        passes.append(stats.forward_passes)
+        floor += sum(step_flops(dims, *s) for s in counter.steps) / peak
+        replies.append(out)
+    total = sum(times)
+    return {
+        "replies": len(prompts),
+        "p50_s": statistics.median(times),
+        "p95_s": float(np.percentile(times, 95)),
+        "mean_s": total / len(times),
+        "tokens_per_s": sum(tokens) / total,
+        "tokens_per_reply": sum(tokens) / len(tokens),
+        "passes_per_reply": sum(passes) / len(passes),
+        "floor_s_per_reply": floor / len(prompts),
+        "fraction_of_peak": floor / total,
+        "_replies": replies,
+    }
+
+
+def peak_int8_ort(n: int = 1024, repeats: int = 5) -> float:
+    """FLOP/s of an int8 (dynamically quantised) n x 4n x 4n product in ONNX Runtime."""
+    import tempfile
+
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from export.build import quantize_int8
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((4 * n, 4 * n)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "peak",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, 4 * n])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, 4 * n])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    with tempfile.TemporaryDirectory() as d:
+        src, dst = Path(d) / "mm.onnx", Path(d) / "mm.int8.onnx"
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), src)
+        quantize_int8(src, dst)
+        import onnxruntime as ort
+
+        sess = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"])
+    x = rng.standard_normal((n, 4 * n)).astype(np.float32)
+    return 2.0 * n * (4 * n) ** 2 / _median_time(lambda: sess.run(None, {"x": x}), repeats)
+
+
+def peak_fp32_torch(n: int = 2048, repeats: int = 5) -> float:
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    return 2.0 * n**3 / _median_time(lambda: a @ b, repeats)
+
+
+def _median_time(fn: Callable[[], object], repeats: int) -> float:
+    fn()
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def _dims(manifest_config: dict[str, Any]) -> Dims:
+    return Dims(**{k: int(manifest_config[k]) for k in Dims.__dataclass_fields__})
+
+
+def run_llm_bench(options: BenchOptions) -> dict[str, Any]:
+    import json
+
+    model_dir = options.model_dir
+    if not is_complete(model_dir) and model_dir == default_model_dir(None):
+        model_dir = ensure_model_dir(None)
+    manifest = json.loads((model_dir / "manifest.json").read_text())
+    dims = _dims(manifest["config"])
+    tok = load_tokenizer(model_dir)
+    questions = QUESTIONS[: options.prompts]
+    prompts = [build_prompt(tok, [ChatMessage("user", q)], 1024) for q in questions]
+    peak = peak_int8_ort()
+    backends: dict[str, StepBackend] = {
+        "onnx-int8": OrtBackend(model_dir / "model.int8.onnx", RuntimeConfig(max_len=1024))
+    }
+    peaks = {"onnx-int8": peak}
+    if options.torch_reference:
+        backends["torch-fp32"], peaks["torch-fp32"] = _torch_backend(), peak_fp32_torch()
+    decoders: dict[str, Decoder] = {"ar": ar_decoder(tok)}
+    missing = None
+    try:
+        decoders["diffusion"] = diffusion_decoder(tok)
+    except ImportError as exc:
+        missing = f"DIFFUSION's model/diffusion_engine.py or model/sampler.py is missing: {exc}"
+    rows: list[dict[str, Any]] = []
+    for budget in options.budgets:
+        for runtime, backend in backends.items():
+            for engine, decode in decoders.items():
+                log.info("bench: %s on %s, budget %d ...", engine, runtime, budget)
+                r = time_engine(backend, decode, prompts, budget, peaks[runtime], dims)
+                rows.append({"engine": engine, "runtime": runtime, "budget": budget, **r})
+    return _results(rows, options, peaks, dims, missing, manifest, questions)
+
+
+def _torch_backend() -> StepBackend:
+    from export.build import with_mask_row
+    from model.backend import TorchBackend
+    from model.llama import load_smollm2
+
+    model = load_smollm2()
+    with contextlib.suppress(RuntimeError):  # the diffusion sampler feeds the mask id
+        model = with_mask_row(model)
+    return TorchBackend(model, max_len=1024, name="torch")
+
+
+def _results(
+    rows: list[dict[str, Any]],
+    options: BenchOptions,
+    peaks: dict[str, float],
+    dims: Dims,
+    missing: str | None,
+    manifest: dict[str, Any],
+    questions: tuple[str, ...],
+) -> dict[str, Any]:
+    top = max(options.budgets)
+
+    def tps(engine: str) -> float | None:
+        r = [x for x in rows if x["engine"] == engine and x["runtime"] == "onnx-int8"]
+        r = [x for x in r if x["budget"] == top]
+        return r[0]["tokens_per_s"] if r else None
+
+    ar, diff = tps("ar"), tps("diffusion")
+    # Same words? Diffusion and AR replies differ by design; int8 vs fp32 per engine.
+    for row in rows:
+        row.pop("_replies")
+    return {
+        "machine_peak_flops": peaks,
+        "flops_per_pass_example": {
+            "T=1,P=100": step_flops(dims, 1, 100, 1),
+            "T=16,P=100,K=16": step_flops(dims, 16, 100, 16),
+            "T=80,P=0,K=1": step_flops(dims, 80, 0, 1),
+        },
+        "model_files": {k: v["bytes"] for k, v in manifest["files"].items()},
+        "prompts": list(questions),
+        "rows": rows,
+        "speedup": (diff / ar) if (ar and diff) else None,
+        "speedup_budget": top,
+        "diffusion_missing": missing,
+    }
+
+
+def print_table(results: dict[str, Any]) -> None:
+    print(
+        f"{'engine':10s} {'runtime':11s} {'budget':>6s} {'p50 s':>7s} {'p95 s':>7s} "
+        f"{'tok/s':>7s} {'tok':>6s} {'passes':>7s} {'floor s':>8s} {'%peak':>6s}"
+    )
+    for r in results["rows"]:
+        print(
+            f"{r['engine']:10s} {r['runtime']:11s} {r['budget']:6d} {r['p50_s']:7.3f} "
+            f"{r['p95_s']:7.3f} {r['tokens_per_s']:7.1f} {r['tokens_per_reply']:6.1f} "
+            f"{r['passes_per_reply']:7.1f} {r['floor_s_per_reply']:8.4f} "
+            f"{100 * r['fraction_of_peak']:6.1f}"
+        )
+    peaks = ", ".join(
+        f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in results["machine_peak_flops"].items()
+    )
+    print(f"peak: {peaks}")
+    if results["speedup"] is not None:
+        at, x = results["speedup_budget"], results["speedup"]
+        print(f"speedup (diffusion / AR tokens/s at {at} tokens): {x:.2f}")
+    if results["diffusion_missing"]:
+        print(f"diffusion not measured: {results['diffusion_missing']}")

@@ -1,0 +1,85 @@
+"""``quicksilver export`` and ``quicksilver bench llm``.
+
+Both import torch only when they run (export needs it; the benchmark's PyTorch
+reference column does), so registering them costs the server nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from export.modeldir import default_model_dir
+
+
+def register(sub: Any) -> None:
+    ex = sub.add_parser("export", help="export the reply model to ONNX (int8, fp16, TensorRT)")
+    ex.add_argument("--out", type=Path, default=None, help="model directory (default: cache)")
+    ex.add_argument("--cache-dir", type=Path, default=None)
+    ex.add_argument("--adapter", type=Path, default=None, help="TRAINING's adapter to merge")
+    ex.add_argument("--int8", action="store_true", help="int8 model for the CPU (default)")
+    ex.add_argument("--fp16", action="store_true", help="fp16 model for the GPU")
+    ex.add_argument("--tensorrt", action="store_true", help="TensorRT engine (GPU hosts)")
+    ex.add_argument("--per-channel", action="store_true", help="int8 scales per channel")
+    ex.add_argument("--no-check", action="store_true", help="skip the parity checks")
+    ex.set_defaults(run=run_export)
+
+    bench = sub.add_parser("bench", help="benchmarks")
+    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    llm = bench_sub.add_parser("llm", help="autoregressive vs diffusion reply engines")
+    llm.add_argument("--json", type=Path, default=None, help="write the results here")
+    llm.add_argument("--model-dir", type=Path, default=None, help="exported model directory")
+    llm.add_argument("--cache-dir", type=Path, default=None)
+    llm.add_argument("--prompts", type=int, default=20, help="how many of the fixed questions")
+    llm.add_argument("--budgets", type=int, nargs="+", default=[32, 64])
+    llm.add_argument("--no-torch", action="store_true", help="skip the PyTorch reference")
+    llm.set_defaults(run=run_bench)
+    llm.add_argument("--log-level", default="INFO")
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from export.build import BuildOptions, build_atomic
+    from export.tensorrt import TensorRTUnavailableError
+
+    out: Path = args.out or default_model_dir(args.cache_dir)
+    options = BuildOptions(
+        adapter=args.adapter,
+        int8=args.int8 or not (args.fp16 or args.tensorrt),
+        fp16=args.fp16 or args.tensorrt,
+        tensorrt=args.tensorrt,
+        check=not args.no_check,
+        per_channel=args.per_channel,
+    )
+    try:
+        build_atomic(out.expanduser(), options)
+    except (TensorRTUnavailableError, RuntimeError, FileNotFoundError) as exc:
+        print(f"quicksilver export: {exc}", file=sys.stderr)
+        return 1
+    manifest = json.loads((out / "manifest.json").read_text())
+    print(f"exported to {out}")
+    for name, f in manifest["files"].items():
+        print(f"  {name:20s} {f['bytes'] / 1e6:8.1f} MB  sha256 {f['sha256'][:16]}")
+    for variant, p in manifest["parity"].items():
+        print(f"  parity {variant}: {json.dumps(p)}")
+    return 0
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from export.bench import BenchOptions, print_table, run_llm_bench
+
+    model_dir = args.model_dir or default_model_dir(args.cache_dir)
+    options = BenchOptions(
+        model_dir=model_dir,
+        prompts=args.prompts,
+        budgets=tuple(args.budgets),
+        torch_reference=not args.no_torch,
+    )
+    results = run_llm_bench(options)
+    print_table(results)
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=2))
+        print(f"wrote {args.json}")
+    return 0

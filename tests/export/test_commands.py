@@ -1,0 +1,88 @@
+"""``quicksilver export`` end to end into a temporary directory; the benchmark's parts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import export.build
+from export.bench import CountingBackend, Dims, ar_decoder, step_flops, time_engine
+from export.modeldir import is_complete, load_tokenizer
+from server.cli import main
+from tests.export.conftest import TINY, ort_backend, tiny_source
+
+
+def test_quicksilver_export_builds_a_model_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(export.build, "load_source", lambda adapter=None: tiny_source())
+    out = tmp_path / "model"
+    assert main(["export", "--out", str(out), "--fp16"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert set(manifest["files"]) == {
+        "model.onnx",
+        "model.int8.onnx",
+        "model.fp16.onnx",
+        "tokenizer.json",
+    }
+    for name, f in manifest["files"].items():
+        assert (out / name).stat().st_size == f["bytes"] and len(f["sha256"]) == 64
+    assert manifest["config"]["mask_id"] == TINY.vocab_size
+    assert set(manifest["parity"]) == {"fp32", "int8", "fp16"}
+    assert is_complete(out) and load_tokenizer(out).im_end_id == 2
+    assert "exported to" in capsys.readouterr().out
+    assert not list(tmp_path.glob(".model.*"))  # the temporary build directory is gone
+
+
+def test_export_tensorrt_fails_plainly_without_tensorrt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from export.tensorrt import unavailable_reason
+
+    if unavailable_reason() is None:
+        pytest.skip("TensorRT is installed here")
+    monkeypatch.setattr(export.build, "load_source", lambda adapter=None: tiny_source())
+    assert main(["export", "--out", str(tmp_path / "m"), "--tensorrt", "--no-check"]) == 1
+    assert "TensorRT is not installed" in capsys.readouterr().err
+    assert not (tmp_path / "m").exists()
+
+
+def test_adapter_without_model_adapter_says_what_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("model.adapter") is not None:
+        pytest.skip("model/adapter.py has landed")
+    with pytest.raises(RuntimeError, match=r"model/adapter\.py"):
+        export.build.merge_adapter(tiny_source().model, tmp_path / "adapter")
+
+
+def test_flops_of_one_token_are_about_twice_the_parameters() -> None:
+    d = Dims(30, 576, 9, 3, 64, 1536, 49152)
+    # SmolLM2-135M: 134.5M parameters, 28.3M of them the (tied) embedding
+    assert step_flops(d, 1, 0, 1) == pytest.approx(2 * 134.5e6, rel=0.02)
+    assert step_flops(d, 16, 100, 16) > 16 * step_flops(d, 1, 0, 1)
+
+
+def test_bench_times_the_ar_decoder_and_counts_its_passes(tiny_dir: Path) -> None:
+    tok = load_tokenizer(tiny_dir)
+    b = ort_backend(tiny_dir, "model.int8.onnx")
+    d = Dims(
+        TINY.n_layer,
+        TINY.n_embd,
+        TINY.n_head,
+        TINY.n_kv_head,
+        TINY.head_dim,
+        TINY.ffn_hidden,
+        TINY.vocab_size,
+    )
+    r = time_engine(b, ar_decoder(tok), [[1, 5, 6], [1, 7, 8, 9]], 8, 1e9, d)
+    assert r["replies"] == 2 and r["p50_s"] > 0 and r["p95_s"] >= r["p50_s"]
+    assert r["passes_per_reply"] == r["tokens_per_reply"] or r["passes_per_reply"] >= 1
+    counter = CountingBackend(b)
+    counter.step(counter.new_cache(), np.array([1, 2, 3]), "causal", True, last_only=True)
+    assert counter.steps == [(3, 0, 1)]

@@ -1,0 +1,86 @@
+"""OrtBackend keeps the StepBackend semantics of TorchBackend: the same tests, both."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from export.runtime import ProviderUnavailableError, choose_providers
+from model.backend import StepBackend
+from model.generate import greedy
+from tests.export.conftest import ort_backend, torch_backend
+
+
+@pytest.fixture(params=["torch", "onnx"])
+def b(request: pytest.FixtureRequest, tiny_dir: Path, tiny_ref) -> StepBackend:
+    return (
+        torch_backend(tiny_ref, 32)
+        if request.param == "torch"
+        else ort_backend(tiny_dir, max_len=32)
+    )
+
+
+def test_step_matches_one_pass_and_commit_grows_the_cache(b: StepBackend) -> None:
+    ids = np.array([3, 9, 4, 7, 1], np.int64)
+    full = b.step(b.new_cache(), ids, "causal", commit=False)
+    cache = b.new_cache()
+    first = b.step(cache, ids[:3], "causal", commit=True)
+    assert b.cache_length(cache) == 3
+    rest = b.step(cache, ids[3:], "causal", commit=True)
+    assert b.cache_length(cache) == 5
+    np.testing.assert_allclose(np.concatenate([first, rest]), full, atol=1e-5)
+
+
+def test_uncommitted_block_steps_leave_the_cache_alone_and_truncate_rolls_back(
+    b: StepBackend,
+) -> None:
+    cache = b.new_cache()
+    b.step(cache, np.array([1, 2, 3], np.int64), "causal", commit=True)
+    block = np.array([5, 6], np.int64)
+    a = b.step(cache, block, "block", commit=False)
+    again = b.step(cache, block, "block", commit=False)
+    assert b.cache_length(cache) == 3
+    np.testing.assert_array_equal(a, again)
+    last = b.step(cache, block, "block", commit=True, last_only=True)
+    np.testing.assert_allclose(last, a[-1:], atol=1e-5)
+    assert b.cache_length(cache) == 5
+    b.truncate(cache, 3)
+    np.testing.assert_allclose(b.step(cache, block, "block", commit=False), a, atol=1e-5)
+    with pytest.raises(ValueError):
+        b.truncate(cache, 4)
+
+
+def test_block_attention_differs_from_causal_inside_the_chunk(b: StepBackend) -> None:
+    cache = b.new_cache()
+    b.step(cache, np.array([1, 2], np.int64), "causal", commit=True)
+    ids = np.array([7, 8, 9], np.int64)
+    causal = b.step(cache, ids, "causal", commit=False)
+    block = b.step(cache, ids, "block", commit=False)
+    assert not np.allclose(causal[0], block[0])
+    np.testing.assert_allclose(b.step(cache, ids[:1], "block", commit=False), causal[:1], atol=1e-5)
+
+
+def test_a_full_cache_is_an_error(b: StepBackend) -> None:
+    cache = b.new_cache()
+    b.step(cache, np.arange(30, dtype=np.int64), "causal", commit=True)
+    with pytest.raises(ValueError, match="full"):
+        b.step(cache, np.arange(3, dtype=np.int64), "causal", commit=True)
+
+
+def test_greedy_gives_the_same_tokens_on_both(tiny_dir: Path, tiny_ref) -> None:
+    prompt = [5, 17, 42, 7, 99, 3]
+    a = list(greedy(torch_backend(tiny_ref), prompt, 20, ()))
+    b = list(greedy(ort_backend(tiny_dir), prompt, 20, ()))
+    assert a == b and len(a) == 20
+
+
+def test_providers_by_availability_and_configuration() -> None:
+    gpu = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
+    assert choose_providers("auto", gpu) == gpu
+    assert choose_providers("cuda", gpu) == gpu[1:]
+    assert choose_providers("cpu", gpu) == ["CPUExecutionProvider"]
+    assert choose_providers("auto", ["CPUExecutionProvider"]) == ["CPUExecutionProvider"]
+    with pytest.raises(ProviderUnavailableError, match="CUDAExecutionProvider is not available"):
+        choose_providers("cuda", ["CPUExecutionProvider"])

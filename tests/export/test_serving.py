@@ -1,0 +1,80 @@
+"""The serving path: no torch, the ONNX engines, TensorRT's plain "not installed"."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from export import tensorrt
+from export.runtime import ProviderUnavailableError, choose_providers
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_importing_the_serving_path_does_not_import_torch() -> None:
+    code = (
+        "import sys; import export.engine, export.runtime, model.generate, server.runtime, "
+        "server.cli; assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+def test_the_onnx_ar_engine_replies_without_torch(tiny_dir: Path) -> None:
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from export.engine import load_onnx_ar_generator\n"
+        "from model.engine import ChatMessage\n"
+        f"gen = load_onnx_ar_generator(Path({str(tiny_dir)!r}))\n"
+        "it = gen.generate([ChatMessage('user', 'hi')], 8, lambda: False)\n"
+        "pieces = []\n"
+        "while True:\n"
+        "    try: pieces.append(next(it))\n"
+        "    except StopIteration as done: stats = done.value; break\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+        "assert gen.name == 'smollm2-ar-onnx' and stats.forward_passes >= 1, stats\n"
+        "print(stats)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True, text=True
+    )
+    assert "GenerationStats" in out.stdout
+
+
+def test_the_onnx_diffusion_engine_replies(tiny_dir: Path) -> None:
+    pytest.importorskip("model.diffusion_engine")
+    from export.engine import load_onnx_diffusion_generator
+    from model.engine import ChatMessage
+
+    gen = load_onnx_diffusion_generator(tiny_dir)
+    it = gen.generate([ChatMessage("user", "hi")], 16, lambda: False)
+    while True:
+        try:
+            next(it)
+        except StopIteration as done:
+            stats = done.value
+            break
+    assert gen.name == "diffusion-onnx"
+    assert stats.forward_passes >= 1 and stats.tokens <= 16
+
+
+@pytest.mark.skipif(tensorrt.unavailable_reason() is None, reason="TensorRT is installed here")
+def test_tensorrt_says_plainly_that_it_is_not_installed(tiny_dir: Path, tmp_path: Path) -> None:
+    reason = tensorrt.unavailable_reason()
+    assert reason is not None and reason.startswith("TensorRT is not installed on this host")
+    with pytest.raises(tensorrt.TensorRTUnavailableError, match="TensorRT is not installed"):
+        tensorrt.build_engine(tiny_dir / "model.fp16.onnx", tmp_path, (2, 2, 8))
+    with pytest.raises(ProviderUnavailableError, match="TensorrtExecutionProvider is not"):
+        choose_providers("tensorrt")
+
+
+def test_tensorrt_profile_covers_empty_and_full_caches() -> None:
+    shapes = tensorrt.profile_shapes(30, 3, 64, max_len=2048)
+    assert shapes["past_keys"]["min"] == [0, 30, 3, 64]
+    assert shapes["past_keys"]["max"] == [2048, 30, 3, 64]
+    opts = tensorrt.trt_provider_options(Path("/x"), shapes)
+    assert "past_keys:0x30x3x64" in opts["trt_profile_min_shapes"]
+    assert opts["trt_fp16_enable"] is True
