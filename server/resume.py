@@ -12,12 +12,7 @@ from dataclasses import dataclass
 
 from model.engine import ChatMessage
 
-
-class ResumeError(Exception):
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+from .protocol import ProtocolError
 
 
 @dataclass(frozen=True)
@@ -48,8 +43,8 @@ class ResumeStore:
         if parked is not None:
             return list(parked.conversation)
         if token in self._expired:
-            raise ResumeError("resume_expired", "that session has expired; start a new one")
-        raise ResumeError("bad_resume_token", "unknown resume token; start a new session")
+            raise ProtocolError("resume_expired", "that session has expired; start a new one")
+        raise ProtocolError("bad_resume_token", "unknown resume token; start a new session")
 
     def _purge(self, now: float) -> None:
         for token in [t for t, p in self._parked.items() if p.expires_at <= now]:

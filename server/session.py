@@ -39,7 +39,7 @@ from audio.ring import AudioRing
 from model.engine import ChatMessage, GenerationStats
 
 from . import protocol as p
-from .resume import ResumeError, ResumeStore
+from .resume import ResumeStore
 
 SAMPLE_RATE = 16_000  # everything inside the session runs at 16 kHz
 
@@ -389,7 +389,7 @@ class Session:
                 return self._error("bad_resume_token", "this server does not resume sessions")
             try:
                 self.conversation = self._resume.take(start.resume_token, self._now)
-            except ResumeError as err:
+            except p.ProtocolError as err:
                 return self._error(err.code, err.message)
         self._input_rate = start.sample_rate
         # Upsampling 8 kHz with soxr's low quality filter holds back 60 ms of audio,

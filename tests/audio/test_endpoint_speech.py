@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from audio.asr import Transcriber, load_transcriber
 from audio.endpoint import (
     EndOfTurn,
     Endpointer,
@@ -20,16 +19,6 @@ pytestmark = pytest.mark.models
 
 RATE = 16_000
 LEAD_S, TRAIL_S = 0.7, 1.5
-
-
-@pytest.fixture(scope="module")
-def vad() -> SileroVad:
-    return SileroVad()
-
-
-@pytest.fixture(scope="module")
-def tiny() -> Transcriber:
-    return load_transcriber("tiny.en")
 
 
 def speech_bounds(audio: np.ndarray, level: float = 0.01) -> tuple[int, int]:

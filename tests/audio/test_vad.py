@@ -12,11 +12,6 @@ pytestmark = pytest.mark.models
 
 
 @pytest.fixture(scope="module")
-def vad() -> SileroVad:
-    return SileroVad()
-
-
-@pytest.fixture(scope="module")
 def sentence(speech: SpeechFactory) -> np.ndarray:
     return speech.piper("Can you turn off the lights in the kitchen, please?", 0.5, 1.0)
 

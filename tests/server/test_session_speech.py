@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from audio.asr import Transcriber, load_transcriber
+from audio.asr import Transcriber
 from audio.endpoint import EndpointConfig
 from audio.resample import float32_to_pcm16
 from audio.vad import SileroVad
@@ -31,16 +31,6 @@ from tests.speech import SpeechFactory, pad, word_error_rate
 pytestmark = pytest.mark.models
 
 RATE = 16_000
-
-
-@pytest.fixture(scope="module")
-def vad() -> SileroVad:
-    return SileroVad()
-
-
-@pytest.fixture(scope="module")
-def tiny() -> Transcriber:
-    return load_transcriber("tiny.en")
 
 
 def converse(
