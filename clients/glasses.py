@@ -47,7 +47,15 @@ from .common import (
 )
 from .devices import DeviceMicrophone, DeviceSpeaker, Microphone, Speaker, WavMicrophone, WavSpeaker
 
-__all__ = ["ClientError", "Glasses", "GlassesOptions", "first_turn", "start_session"]
+__all__ = [
+    "ClientError",
+    "Glasses",
+    "GlassesOptions",
+    "TurnResult",
+    "first_turn",
+    "start_session",
+    "stream_audio",
+]
 
 FATAL_CLOSE_CODES = {1008, 1009, int(p.CloseCode.TOO_MANY_ERRORS)}  # reconnecting won't help
 

@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import sys
 import time
 import urllib.request
@@ -326,6 +327,7 @@ async def run(opts: Options) -> dict[str, object]:
         raise ValueError("all WAVs must have the same sample rate")
     per_session = opts.turns * (2 if opts.barge_in else 1)
     progress = Progress(opts.sessions * per_session)
+    load_before = _load()
     jobs = [session(opts, i, utterances, progress) for i in range(opts.sessions)]
     results = await asyncio.gather(*jobs)
     progress.end()
@@ -333,7 +335,16 @@ async def run(opts: Options) -> dict[str, object]:
     stats = await asyncio.to_thread(fetch_stats, opts.url)
     summary = summarize(records, opts)
     summary["loop_lag"] = stats.get("loop_lag")
+    summary["load_avg_1m"] = {"start": load_before, "end": _load()}  # busy machine caveat
     return {"summary": summary, "turns": [asdict(r) for r in records]}
+
+
+def _load() -> float | None:
+    """The client machine's 1-minute load average (None where the OS has none)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
 
 
 def fetch_stats(url: str) -> dict[str, object]:

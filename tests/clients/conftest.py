@@ -16,7 +16,7 @@ import pytest
 
 from tests.e2e.conftest import ServerProcess, server
 
-__all__ = ["Proxy", "server"]
+__all__ = ["Proxy", "ServerProcess", "server"]
 
 
 class Proxy:
