@@ -95,9 +95,7 @@ class Car:
     async def __aenter__(self) -> Car:
         try:
             await self.connect()
-        except InvalidURI as exc:
-            raise unreachable(self.options.url, exc) from None
-        except NETWORK_ERRORS as exc:
+        except (InvalidURI, *NETWORK_ERRORS) as exc:
             raise unreachable(self.options.url, exc) from None
         return self
 

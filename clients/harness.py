@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
 
 from server import protocol as p
 
@@ -222,8 +223,8 @@ async def run_turn(
                     barge = _interrupt(talker, record, interruption)
     except TimeoutError:
         record.error = record.error or f"no complete reply within {timeout_s:.0f} s"
-    except (ConnectionError, OSError, ClientError) as exc:
-        record.error = f"connection lost: {exc}"
+    except (OSError, ConnectionClosed, ClientError) as exc:
+        record.error = f"connection lost: {exc or type(exc).__name__}"
     watch.settle()
     if barge is None:
         if interruption is not None and record.error is None:

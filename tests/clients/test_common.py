@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +14,7 @@ import pytest
 from clients import devices
 from clients.common import Pcm, backoff, speech_bounds
 from clients.harness import Utterance, percentiles
+from tests.e2e.conftest import ROOT
 from tests.speech import write_wav
 
 
@@ -24,10 +28,10 @@ def test_speech_bounds_finds_the_first_and_last_loud_sample() -> None:
         speech_bounds(Pcm(np.full(100, 10, np.int16), 16000))
 
 
-def test_utterance_marks_the_frames_holding_speech(tmp_path: object) -> None:
+def test_utterance_marks_the_frames_holding_speech(tmp_path: Path) -> None:
     audio = np.zeros(16000, np.float32)
     audio[3210:8000] = 0.5  # onset in frame 10 (20 ms = 320 samples), last sample in 24
-    path = write_wav(tmp_path / "u.wav", audio)  # type: ignore[operator]
+    path = write_wav(tmp_path / "u.wav", audio)
     u = Utterance.load(path)
     assert (u.onset_frame, u.end_frame) == (10, 24)
 
@@ -71,8 +75,8 @@ def test_speaker_flush_drops_a_cancelled_turn_at_once(monkeypatch: pytest.Monkey
     assert bytes(block) == b"\x02\x00" * 200 + bytes(240)
 
 
-def test_wav_speaker_keeps_only_completed_turns(tmp_path: object) -> None:
-    path = tmp_path / "out.wav"  # type: ignore[operator]
+def test_wav_speaker_keeps_only_completed_turns(tmp_path: Path) -> None:
+    path = tmp_path / "out.wav"
     speaker = devices.WavSpeaker(16000, path)
     speaker.play(1, b"\x01\x00" * 10)
     speaker.flush(1)
@@ -83,3 +87,24 @@ def test_wav_speaker_keeps_only_completed_turns(tmp_path: object) -> None:
     from clients.common import read_wav
 
     assert read_wav(path).samples.tolist() == [2] * 10
+
+
+def run_client(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_car_cli_reports_an_unreachable_server(tmp_path: Path) -> None:
+    wav = write_wav(tmp_path / "q.wav", np.zeros(1600, np.float32))
+    run = run_client("clients.car", "--url", "ws://127.0.0.1:9/v1/voice", "--wav", str(wav))
+    assert run.returncode == 1
+    assert "cannot reach the server at ws://127.0.0.1:9/v1/voice" in run.stderr
+
+
+def test_live_glasses_without_portaudio_say_what_to_install() -> None:
+    if devices.sounddevice_module() is not None:
+        pytest.skip("sounddevice and PortAudio are installed here")
+    run = run_client("clients.glasses", "--url", "ws://127.0.0.1:9/v1/voice")
+    assert run.returncode == 2
+    assert "quicksilver[audio]" in run.stderr
