@@ -93,5 +93,6 @@ def load_smollm2_diffusion(
 
         if isinstance(adapter, str | Path):
             adapter = load_adapter(adapter)
-        apply_adapter(model, adapter)
+        with torch.no_grad():
+            apply_adapter(model, adapter)
     return model.to(dtype).eval()
