@@ -1,0 +1,104 @@
+"""``quicksilver data``, ``quicksilver train`` and ``quicksilver eval llm``.
+
+Registered in server/cli.py; torch and the model code are imported only when a command
+runs, so ``quicksilver serve`` never pays for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    data = sub.add_parser("data", help="regenerate the self-distillation corpus from a seed")
+    data.add_argument("--seed", type=int, default=1234)
+    data.add_argument("--n", type=int, default=400, help="training questions")
+    data.add_argument("--out", type=Path, default=Path("data/distill"))
+    data.add_argument("--max-reply-tokens", type=int, default=64)
+    data.add_argument("--batch", type=int, default=20, help="questions decoded together")
+    data.add_argument("--model-share", type=float, default=0.15)
+    data.add_argument("--train-dtype", default="float32", choices=("float32", "bfloat16"))
+    data.add_argument("--threads", type=int, default=2)
+    data.set_defaults(run=_data)
+
+    train = sub.add_parser("train", help="train the block-diffusion adapter")
+    train.add_argument("--data", type=Path, default=Path("data/distill"))
+    train.add_argument("--out", type=Path, default=Path("runs/adapter"))
+    train.add_argument("--ship", type=Path, default=None, help="also save the adapter here")
+    train.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="TrainConfig field"
+    )
+    train.set_defaults(run=_train)
+
+    ev = sub.add_parser("eval", help="measure a reply model's quality")
+    ev_sub = ev.add_subparsers(dest="what", required=True)
+    llm = ev_sub.add_parser("llm", help="diffusion replies against the autoregressive baseline")
+    llm.add_argument("--prompts", type=Path, default=None, help="one question per line")
+    llm.add_argument("--data", type=Path, default=Path("data/distill"))
+    llm.add_argument("--adapter", type=Path, default=None, help="default: adapters/")
+    llm.add_argument("--json", type=Path, required=True, dest="json_out")
+    llm.add_argument("--limit", type=int, default=None, help="first N prompts only")
+    llm.add_argument("--max-tokens", type=int, default=64)
+    llm.add_argument("--threshold", type=float, action="append", default=None)
+    llm.add_argument("--block-size", type=int, default=None)
+    llm.add_argument("--seed", type=int, default=0)
+    llm.add_argument("--threads", type=int, default=2)
+    llm.set_defaults(run=_eval_llm)
+    llm.add_argument("--log-level", default="INFO")  # cli.py adds it to top-level ones
+
+
+def _data(args: argparse.Namespace) -> int:
+    import torch
+
+    from model.ar import load_ar_generator
+    from model.data import DataConfig, make_dataset
+
+    torch.set_num_threads(args.threads)
+    gen = load_ar_generator()
+    cfg = DataConfig(
+        seed=args.seed,
+        n=args.n,
+        model_share=args.model_share,
+        max_reply_tokens=args.max_reply_tokens,
+        batch=args.batch,
+        train_dtype=args.train_dtype,
+    )
+    recipe = make_dataset(gen.model, gen.tokenizer, cfg, args.out, log=_log)
+    print(json.dumps(recipe, indent=2))
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from model.train import TrainConfig, parse_overrides, run_training
+
+    cfg = parse_overrides(TrainConfig(data=str(args.data), out=str(args.out)), args.set)
+    run_training(cfg, ship=args.ship)
+    return 0
+
+
+def _eval_llm(args: argparse.Namespace) -> int:
+    from model.eval import EvalOptions, run_eval
+
+    opts = EvalOptions(
+        prompts=args.prompts,
+        data=args.data,
+        adapter=args.adapter,
+        limit=args.limit,
+        max_tokens=args.max_tokens,
+        thresholds=tuple(args.threshold or ()),
+        block_size=args.block_size,
+        seed=args.seed,
+        threads=args.threads,
+    )
+    report = run_eval(opts, log=_log)
+    args.json_out.parent.mkdir(parents=True, exist_ok=True)
+    args.json_out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report["summary"], indent=2))
+    return 0
+
+
+def _log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

@@ -1,0 +1,347 @@
+"""Adapt SmolLM2-135M-Instruct to block diffusion: the training loop (nanoGPT style).
+
+Objective: the masked-diffusion loss (MDLM, Sahoo et al. 2024; LLaDA, Nie et al. 2025)
+in its block form (BD3-LM, Arriola et al. 2025; Fast-dLLM v2). Per example we pick one
+reply block b and a mask rate t ~ U(eps, 1]; each position of block b is replaced by
+the mask token with probability t. The input is
+
+    [prompt (causal) | clean reply blocks < b | noised block b]
+
+under the contract's attention (model.diffusion.block_causal_mask: the prompt causal,
+every reply block bidirectional inside and causal across blocks), which is exactly what
+the sampler sees: the prompt prefilled causally, finished blocks committed, the noisy
+block attending to all of it and to itself. With Dream's logit shift (Ye et al. 2025)
+the token at position q is predicted by the logits of position q - 1. The loss is the
+cross-entropy on block b's masked positions weighted by 1/t, summed, and divided by the
+number of block positions in the batch (LLaDA's normalisation). A reply ends with
+<|im_end|> and the rest of its last block is filled with <|im_end|>, in the loss too
+(CONTRACT.md 4).
+
+Trainable: LoRA on q, k, v, o, gate, up, down (model.adapter) and the mask-token
+embedding; the base stays frozen. Checkpoints are resumable; the batch of step s comes
+from a generator seeded with (seed, s), so a resumed run sees the same batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from model.adapter import attach_lora, base_manifest, extract_adapter, save_adapter
+from model.data import Example, prompt_ids, read_jsonl
+from model.diffusion import block_causal_mask
+from model.llama import Llama, rope_cos_sin
+from model.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    data: str = "data/distill"  # folder from `quicksilver data`
+    out: str = "runs/adapter"  # checkpoints, log, adapter
+    block_size: int = 8
+    rank: int = 16
+    alpha: float = 32.0
+    lr: float = 1e-3
+    mask_lr: float = 1e-3  # the mask embedding row
+    weight_decay: float = 0.0
+    warmup: int = 10
+    max_steps: int = 300
+    batch: int = 8  # examples (one block each) per step
+    eps: float = 1e-3  # t ~ U(eps, 1]
+    schedule: str = "linear"  # mask rate draw: "linear" U(eps, 1]; "low" biased to low t
+    grad_clip: float = 1.0
+    eval_every: int = 25
+    ckpt_every: int = 25
+    time_limit_s: float = 0.0  # stop (and checkpoint) after this much wall time; 0: none
+    seed: int = 1337
+    threads: int = 2
+    bf16: bool = True  # autocast: ~3x faster matmuls on this CPU (AMX)
+    resume: bool = True
+
+
+# ---------------------------------------------------------------- the objective
+
+
+def pad_reply(reply: list[int], block_size: int, end_id: int) -> list[int]:
+    """The reply filled with end tokens to whole blocks (CONTRACT.md 4)."""
+    n = -(-len(reply) // block_size) * block_size
+    return reply + [end_id] * (n - len(reply))
+
+
+def draw_t(n: int, cfg: TrainConfig, gen: torch.Generator) -> torch.Tensor:
+    """Mask rates in (eps, 1]: uniform (MDLM), or "low": u**2, more lightly masked blocks
+    (the sampler spends most steps on nearly finished blocks)."""
+    u = 1.0 - torch.rand(n, generator=gen)  # (0, 1]
+    if cfg.schedule == "low":
+        u = u.square()
+    elif cfg.schedule != "linear":
+        raise ValueError(f"unknown mask schedule {cfg.schedule!r}")
+    return cfg.eps + (1.0 - cfg.eps) * u
+
+
+def noise_block(
+    x0: torch.Tensor, lo: int, hi: int, t: float, mask_id: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mask each position of ``x0[lo:hi]`` with probability t: (noised x, masked (T,))."""
+    masked = torch.zeros_like(x0, dtype=torch.bool)
+    masked[lo:hi] = torch.rand(hi - lo, generator=gen) < t
+    return torch.where(masked, mask_id, x0), masked
+
+
+@dataclass
+class Batch:
+    idx: torch.Tensor  # (N, T) noised inputs
+    attn: torch.Tensor  # (N, 1, T, T) bool
+    rows: torch.Tensor  # (M,) flat indices n*T + q - 1: the logits row predicting q
+    targets: torch.Tensor  # (M,) clean tokens at the masked positions
+    weights: torch.Tensor  # (M,) 1/t of their example
+    n_positions: int  # block positions in the batch: the loss's denominator
+    n_tokens: int  # real (unpadded) input tokens
+
+
+def make_batch(
+    items: list[tuple[list[int], list[int]]],
+    cfg: TrainConfig,
+    mask_id: int,
+    gen: torch.Generator,
+    t: torch.Tensor | None = None,
+) -> Batch:
+    """One block per (prompt, padded reply): block index, t and masks from ``gen``."""
+    B = cfg.block_size
+    t = draw_t(len(items), cfg, gen) if t is None else t
+    seqs, masks, n_prompts = [], [], []
+    for (prompt, reply), ti in zip(items, t.tolist(), strict=True):
+        b = int(torch.randint(len(reply) // B, (1,), generator=gen))
+        x0 = torch.tensor(prompt + reply[: (b + 1) * B])
+        lo = len(prompt) + b * B
+        x, masked = noise_block(x0, lo, lo + B, ti, mask_id, gen)
+        seqs.append((x0, x))
+        masks.append(masked)
+        n_prompts.append(len(prompt))
+    T = max(len(x0) for x0, _ in seqs)
+    idx = torch.zeros(len(items), T, dtype=torch.long)
+    attn = torch.stack([block_causal_mask(p, T, B)[0] for p in n_prompts])  # (N, 1, T, T)
+    rows, targets, weights = [], [], []
+    for n, ((x0, x), masked, ti) in enumerate(zip(seqs, masks, t.tolist(), strict=True)):
+        idx[n, : len(x)] = x
+        q = masked.nonzero()[:, 0]  # masked positions (all >= 1: inside the reply)
+        rows.append(n * T + q - 1)  # Dream shift: logits at q-1 predict q
+        targets.append(x0[q])
+        weights.append(torch.full((len(q),), 1.0 / ti))
+    n_tokens = sum(len(x) for x, _ in seqs)
+    return Batch(
+        idx, attn, torch.cat(rows), torch.cat(targets), torch.cat(weights), B * len(items), n_tokens
+    )
+
+
+def diffusion_loss(
+    logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, n_positions: int
+) -> torch.Tensor:
+    """sum over masked positions of CE / t, divided by the block positions (MDLM / LLaDA)."""
+    ce = F.cross_entropy(logits.float(), targets, reduction="none")  # (M,)
+    return (ce * weights).sum() / n_positions
+
+
+def forward_rows(
+    model: Llama, mask_emb: torch.Tensor, idx: torch.Tensor, attn: torch.Tensor, rows: torch.Tensor
+) -> torch.Tensor:
+    """Logits ``(M, V)`` at flat positions ``rows`` of ``idx (N, T)``, no cache.
+
+    Like Llama.forward, but the mask token's embedding is the trainable ``mask_emb`` and
+    the head runs only on the rows the loss reads (the head is a fifth of the model).
+    """
+    N, T = idx.shape
+    V = model.config.vocab_size
+    x = F.embedding(idx.clamp(max=V - 1), model.tok_emb.weight)  # (N, T, C)
+    x = torch.where((idx == V)[..., None], mask_emb.to(x.dtype), x)
+    pos = torch.arange(T).expand(N, T)
+    rope = rope_cos_sin(pos, model.config.head_dim, model.config.rope_theta, x.dtype)
+    for i, block in enumerate(model.blocks):
+        x = block(x, rope, attn, None, i, True)
+    h = x.reshape(N * T, -1)[rows]  # (M, C)
+    return model.head(model.norm(h))  # (M, V)
+
+
+# ---------------------------------------------------------------- data
+
+
+def encode_examples(tok: Tokenizer, examples: list[Example], B: int) -> list[tuple[list, list]]:
+    return [
+        (prompt_ids(tok, e.question), pad_reply(e.reply_ids, B, tok.im_end_id)) for e in examples
+    ]
+
+
+def heldout_batches(items, cfg: TrainConfig, mask_id: int) -> list[Batch]:
+    """Fixed noise for the held-out loss: the same blocks, rates and masks every eval."""
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    # t on a fixed grid, so each eval covers light and heavy masking alike
+    t = torch.linspace(cfg.eps, 1.0, len(items) + 2)[1:-1]
+    return [
+        make_batch(items[i : i + cfg.batch], cfg, mask_id, gen, t[i : i + cfg.batch])
+        for i in range(0, len(items), cfg.batch)
+    ]
+
+
+def evaluate(model: Llama, mask_emb, batches: list[Batch], cfg: TrainConfig) -> float:
+    total, n = 0.0, 0
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=cfg.bf16):
+        for b in batches:
+            logits = forward_rows(model, mask_emb, b.idx, b.attn, b.rows)
+            total += float(diffusion_loss(logits, b.targets, b.weights, 1)) / 1.0
+            n += b.n_positions
+    return total / n
+
+
+# ---------------------------------------------------------------- loop
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup, then cosine to a tenth (nanoGPT's get_lr)."""
+    if step < cfg.warmup:
+        return (step + 1) / cfg.warmup
+    r = (step - cfg.warmup) / max(1, cfg.max_steps - cfg.warmup)
+    return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(r, 1.0)))
+
+
+def build(cfg: TrainConfig, model: Llama):
+    """LoRA on the frozen model, the mask row as a parameter, AdamW over both."""
+    torch.manual_seed(cfg.seed)
+    lora = attach_lora(model, cfg.rank, cfg.alpha)
+    mask_emb = torch.nn.Parameter(model.tok_emb.weight[model.config.vocab_size].detach().clone())
+    opt = torch.optim.AdamW(
+        [
+            {"params": lora, "lr": cfg.lr, "weight_decay": cfg.weight_decay},
+            {"params": [mask_emb], "lr": cfg.mask_lr, "weight_decay": 0.0},
+        ],
+        betas=(0.9, 0.99),
+    )
+    return lora, mask_emb, opt
+
+
+def train_step(model, mask_emb, opt, params, batch: Batch, cfg: TrainConfig, step: int) -> float:
+    for g, base in zip(opt.param_groups, (cfg.lr, cfg.mask_lr), strict=True):
+        g["lr"] = base * lr_at(step, cfg)
+    with torch.autocast("cpu", torch.bfloat16, enabled=cfg.bf16):
+        logits = forward_rows(model, mask_emb, batch.idx, batch.attn, batch.rows)
+    loss = diffusion_loss(logits, batch.targets, batch.weights, batch.n_positions)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_([*params, mask_emb], cfg.grad_clip)
+    opt.step()
+    return float(loss.detach())
+
+
+def save_checkpoint(path: Path, params, mask_emb, opt, state: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    blob = {"params": [p.detach() for p in params], "mask_emb": mask_emb.detach(), **state}
+    torch.save({**blob, "opt": opt.state_dict()}, tmp)
+    tmp.replace(path)  # atomic: a killed run never leaves half a checkpoint
+
+
+def load_checkpoint(path: Path, params, mask_emb, opt) -> dict:
+    ck = torch.load(path, weights_only=False)
+    with torch.no_grad():
+        for p, saved in zip(params, ck["params"], strict=True):
+            p.copy_(saved)
+        mask_emb.copy_(ck["mask_emb"])
+    opt.load_state_dict(ck["opt"])
+    return ck
+
+
+def train(model: Llama, tok: Tokenizer, train_ex, held_ex, cfg: TrainConfig, log=print) -> dict:
+    """The loop; returns the run's record (steps, tokens, wall time, held-out curve)."""
+    from tqdm import tqdm
+
+    torch.set_num_threads(cfg.threads)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    mask_id = model.config.vocab_size
+    items = encode_examples(tok, train_ex, cfg.block_size)
+    held = heldout_batches(encode_examples(tok, held_ex, cfg.block_size), cfg, mask_id)
+    params, mask_emb, opt = build(cfg, model)
+    state: dict[str, Any] = {"step": 0, "tokens": 0, "wall_s": 0.0, "curve": [], "losses": []}
+    ckpt = out / "ckpt.pt"
+    if cfg.resume and ckpt.exists():
+        ck = load_checkpoint(ckpt, params, mask_emb, opt)
+        state = {k: ck[k] for k in state}
+        log(f"resumed from {ckpt} at step {state['step']}")
+    if not state["curve"]:
+        state["curve"].append((0, 0, evaluate(model, mask_emb, held, cfg)))
+        log(f"step 0 held-out loss {state['curve'][-1][2]:.4f}")
+    t0, wall0 = time.perf_counter(), state["wall_s"]
+    bar = tqdm(range(state["step"], cfg.max_steps), initial=state["step"], total=cfg.max_steps)
+    for step in bar:
+        gen = torch.Generator().manual_seed(cfg.seed * 100003 + step)
+        pick = torch.randint(len(items), (cfg.batch,), generator=gen).tolist()
+        batch = make_batch([items[i] for i in pick], cfg, mask_id, gen)
+        model.train()
+        loss = train_step(model, mask_emb, opt, params, batch, cfg, step)
+        state["step"], state["tokens"] = step + 1, state["tokens"] + batch.n_tokens
+        state["wall_s"] = wall0 + time.perf_counter() - t0
+        state["losses"].append(loss)
+        bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{state['tokens'] / state['wall_s']:.0f}")
+        done = step + 1 == cfg.max_steps or (
+            cfg.time_limit_s and state["wall_s"] > cfg.time_limit_s
+        )
+        if (step + 1) % cfg.eval_every == 0 or done:
+            state["curve"].append((step + 1, state["tokens"], evaluate(model, mask_emb, held, cfg)))
+            log(f"step {step + 1} held-out loss {state['curve'][-1][2]:.4f}")
+        if (step + 1) % cfg.ckpt_every == 0 or done:
+            save_checkpoint(ckpt, params, mask_emb, opt, state)
+        if done:
+            break
+    bar.close()
+    record = {"config": asdict(cfg), **{k: state[k] for k in ("step", "tokens", "wall_s", "curve")}}
+    (out / "record.json").write_text(json.dumps(record, indent=2) + "\n")
+    return {**record, "_params": (params, mask_emb)}
+
+
+def parse_overrides(cfg: TrainConfig, pairs: list[str]) -> TrainConfig:
+    """``--set key=value`` pairs onto the config, typed by the field's default."""
+    changes = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        kind = type(getattr(cfg, key))
+        changes[key] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
+    return dataclasses.replace(cfg, **changes)
+
+
+def run_training(cfg: TrainConfig, ship: Path | None = None) -> dict:
+    """`quicksilver train`: load SmolLM2 with the mask row, train, save the adapter."""
+    from model.diffusion import load_smollm2_diffusion
+
+    tok = Tokenizer.from_gguf()
+    model = load_smollm2_diffusion()
+    data = Path(cfg.data)
+    record = train(
+        model, tok, read_jsonl(data / "train.jsonl"), read_jsonl(data / "heldout.jsonl"), cfg
+    )
+    _, mask_emb = record.pop("_params")
+    adapter = extract_adapter(model, mask_emb, cfg.rank, cfg.alpha)
+    recipe = (
+        json.loads((data / "recipe.json").read_text()) if (data / "recipe.json").exists() else {}
+    )
+    adapter.manifest = {
+        **base_manifest(),
+        "block_size": cfg.block_size,
+        "mask_id": model.config.vocab_size,
+        "logit_shift": True,
+        "data": {"command": "quicksilver data", **recipe},
+        "train": {k: record[k] for k in ("step", "tokens", "wall_s")}
+        | {"config": record["config"]},
+        "steps": record["step"],
+        "tokens_seen": record["tokens"],
+        "heldout_loss": record["curve"][-1][2],
+        "heldout_curve": record["curve"],
+    }
+    for folder in [Path(cfg.out) / "adapter", *([ship] if ship else [])]:
+        save_adapter(folder, adapter)
+    return record
