@@ -45,6 +45,8 @@ class BuildOptions:
     tensorrt: bool = False
     keep_fp32: bool = True  # the int8 and fp16 files are made from it
     check: bool = True  # parity figures in the manifest
+    check_prompts: int = 3  # greedy replies compared with PyTorch's, per format
+    check_tokens: int = 32
     per_channel: bool = False  # int8 weight scales per output channel
 
 
@@ -172,7 +174,8 @@ def build(out: Path, options: BuildOptions, source: Source | None = None) -> dic
     if options.check:
         for variant, path in built.items():
             report = _timed(
-                f"checking {variant} against PyTorch", lambda p=path: _check(model, p, tok, memo)
+                f"checking {variant} against PyTorch",
+                lambda p=path: _check(model, p, tok, memo, options),
             )
             parity[variant] = report.as_dict() if report else {"skipped": "needs a GPU"}
     if not options.keep_fp32:
@@ -186,7 +189,11 @@ def build(out: Path, options: BuildOptions, source: Source | None = None) -> dic
 
 
 def _check(
-    model: Llama, path: Path, tok: Tokenizer, memo: dict[tuple[int, ...], list[int]]
+    model: Llama,
+    path: Path,
+    tok: Tokenizer,
+    memo: dict[tuple[int, ...], list[int]],
+    options: BuildOptions,
 ) -> ParityReport | None:
     from export.runtime import OrtBackend
 
@@ -195,7 +202,10 @@ def _check(
     except Exception as exc:  # an fp16 graph some CPU builds cannot run
         log.warning("cannot run %s here (%s): parity not checked", path.name, exc)
         return None
-    return check_parity(model, backend, tok, memo=memo)
+    n, k = options.check_prompts, options.check_tokens
+    if path.name == FILES["fp16"] and backend.providers == ["CPUExecutionProvider"]:
+        n = 0  # fp16 is for GPUs; on a CPU compare logits only (minutes otherwise)
+    return check_parity(model, backend, tok, n, k, memo)
 
 
 def _tensorrt(out: Path, built: dict[Variant, Path], model: Llama, options: BuildOptions) -> Any:

@@ -93,7 +93,15 @@ def ensure_model_dir(cache_dir: Path | None = None, variant: Variant = "int8") -
         model_dir,
     )
     t0 = time.perf_counter()
-    options = BuildOptions(int8=variant == "int8", fp16=variant == "fp16", keep_fp32=False)
+    # A light parity check (one reply) keeps the first start short; `quicksilver
+    # export` checks more.
+    options = BuildOptions(
+        int8=variant == "int8",
+        fp16=variant == "fp16",
+        keep_fp32=False,
+        check_prompts=1,
+        check_tokens=16,
+    )
     build_atomic(model_dir, options)
     log.info("built %s in %.0f s", model_dir, time.perf_counter() - t0)
     return model_dir

@@ -12,7 +12,7 @@ from export.runtime import OrtBackend
 from model.backend import TorchBackend
 from model.llama import Llama
 from model.tokenizer import TokenizerData, _unicode_to_byte
-from tests.model.conftest import TINY, tiny_model
+from tests.model.conftest import TINY, smollm2_gguf, tiny_model
 
 
 def tiny_tokenizer_data() -> TokenizerData:
@@ -49,4 +49,4 @@ def ort_backend(tiny_dir: Path, variant: str = "model.onnx", max_len: int = 128)
     return OrtBackend(tiny_dir / variant, RuntimeConfig(device="cpu", max_len=max_len))
 
 
-__all__ = ["TINY", "ort_backend", "tiny_source", "torch", "torch_backend"]
+__all__ = ["TINY", "ort_backend", "smollm2_gguf", "tiny_source", "torch", "torch_backend"]

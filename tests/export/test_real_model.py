@@ -1,0 +1,46 @@
+"""The real SmolLM2-135M exported once per test session (slow on 2 cores: kept few)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from export.build import BuildOptions, build_atomic
+from export.engine import load_onnx_ar_generator
+from model.engine import ChatMessage
+
+pytestmark = [pytest.mark.models, pytest.mark.slow]
+
+
+@pytest.fixture(scope="session")
+def real_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_gguf) -> Path:
+    out = tmp_path_factory.mktemp("smollm2-export") / "model"
+    return build_atomic(out, BuildOptions(check_prompts=2, check_tokens=32))
+
+
+def test_real_export_matches_pytorch(real_dir: Path) -> None:
+    manifest = json.loads((real_dir / "manifest.json").read_text())
+    fp32, int8 = manifest["parity"]["fp32"], manifest["parity"]["int8"]
+    print(f"fp32: {fp32}\nint8: {int8}")
+    assert max(fp32["prefill_max_abs"], fp32["ar_step_max_abs"], fp32["block_step_max_abs"]) < 1e-2
+    assert fp32["replies_identical"] == fp32["replies"]
+    assert manifest["config"]["mask_id"] == 49152
+    # int8 weights take the file to about a quarter of fp32
+    files = manifest["files"]
+    assert files["model.int8.onnx"]["bytes"] < 0.35 * files["model.onnx"]["bytes"]
+
+
+def test_the_int8_onnx_engine_answers(real_dir: Path) -> None:
+    gen = load_onnx_ar_generator(real_dir)
+    it = gen.generate([ChatMessage("user", "What is the capital of France?")], 32, lambda: False)
+    pieces: list[str] = []
+    while True:
+        try:
+            pieces.append(next(it))
+        except StopIteration as done:
+            stats = done.value
+            break
+    assert "Paris" in "".join(pieces)
+    assert stats.stopped_by == "end" and stats.forward_passes == stats.tokens + 1
