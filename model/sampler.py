@@ -59,7 +59,7 @@ class DiffusionConfig:
 
 @dataclass(frozen=True)
 class SamplerSettings:
-    block_size: int = 16
+    block_size: int = 8  # the block size model/train.py trains with
     rule: Rule = "threshold"
     threshold: float = 0.9  # "threshold": commit every masked position above it
     # "lowconf": steps per block, commits spread evenly. "threshold": the most steps a
