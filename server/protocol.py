@@ -91,6 +91,7 @@ class Ready:
     reply_engine: str = ""
     resume_token: str = ""  # send in a later start to continue this conversation
     resumed: bool = False  # this session continues an earlier conversation
+    history: int = 0  # messages of conversation the session starts with (when resumed)
 
 
 @dataclass(frozen=True)

@@ -408,6 +408,7 @@ class Session:
             reply_engine=engine,
             resume_token=token,
             resumed=resumed,
+            history=len(self.conversation),
         )
         return [Send(ready)]
 

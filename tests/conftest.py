@@ -1,4 +1,4 @@
-"""Fixtures shared by every test suite: synthesized speech and the real audio models.
+"""Fixtures shared by every test suite: speech, the real audio models, a real server.
 
 Real models are loaded once per test session; they are stateless between calls (the
 VAD keeps its state in a per-stream object), so sharing them is safe.
@@ -6,10 +6,12 @@ VAD keeps its state in a per-stream object), so sharing them is safe.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pytest
 
+from tests.serverproc import ServerProcess, start_server
 from tests.speech import SpeechFactory
 
 if TYPE_CHECKING:
@@ -36,3 +38,11 @@ def tiny() -> Transcriber:
     from audio.asr import load_transcriber
 
     return load_transcriber("tiny.en")
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """``python -m server.cli serve --port 0`` with the default models, one per test run."""
+    srv = start_server(tmp_path_factory.mktemp("server") / "server.log")
+    yield srv
+    srv.stop()

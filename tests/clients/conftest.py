@@ -14,9 +14,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.e2e.conftest import ServerProcess, server
+from tests.serverproc import ServerProcess
 
-__all__ = ["Proxy", "ServerProcess", "server"]
+__all__ = ["Proxy", "ServerProcess"]
 
 
 class Proxy:

@@ -14,7 +14,7 @@ import pytest
 from clients import devices
 from clients.common import Pcm, backoff, speech_bounds
 from clients.harness import Utterance, percentiles
-from tests.e2e.conftest import ROOT
+from tests.serverproc import ROOT
 from tests.speech import write_wav
 
 

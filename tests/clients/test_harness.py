@@ -9,10 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import ROOT
+from tests.serverproc import ROOT, ServerProcess
 from tests.speech import SpeechFactory, word_error_rate, write_wav
-
-from .conftest import ServerProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.models]
 

@@ -11,8 +11,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from server import protocol as p
-
-from .conftest import ServerProcess
+from tests.serverproc import ServerProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.models]
 

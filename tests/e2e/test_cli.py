@@ -12,8 +12,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from server import protocol as p
-
-from .conftest import ROOT, start_server
+from tests.serverproc import ROOT, start_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.models]
 

@@ -7,9 +7,8 @@ from pathlib import Path
 import pytest
 
 from clients import loadtest
+from tests.serverproc import ServerProcess
 from tests.speech import SpeechFactory, word_error_rate, write_wav
-
-from .conftest import ServerProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.models, pytest.mark.slow]
 

@@ -11,14 +11,13 @@ import numpy as np
 import pytest
 from websockets.asyncio.client import connect
 
-from audio.asr import Transcriber, load_transcriber
+from audio.asr import Transcriber
 from audio.resample import float32_to_int16, int16_to_float32
 from clients.common import Pcm, TurnAudio, read_wav
 from clients.glasses import first_turn, start_session, stream_audio
 from server import protocol as p
+from tests.serverproc import ROOT, ServerProcess
 from tests.speech import SpeechFactory, word_error_rate, write_wav
-
-from .conftest import ROOT, ServerProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.models]
 
@@ -29,14 +28,8 @@ def pcm(audio: np.ndarray) -> Pcm:
     return Pcm(float32_to_int16(audio), 16000)
 
 
-@pytest.fixture(scope="module")
-def listener() -> Transcriber:
-    """A second Whisper, in the test process, to hear what the server said."""
-    return load_transcriber("tiny.en")
-
-
 async def test_spoken_question_gets_an_intelligible_spoken_answer(
-    server: ServerProcess, speech: SpeechFactory, listener: Transcriber
+    server: ServerProcess, speech: SpeechFactory, tiny: Transcriber
 ) -> None:
     question = speech.piper(QUESTION, lead_s=0.5)
     async with connect(server.url) as ws:
@@ -53,7 +46,9 @@ async def test_spoken_question_gets_an_intelligible_spoken_answer(
     assert word_error_rate(QUESTION, result.transcript) <= 0.2, result.transcript
     assert result.reply.strip()
 
-    heard = listener.transcribe(int16_to_float32(np.frombuffer(result.audio, "<i2"))).text
+    heard = tiny.transcribe(  # a second Whisper, in the test process, hears the reply
+        int16_to_float32(np.frombuffer(result.audio, "<i2"))
+    ).text
     assert word_error_rate(result.reply, heard) <= 0.35, (result.reply, heard)
 
     metrics = next(m for m in result.events if isinstance(m, p.Metrics))

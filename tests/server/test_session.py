@@ -514,6 +514,7 @@ def test_ready_carries_a_resume_token_and_a_drop_parks_the_conversation() -> Non
     again.now = 30.0
     (ready,) = sent(again.send(p.Start(sample_rate=8000, resume_token="tok-1")))
     assert isinstance(ready, p.Ready) and ready.resumed and ready.resume_token == "tok-2"
+    assert ready.history == 2
     assert again.s.conversation == [
         ChatMessage("user", "My name is Ada."),
         ChatMessage("assistant", "Nice to"),  # only what was sent as audio

@@ -1,4 +1,4 @@
-"""A real Quicksilver server on a free loopback port, shared by the end-to-end tests.
+"""A real Quicksilver server process on a free loopback port, for end-to-end tests.
 
 The server runs as its own process (``python -m server.cli serve --port 0``) with the
 default offline models, exactly as a user starts it; the tests talk to it with real
@@ -13,13 +13,10 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 _URL = re.compile(r"listening on (ws://\S+)")
 
 
@@ -64,10 +61,3 @@ def start_server(log: Path, *args: str, timeout: float = 300) -> ServerProcess:
         proc.kill()
         raise RuntimeError(f"server did not start; its log:\n{log.read_text()[-4000:]}")
     return ServerProcess(proc, found[0], log)
-
-
-@pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    srv = start_server(tmp_path_factory.mktemp("server") / "server.log")
-    yield srv
-    srv.stop()
