@@ -105,8 +105,8 @@ def per_token(nlls: list[tuple[float, int]]) -> float:
 
 
 def cosine_similarities(embedder: Any, a: list[str], b: list[str]) -> list[float]:
-    ea = np.asarray(embedder.encode(a, normalize_embeddings=True))
-    eb = np.asarray(embedder.encode(b, normalize_embeddings=True))
+    ea = np.asarray(embedder.encode(a, normalize_embeddings=True, show_progress_bar=False))
+    eb = np.asarray(embedder.encode(b, normalize_embeddings=True, show_progress_bar=False))
     return [float(x) for x in (ea * eb).sum(-1)]
 
 
@@ -156,6 +156,18 @@ def diffusion_replies(backend, tok: Tokenizer, prompts, settings, opts: EvalOpti
         r.ids.append(ids)
         r.ended.append(stats.stopped_by == "end")
         r.passes.append(stats.forward_passes)
+    return r
+
+
+def from_references(refs: list[list[int]], end_id: int, max_tokens: int) -> Replies:
+    """Greedy replies written with a larger budget, cut to ``max_tokens``."""
+    r = Replies([], [], [])
+    for ids in refs:
+        body = ids[: ids.index(end_id)] if end_id in ids else ids
+        ended = end_id in ids and len(body) <= max_tokens
+        r.ids.append(body[:max_tokens])
+        r.ended.append(ended)
+        r.passes.append(min(len(body), max_tokens) + int(ended))  # + the pass that ended it
     return r
 
 
@@ -217,11 +229,7 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
     prompts = [prompt_ids(tok, q) for q in qs]
     log(f"{len(qs)} questions; adapter {folder}; block size {B}")
     if all(q in refs for q in qs):
-        greedy = Replies(
-            [[i for i in refs[q] if i != tok.im_end_id] for q in qs],
-            [tok.im_end_id in refs[q] for q in qs],
-            [len(refs[q]) for q in qs],
-        )
+        greedy = from_references([refs[q] for q in qs], tok.im_end_id, opts.max_tokens)
     else:
         greedy = ar_replies(ar, tok, prompts, opts, 0.0)
     ar.to(dtype)  # the references are written: sample and score faster

@@ -1,0 +1,56 @@
+"""quicksilver eval llm: the measures, and the command end to end on two questions."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from model.eval import Replies, distinct_bigrams, from_references, per_token, reply_nll
+from server.cli import main
+from tests.model.conftest import tiny_model, tiny_tokenizer
+
+
+def test_distinct_bigrams():
+    assert distinct_bigrams([1, 2, 3, 4]) == 1.0
+    assert distinct_bigrams([1, 2, 1, 2, 1]) == 0.5  # (1,2) (2,1) (1,2) (2,1)
+    assert distinct_bigrams([7]) == 1.0
+
+
+def test_references_are_cut_to_the_budget():
+    r = from_references([[5, 6, 2], [5, 6, 7, 8, 2], [5, 6, 7]], end_id=2, max_tokens=3)
+    assert r.ids == [[5, 6], [5, 6, 7], [5, 6, 7]]
+    assert r.ended == [True, False, False]
+    assert r.passes == [3, 3, 3]
+
+
+def test_reply_nll_is_teacher_forced_and_counts_the_end_token():
+    model, tok = tiny_model(), tiny_tokenizer()
+    prompts = [[5, 6, 7], [8, 9]]
+    r = Replies([[10, 11], [12]], [True, False], [3, 1])
+    got = reply_nll(model, tok, prompts, r, batch=2)
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([[5, 6, 7, 10, 11]])), -1)[0]
+    want = -(logp[2, 10] + logp[3, 11] + logp[4, tok.im_end_id])
+    assert got[0][1] == 3 and got[0][0] == pytest.approx(float(want), rel=1e-5)
+    assert got[1][1] == 1
+    assert per_token(got) == pytest.approx((got[0][0] + got[1][0]) / 4)
+
+
+@pytest.mark.models
+@pytest.mark.slow
+def test_eval_command_end_to_end(tmp_path, smollm2_gguf):
+    prompts = tmp_path / "q.txt"
+    prompts.write_text("What is the capital of France?\nName a fruit.\n")
+    out = tmp_path / "eval.json"
+    argv = ["eval", "llm", "--prompts", str(prompts), "--data", str(tmp_path / "none")]
+    argv += ["--max-tokens", "8", "--block-size", "4", "--threshold", "0.9", "--json", str(out)]
+    assert main(argv) == 0
+    report = json.loads(out.read_text())
+    s = report["summary"]
+    assert s["setting"] == "diffusion-B4-th0.9"
+    assert 0.0 <= s["clean_end_rate"] <= 1.0 and -1.0 <= s["similarity_median"] <= 1.0
+    assert s["nll_ar_sampled"] > 0 and s["passes_per_reply"] >= 2
+    assert len(report["replies"]["ar-greedy"]) == 2
+    assert set(s["goals"]) == {"nll_no_worse", "similarity_median", "clean_end_rate"}
