@@ -138,7 +138,12 @@ def decode_batch(
 
 
 def model_questions(
-    model: Llama, tok: Tokenizer, rng: random.Random, n: int, cfg: DataConfig
+    model: Llama,
+    tok: Tokenizer,
+    rng: random.Random,
+    n: int,
+    cfg: DataConfig,
+    log: Callable[[str], None] = print,
 ) -> list[str]:
     """Questions SmolLM2 writes itself, one per topic draw (seeded sampling)."""
     topics = json.loads(TEMPLATES_FILE.read_text())["topics_for_model_questions"]
@@ -156,6 +161,7 @@ def model_questions(
             q = tok.decode(ids).strip().split("\n")[0].strip().strip('"')
             if _is_question(q):
                 out.setdefault(q, None)
+        log(f"model-written questions: {len(out)} of {n}")
     return list(out)[:n]
 
 
@@ -164,13 +170,15 @@ def _is_question(q: str) -> bool:
     return 3 <= len(words) <= 16 and q.endswith("?") and ":" not in q and "assist" not in q
 
 
-def training_questions(model: Llama, tok: Tokenizer, cfg: DataConfig) -> list[tuple[str, str]]:
+def training_questions(
+    model: Llama, tok: Tokenizer, cfg: DataConfig, log: Callable[[str], None] = print
+) -> list[tuple[str, str]]:
     """(question, source) pairs, held-out questions removed, in a seeded order."""
     rng = random.Random(cfg.seed)
     templates = json.loads(TEMPLATES_FILE.read_text())
     n_model = round(cfg.n * cfg.model_share)
     held = {_norm(q) for q in read_heldout()}
-    pairs = [(q, "model") for q in model_questions(model, tok, rng, n_model, cfg)]
+    pairs = [(q, "model") for q in model_questions(model, tok, rng, n_model, cfg, log)]
     pairs += [(q, "template") for q in template_questions(rng, cfg.n - len(pairs), templates)]
     seen: set[str] = set(held)
     out = []
@@ -250,7 +258,7 @@ def make_dataset(
     else:
         held_ex = write_jsonl(held_file, answer_all(model, tok, held, cfg, log))
     model = model.to(getattr(torch, cfg.train_dtype))
-    questions = training_questions(model, tok, cfg)
+    questions = training_questions(model, tok, cfg, log)
     answered: list[Example] = []
     replies = answer_all(model, tok, questions, cfg, log)
     kept = (e for e in replies if not answered.append(e) and e.ended)  # type: ignore[func-returns-value]
