@@ -58,7 +58,8 @@ class LoRALinear(nn.Module):
         nn.init.kaiming_uniform_(self.lora_A, a=5**0.5)  # as nn.Linear (and peft) do
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.base(x) + self.scale * ((x @ self.lora_A.t()) @ self.lora_B.t())
+        A, B = self.lora_A.to(x.dtype), self.lora_B.to(x.dtype)  # fp32 masters, bf16 base
+        return self.base(x) + self.scale * ((x @ A.t()) @ B.t())
 
 
 def _parent(model: nn.Module, name: str) -> tuple[nn.Module, str]:

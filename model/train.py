@@ -1,20 +1,23 @@
 """Adapt SmolLM2-135M-Instruct to block diffusion: the training loop (nanoGPT style).
 
 Objective: the masked-diffusion loss (MDLM, Sahoo et al. 2024; LLaDA, Nie et al. 2025)
-in its block form (BD3-LM, Arriola et al. 2025; Fast-dLLM v2). Per example we pick one
-reply block b and a mask rate t ~ U(eps, 1]; each position of block b is replaced by
-the mask token with probability t. The input is
+in its block form (BD3-LM, Arriola et al. 2025; Fast-dLLM v2). Every reply block k gets
+its own mask rate t_k ~ U(eps, 1]; each of its positions is replaced by the mask token
+with probability t_k. As in BD3-LM's vectorised training, one sequence carries
 
-    [prompt (causal) | clean reply blocks < b | noised block b]
+    [prompt | clean reply | noised reply]
 
-under the contract's attention (model.diffusion.block_causal_mask: the prompt causal,
-every reply block bidirectional inside and causal across blocks), which is exactly what
-the sampler sees: the prompt prefilled causally, finished blocks committed, the noisy
-block attending to all of it and to itself. With Dream's logit shift (Ye et al. 2025)
-the token at position q is predicted by the logits of position q - 1. The loss is the
-cross-entropy on block b's masked positions weighted by 1/t, summed, and divided by the
-number of block positions in the batch (LLaDA's normalisation). A reply ends with
-<|im_end|> and the rest of its last block is filled with <|im_end|>, in the loss too
+with the noised copy at the same positions as the clean one, and an attention mask
+(:func:`doubled_mask`) that gives every position exactly what the sampler shows it
+(CONTRACT.md 3): the prompt causal, as prefilled; clean block k bidirectional inside and
+causal across blocks, as committed; noised block k the prompt, clean blocks < k and
+itself. So one pass trains every block. With Dream's logit shift (Ye et al. 2025) the
+token at a position is predicted by the row before it: inside a noised block the
+previous noised row, for a block's first position the last clean row before the block
+(the last prompt token for block 0), which is the sampler's last committed row. The
+loss is the cross-entropy on masked positions weighted by 1/t_k, summed, and divided by
+the reply positions in the batch (LLaDA's normalisation). A reply ends with <|im_end|>
+and the rest of its last block is filled with <|im_end|>, in the loss too
 (CONTRACT.md 4).
 
 Trainable: LoRA on q, k, v, o, gate, up, down (model.adapter) and the mask-token
@@ -37,7 +40,6 @@ import torch.nn.functional as F
 
 from model.adapter import attach_lora, base_manifest, extract_adapter, save_adapter
 from model.data import Example, prompt_ids, read_jsonl
-from model.diffusion import block_causal_mask
 from model.llama import Llama, rope_cos_sin
 from model.tokenizer import Tokenizer
 
@@ -63,7 +65,9 @@ class TrainConfig:
     time_limit_s: float = 0.0  # stop (and checkpoint) after this much wall time; 0: none
     seed: int = 1337
     threads: int = 2
-    bf16: bool = True  # autocast: ~3x faster matmuls on this CPU (AMX)
+    # frozen base in bf16 (LoRA and mask row stay fp32): ~2x faster here than fp32 and
+    # than autocast, which re-casts every frozen weight on every call
+    bf16: bool = True
     resume: bool = True
 
 
@@ -96,15 +100,47 @@ def noise_block(
     return torch.where(masked, mask_id, x0), masked
 
 
+def doubled_mask(P: int, R: int, B: int, T: int) -> torch.Tensor:
+    """Bool ``(T, T)`` attention over [prompt P | clean reply R | noised reply R | pad].
+
+    The contract's pattern (CONTRACT.md 3), written for every block at once (BD3-LM's
+    vectorised training): the prompt is causal; clean block k sees the prompt and clean
+    blocks <= k; noised block k sees the prompt, clean blocks < k and itself. Pad rows
+    see only themselves (no all-masked row); nothing real sees a pad.
+    """
+    i = torch.arange(T)
+    k = (i - P) % R // B  # block index of a reply position (clean or noised)
+    clean = (i >= P) & (i < P + R)
+    noised = (i >= P + R) & (i < P + 2 * R)
+    j = i[None, :]
+    sees_prompt_clean = j < torch.where(clean, P + (k + 1) * B, P + k * B)[:, None]
+    own = (j >= P + R + k[:, None] * B) & (j < P + R + (k[:, None] + 1) * B)
+    m = torch.where(clean[:, None], sees_prompt_clean, False)
+    m |= noised[:, None] & (sees_prompt_clean | own)
+    m |= (i < P)[:, None] & (j <= i[:, None])
+    return m | torch.eye(T, dtype=torch.bool)
+
+
 @dataclass
 class Batch:
-    idx: torch.Tensor  # (N, T) noised inputs
+    idx: torch.Tensor  # (N, T) [prompt | clean reply | noised reply | pad]
+    pos: torch.Tensor  # (N, T) positions: the noised copy sits where the clean one does
     attn: torch.Tensor  # (N, 1, T, T) bool
-    rows: torch.Tensor  # (M,) flat indices n*T + q - 1: the logits row predicting q
+    rows: torch.Tensor  # (M,) flat indices n*T + r: the logits row predicting a target
     targets: torch.Tensor  # (M,) clean tokens at the masked positions
-    weights: torch.Tensor  # (M,) 1/t of their example
-    n_positions: int  # block positions in the batch: the loss's denominator
+    weights: torch.Tensor  # (M,) 1/t of their block
+    n_positions: int  # reply positions in the batch: the loss's denominator
     n_tokens: int  # real (unpadded) input tokens
+
+
+def predictor_rows(P: int, R: int, B: int) -> torch.Tensor:
+    """For each noised reply position, the row whose logits predict it (Dream shift):
+    the previous noised row inside a block; for a block's first position the last clean
+    row before it (the last prompt token for block 0), as the sampler's committed prefix."""
+    u = torch.arange(R)
+    inside = P + R + u - 1
+    first = torch.where(u == 0, P - 1, P + u - 1)  # clean row just before the block
+    return torch.where(u % B == 0, first, inside)
 
 
 def make_batch(
@@ -114,31 +150,37 @@ def make_batch(
     gen: torch.Generator,
     t: torch.Tensor | None = None,
 ) -> Batch:
-    """One block per (prompt, padded reply): block index, t and masks from ``gen``."""
+    """Each (prompt, padded reply) as [prompt | clean reply | noised reply]; every reply
+    block gets its own mask rate t ~ draw_t (``t``: one rate per example, for tests)."""
     B = cfg.block_size
-    t = draw_t(len(items), cfg, gen) if t is None else t
-    seqs, masks, n_prompts = [], [], []
-    for (prompt, reply), ti in zip(items, t.tolist(), strict=True):
-        b = int(torch.randint(len(reply) // B, (1,), generator=gen))
-        x0 = torch.tensor(prompt + reply[: (b + 1) * B])
-        lo = len(prompt) + b * B
-        x, masked = noise_block(x0, lo, lo + B, ti, mask_id, gen)
-        seqs.append((x0, x))
-        masks.append(masked)
-        n_prompts.append(len(prompt))
-    T = max(len(x0) for x0, _ in seqs)
-    idx = torch.zeros(len(items), T, dtype=torch.long)
-    attn = torch.stack([block_causal_mask(p, T, B)[0] for p in n_prompts])  # (N, 1, T, T)
+    T = max(len(p) + 2 * len(r) for p, r in items)
+    N = len(items)
+    idx = torch.zeros(N, T, dtype=torch.long)
+    pos = torch.zeros(N, T, dtype=torch.long)
+    attn = torch.zeros(N, 1, T, T, dtype=torch.bool)
     rows, targets, weights = [], [], []
-    for n, ((x0, x), masked, ti) in enumerate(zip(seqs, masks, t.tolist(), strict=True)):
-        idx[n, : len(x)] = x
-        q = masked.nonzero()[:, 0]  # masked positions (all >= 1: inside the reply)
-        rows.append(n * T + q - 1)  # Dream shift: logits at q-1 predict q
+    for n, (prompt, reply) in enumerate(items):
+        P, R = len(prompt), len(reply)
+        x0 = torch.tensor(reply)
+        tb = draw_t(R // B, cfg, gen) if t is None else t[n].repeat(R // B)  # per block
+        masked = torch.rand(R, generator=gen) < tb.repeat_interleave(B)  # (R,)
+        noised = torch.where(masked, mask_id, x0)
+        idx[n, : P + 2 * R] = torch.cat((torch.tensor(prompt), x0, noised))
+        pos[n, : P + 2 * R] = torch.cat((torch.arange(P + R), torch.arange(P, P + R)))
+        attn[n, 0] = doubled_mask(P, R, B, T)
+        q = masked.nonzero()[:, 0]
+        rows.append(n * T + predictor_rows(P, R, B)[q])
         targets.append(x0[q])
-        weights.append(torch.full((len(q),), 1.0 / ti))
-    n_tokens = sum(len(x) for x, _ in seqs)
+        weights.append(1.0 / tb.repeat_interleave(B)[q])
     return Batch(
-        idx, attn, torch.cat(rows), torch.cat(targets), torch.cat(weights), B * len(items), n_tokens
+        idx,
+        pos,
+        attn,
+        torch.cat(rows),
+        torch.cat(targets),
+        torch.cat(weights),
+        sum(len(r) for _, r in items),
+        sum(len(p) + 2 * len(r) for p, r in items),
     )
 
 
@@ -151,7 +193,12 @@ def diffusion_loss(
 
 
 def forward_rows(
-    model: Llama, mask_emb: torch.Tensor, idx: torch.Tensor, attn: torch.Tensor, rows: torch.Tensor
+    model: Llama,
+    mask_emb: torch.Tensor,
+    idx: torch.Tensor,
+    pos: torch.Tensor,
+    attn: torch.Tensor,
+    rows: torch.Tensor,
 ) -> torch.Tensor:
     """Logits ``(M, V)`` at flat positions ``rows`` of ``idx (N, T)``, no cache.
 
@@ -162,7 +209,6 @@ def forward_rows(
     V = model.config.vocab_size
     x = F.embedding(idx.clamp(max=V - 1), model.tok_emb.weight)  # (N, T, C)
     x = torch.where((idx == V)[..., None], mask_emb.to(x.dtype), x)
-    pos = torch.arange(T).expand(N, T)
     rope = rope_cos_sin(pos, model.config.head_dim, model.config.rope_theta, x.dtype)
     for i, block in enumerate(model.blocks):
         x = block(x, rope, attn, None, i, True)
@@ -192,9 +238,9 @@ def heldout_batches(items, cfg: TrainConfig, mask_id: int) -> list[Batch]:
 
 def evaluate(model: Llama, mask_emb, batches: list[Batch], cfg: TrainConfig) -> float:
     total, n = 0.0, 0
-    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=cfg.bf16):
+    with torch.no_grad():
         for b in batches:
-            logits = forward_rows(model, mask_emb, b.idx, b.attn, b.rows)
+            logits = forward_rows(model, mask_emb, b.idx, b.pos, b.attn, b.rows)
             total += float(diffusion_loss(logits, b.targets, b.weights, 1)) / 1.0
             n += b.n_positions
     return total / n
@@ -214,8 +260,12 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 def build(cfg: TrainConfig, model: Llama):
     """LoRA on the frozen model, the mask row as a parameter, AdamW over both."""
     torch.manual_seed(cfg.seed)
+    mask_emb = torch.nn.Parameter(
+        model.tok_emb.weight[model.config.vocab_size].detach().float().clone()
+    )
+    if cfg.bf16:
+        model.to(torch.bfloat16)
     lora = attach_lora(model, cfg.rank, cfg.alpha)
-    mask_emb = torch.nn.Parameter(model.tok_emb.weight[model.config.vocab_size].detach().clone())
     opt = torch.optim.AdamW(
         [
             {"params": lora, "lr": cfg.lr, "weight_decay": cfg.weight_decay},
@@ -229,8 +279,7 @@ def build(cfg: TrainConfig, model: Llama):
 def train_step(model, mask_emb, opt, params, batch: Batch, cfg: TrainConfig, step: int) -> float:
     for g, base in zip(opt.param_groups, (cfg.lr, cfg.mask_lr), strict=True):
         g["lr"] = base * lr_at(step, cfg)
-    with torch.autocast("cpu", torch.bfloat16, enabled=cfg.bf16):
-        logits = forward_rows(model, mask_emb, batch.idx, batch.attn, batch.rows)
+    logits = forward_rows(model, mask_emb, batch.idx, batch.pos, batch.attn, batch.rows)
     loss = diffusion_loss(logits, batch.targets, batch.weights, batch.n_positions)
     opt.zero_grad(set_to_none=True)
     loss.backward()

@@ -21,6 +21,7 @@ from model.train import (
     noise_block,
     pad_reply,
     parse_overrides,
+    predictor_rows,
     train_step,
 )
 from tests.model.conftest import TINY
@@ -65,33 +66,39 @@ def test_loss_weights_masked_positions_by_one_over_t():
     assert float(diffusion_loss(logits, targets, weights, 4)) == pytest.approx(expected)
 
 
-def test_make_batch_rows_targets_and_weights():
-    # prompt of 3, reply of 2 blocks of 2; t = 1 masks the whole chosen block
+def test_make_batch_layout_rows_targets_and_weights():
+    # prompt of 3, reply of 2 blocks of 2; t = 1 masks every reply position
     cfg = TrainConfig(block_size=2)
     prompt, reply = [1, 2, 3], [10, 11, 12, 13]
     gen = torch.Generator().manual_seed(0)
     batch = make_batch([(prompt, reply)], cfg, MASK, gen, t=torch.tensor([1.0]))
-    T = batch.idx.shape[1]
-    b = (T - 3) // 2 - 1  # the block that was drawn
-    lo = 3 + 2 * b
-    assert batch.idx[0].tolist() == prompt + reply[: 2 * b] + [MASK, MASK]
-    assert batch.rows.tolist() == [lo - 1, lo]  # Dream shift: row q-1 predicts q
-    assert batch.targets.tolist() == reply[2 * b : 2 * b + 2]
-    assert batch.weights.tolist() == [1.0, 1.0]
-    assert batch.n_positions == 2
+    assert batch.idx[0].tolist() == prompt + reply + [MASK] * 4
+    assert batch.pos[0].tolist() == [0, 1, 2, 3, 4, 5, 6, 3, 4, 5, 6]  # noised copy in place
+    # Dream shift: block 0 from the last prompt row (2), then its own noised row (7);
+    # block 1 from the last clean row of block 0 (4), then its own noised row (9)
+    assert batch.rows.tolist() == [2, 7, 4, 9]
+    assert batch.targets.tolist() == reply
+    assert batch.weights.tolist() == [1.0] * 4
+    assert (batch.n_positions, batch.n_tokens) == (4, 11)
 
 
-def contract_mask(n_prompt: int, T: int, B: int) -> torch.Tensor:
-    """CONTRACT.md 3 written out by hand: prompt causal; reply block k sees the prompt,
-    blocks < k, and all of block k."""
+def contract_mask(P: int, R: int, B: int) -> torch.Tensor:
+    """CONTRACT.md 3 written out by hand for [prompt | clean reply | noised reply]:
+    prompt causal; clean block k sees the prompt and clean blocks <= k; noised block k
+    sees the prompt, clean blocks < k and its own noised block."""
+    T = P + 2 * R
     m = torch.zeros(T, T, dtype=torch.bool)
     for i in range(T):
         for j in range(T):
-            if i < n_prompt:
+            if i < P:
                 m[i, j] = j <= i
+            elif i < P + R:
+                k = (i - P) // B
+                m[i, j] = j < P + (k + 1) * B
             else:
-                k = (i - n_prompt) // B
-                m[i, j] = j < n_prompt + (k + 1) * B
+                k = (i - P - R) // B
+                own = P + R + k * B <= j < P + R + (k + 1) * B
+                m[i, j] = j < P + k * B or own
     return m
 
 
@@ -101,34 +108,38 @@ def test_attention_mask_is_the_contracts():
     gen = torch.Generator().manual_seed(3)
     batch = make_batch(items, cfg, MASK, gen)
     T = batch.idx.shape[1]
-    for n, (prompt, _) in enumerate(items):
-        assert torch.equal(batch.attn[n, 0], contract_mask(len(prompt), T, 4))
+    for n, (prompt, reply) in enumerate(items):
+        n_real = len(prompt) + 2 * len(reply)
+        real = batch.attn[n, 0, :n_real, :n_real]
+        assert torch.equal(real, contract_mask(len(prompt), len(reply), 4))
+        assert not batch.attn[n, 0, :n_real, n_real:].any()  # nothing real sees a pad
+        assert batch.attn[n, 0, n_real:, n_real:].equal(torch.eye(T - n_real, dtype=torch.bool))
 
 
 def test_training_logits_equal_the_samplers_cached_block_steps():
-    """Input [prompt | clean blocks | noised block] under the training mask gives the
-    logits the sampler computes: causal prefill, committed blocks, one block step."""
+    """For every block, the training pass predicts what the sampler would: causal
+    prefill, the clean blocks before it committed, one step over the noised block."""
     model = tiny_diffusion()
     B, prompt = 4, [5, 6, 7, 8, 9]
-    clean = [20, 21, 22, 23, 30, 31, 32, 33]
-    noised = [MASK, 41, MASK, MASK]
+    clean = [20, 21, 22, 23, 30, 31, 32, 33, 40, 41, 42, 43]
+    noised = [MASK, 21, MASK, MASK, 30, MASK, MASK, 33, MASK, MASK, MASK, MASK]
+    P, R = len(prompt), len(clean)
     idx = torch.tensor([prompt + clean + noised])
-    T = idx.shape[1]
-    attn = contract_mask(len(prompt), T, B)[None, None]
-    lo = len(prompt) + len(clean)
-    rows = torch.arange(lo - 1, lo + B - 1)  # predictions for the noised block
-    mask_emb = model.tok_emb.weight[MASK]
+    pos = torch.tensor([[*range(P + R), *range(P, P + R)]])
+    attn = contract_mask(P, R, B)[None, None]
+    rows = predictor_rows(P, R, B)
     with torch.no_grad():
-        got = forward_rows(model, mask_emb, idx, attn, rows)
+        got = forward_rows(model, model.tok_emb.weight[MASK], idx, pos, attn, rows)
     be = TorchBackend(model, max_len=64)
-    cache = be.new_cache()
     ids = lambda xs: np.array(xs, dtype=np.int64)  # noqa: E731
-    be.step(cache, ids(prompt), "causal", commit=True)
-    be.step(cache, ids(clean[:4]), "block", commit=True)
-    last = be.step(cache, ids(clean[4:]), "block", commit=True)[-1]
-    block = be.step(cache, ids(noised), "block", commit=False)
-    want = np.concatenate([last[None], block[:-1]])
-    np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-5)
+    for k in range(R // B):
+        cache = be.new_cache()
+        last = be.step(cache, ids(prompt), "causal", commit=True)[-1]
+        for c in range(k):
+            last = be.step(cache, ids(clean[c * B : (c + 1) * B]), "block", commit=True)[-1]
+        block = be.step(cache, ids(noised[k * B : (k + 1) * B]), "block", commit=False)
+        want = np.concatenate([last[None], block[:-1]])
+        np.testing.assert_allclose(got[k * B : (k + 1) * B].numpy(), want, rtol=1e-4, atol=1e-5)
 
 
 def test_loss_decreases_on_a_tiny_batch():
