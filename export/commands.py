@@ -36,6 +36,9 @@ def register(sub: Any) -> None:
     llm.add_argument("--prompts", type=int, default=20, help="how many of the fixed questions")
     llm.add_argument("--budgets", type=int, nargs="+", default=[32, 64])
     llm.add_argument("--no-torch", action="store_true", help="skip the PyTorch reference")
+    llm.add_argument(
+        "--torch-prompts", type=int, default=None, help="prompts for the PyTorch reference"
+    )
     llm.set_defaults(run=run_bench)
     llm.add_argument("--log-level", default="INFO")
 
@@ -76,6 +79,7 @@ def run_bench(args: argparse.Namespace) -> int:
         prompts=args.prompts,
         budgets=tuple(args.budgets),
         torch_reference=not args.no_torch,
+        torch_prompts=args.torch_prompts,
     )
     results = run_llm_bench(options)
     print_table(results)

@@ -115,7 +115,8 @@ def check_parity(
     memo: dict[tuple[int, ...], list[int]] | None = None,
 ) -> ParityReport:
     ref = reference_backend(model, backend.max_len)
-    prompts = [build_prompt(tok, [ChatMessage("user", q)], 1024) for q in QUESTIONS[:n_prompts]]
+    questions = QUESTIONS[: max(n_prompts, 1)]
+    prompts = [build_prompt(tok, [ChatMessage("user", q)], 1024) for q in questions]
     with torch.inference_mode():
         diffs = logit_diffs(ref, backend, prompts[0], model.config.vocab_size)
     if n_prompts == 0:  # logits only (fp16 on a CPU: ONNX Runtime runs it slowly)

@@ -20,7 +20,7 @@ def test_quicksilver_export_builds_a_model_directory(
 ) -> None:
     monkeypatch.setattr(export.build, "load_source", lambda adapter=None: tiny_source())
     out = tmp_path / "model"
-    assert main(["export", "--out", str(out), "--fp16"]) == 0
+    assert main(["export", "--out", str(out), "--int8", "--fp16"]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert set(manifest["files"]) == {
         "model.onnx",
@@ -50,15 +50,43 @@ def test_export_tensorrt_fails_plainly_without_tensorrt(
     assert not (tmp_path / "m").exists()
 
 
-def test_adapter_without_model_adapter_says_what_is_missing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import importlib.util
+def test_an_adapter_is_merged_before_export(tmp_path: Path) -> None:
+    """TRAINING's adapter (model/adapter.py): LoRA delta and mask row end up in the file."""
+    import torch
 
-    if importlib.util.find_spec("model.adapter") is not None:
-        pytest.skip("model/adapter.py has landed")
-    with pytest.raises(RuntimeError, match=r"model/adapter\.py"):
-        export.build.merge_adapter(tiny_source().model, tmp_path / "adapter")
+    adapter_mod = pytest.importorskip("model.adapter")
+    src = tiny_source()
+    C = TINY.n_embd
+    torch.manual_seed(1)
+    lora = {"blocks.0.attn.q_proj": (torch.randn(2, C), torch.randn(C, 2))}
+    mask = torch.randn(C)
+    adapter = adapter_mod.Adapter(2, 4.0, lora, mask, {"test": "tiny"})
+    adapter_mod.save_adapter(tmp_path / "adapter", adapter, torch.float32)
+    before = src.model.blocks[0].attn.q_proj.weight.detach().clone()
+    merged, info = export.build.merge_adapter(src.model, tmp_path / "adapter")
+    delta = merged.blocks[0].attn.q_proj.weight.detach() - before
+    torch.testing.assert_close(
+        delta, 2.0 * lora["blocks.0.attn.q_proj"][1] @ lora["blocks.0.attn.q_proj"][0]
+    )
+    torch.testing.assert_close(merged.tok_emb.weight[TINY.vocab_size].detach(), mask)
+    assert info["test"] == "tiny"
+    out = export.build.build_atomic(
+        tmp_path / "m",
+        export.build.BuildOptions(check=False),
+        export.build.Source(merged, src.tokenizer, {}),
+    )
+    b = ort_backend(out)
+    cache = b.new_cache()
+    got = b.step(cache, np.array([1, 2, TINY.vocab_size], np.int64), "block", False)
+    from tests.export.conftest import torch_backend
+
+    want = torch_backend(merged).step(
+        torch_backend(merged).new_cache(),
+        np.array([1, 2, TINY.vocab_size], np.int64),
+        "block",
+        False,
+    )
+    np.testing.assert_allclose(got, want, atol=1e-5)
 
 
 def test_flops_of_one_token_are_about_twice_the_parameters() -> None:
