@@ -33,6 +33,8 @@ T = TypeVar("T")
 # default once the trained adapter meets the quality bar (docs, TRAINING).
 ENGINES = ("smollm2-ar-onnx", "smollm2-ar", "diffusion-onnx", "diffusion")
 DEFAULT_ENGINE = "smollm2-ar-onnx"
+# The trained block-diffusion adapter shipped in the repository (docs/training.md).
+SHIPPED_ADAPTER = Path(__file__).resolve().parent.parent / "adapters"
 DEFAULT_ASR = "tiny.en"  # chosen by measured accuracy and latency: docs/audio.md
 
 
@@ -111,7 +113,8 @@ def load_engine(name: str, worker: Worker, cache_dir: Path | None = None) -> Rep
     if name == "diffusion":
         from model.diffusion_engine import load_diffusion_engine
 
-        engine: ReplyEngine = load_diffusion_engine(worker.executor)
+        adapter = SHIPPED_ADAPTER if (SHIPPED_ADAPTER / "manifest.json").is_file() else None
+        engine: ReplyEngine = load_diffusion_engine(worker.executor, adapter=adapter)
         return engine
     if name in ("smollm2-ar-onnx", "diffusion-onnx"):
         from export.engine import load_onnx_engine
