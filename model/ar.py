@@ -60,21 +60,26 @@ class ARGenerator:
         )
         decoder = tok.stream_decoder()
         tokens = greedy(self.model, prompt, max_tokens, tok.stop_ids, should_stop)
-        stats = yield from _decoded(tokens, decoder.push)
+        stats = yield from decoded(tokens, decoder.push)
         if stats.stopped_by != "cancel" and (rest := decoder.flush()):
             yield rest
         return stats
 
 
-def _decoded(
+def decoded(
     tokens: Generator[int, None, GenerationStats], push: Callable[[int], str]
 ) -> Generator[str, None, GenerationStats]:
-    """Text pieces for token ids, skipping the empty ones (partial UTF-8, specials)."""
+    """Text pieces for token ids, skipping the empty ones (partial UTF-8, specials).
+
+    Shared by every engine that decodes a token stream (AR here, diffusion in
+    model/diffusion_engine.py); returns the token stream's stats.
+    """
     while True:
         try:
             token = next(tokens)
         except StopIteration as done:
-            return done.value
+            stats: GenerationStats = done.value
+            return stats
         if piece := push(token):
             yield piece
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from model.ar import decoded
 from model.backend import StepBackend
 from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt
 from model.engine import ChatMessage, GenerationStats, ThreadedReplyEngine
@@ -159,7 +160,7 @@ class DiffusionGenerator:
             tokens = sample(
                 self.backend, prompt, self.model, opts.sampler, rng, max_tokens, should_stop, prefix
             )
-            stats = yield from _decoded(tokens, decoder.push)
+            stats = yield from decoded(tokens, decoder.push)
         finally:
             if prefix is not None:
                 self.prefixes.put(prompt, prefix.cache)
@@ -177,19 +178,6 @@ class DiffusionGenerator:
                 f"{self.backend.max_len}-position cache"
             )
         return min(max_tokens, blocks * B)
-
-
-def _decoded(
-    tokens: Generator[int, None, GenerationStats], push: Callable[[int], str]
-) -> Generator[str, None, GenerationStats]:
-    """Text pieces for token ids, skipping the empty ones (partial UTF-8, specials)."""
-    while True:
-        try:
-            token = next(tokens)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        if piece := push(token):
-            yield piece
 
 
 def load_diffusion_generator(
