@@ -14,12 +14,11 @@ from tests.export.conftest import ort_backend, torch_backend
 
 
 @pytest.fixture(params=["torch", "onnx"])
-def b(request: pytest.FixtureRequest, tiny_dir: Path, tiny_ref) -> StepBackend:
-    return (
-        torch_backend(tiny_ref, 32)
-        if request.param == "torch"
-        else ort_backend(tiny_dir, max_len=32)
-    )
+def b(request: pytest.FixtureRequest, tiny_ref) -> StepBackend:
+    """The StepBackend contract tests, for TorchBackend and OrtBackend alike."""
+    if request.param == "torch":
+        return torch_backend(tiny_ref, 32)
+    return ort_backend(request.getfixturevalue("tiny_dir"), max_len=32)
 
 
 def test_step_matches_one_pass_and_commit_grows_the_cache(b: StepBackend) -> None:
