@@ -32,7 +32,7 @@ from export.prompts import QUESTIONS
 from export.runtime import OrtBackend, RuntimeConfig
 from model.backend import Attend, StepBackend
 from model.chat import build_prompt
-from model.engine import ChatMessage, GenerationStats
+from model.engine import ChatMessage, GenerationStats, drain
 from model.generate import greedy
 from model.tokenizer import Tokenizer
 
@@ -127,15 +127,6 @@ def diffusion_decoder(tok: Tokenizer) -> Decoder:
     return run
 
 
-def _drain(gen: Generator[int, None, GenerationStats]) -> tuple[list[int], GenerationStats]:
-    out: list[int] = []
-    while True:
-        try:
-            out.append(next(gen))
-        except StopIteration as done:
-            return out, done.value
-
-
 def time_engine(
     backend: StepBackend,
     decode: Decoder,
@@ -145,7 +136,7 @@ def time_engine(
     dims: Dims,
 ) -> dict[str, Any]:
     counter = CountingBackend(backend)
-    _drain(decode(counter, prompts[0], budget))  # warm-up (allocations, first-run costs)
+    drain(decode(counter, prompts[0], budget))  # warm-up (allocations, first-run costs)
     times: list[float] = []
     tokens: list[int] = []
     passes: list[int] = []
@@ -154,7 +145,7 @@ def time_engine(
     for p in prompts:
         counter.steps.clear()
         t0 = time.perf_counter()
-        out, stats = _drain(decode(counter, p, budget))
+        out, stats = drain(decode(counter, p, budget))
         times.append(time.perf_counter() - t0)
         tokens.append(stats.tokens)
         passes.append(stats.forward_passes)

@@ -20,9 +20,10 @@ import threading
 from collections.abc import AsyncIterator, Callable, Generator, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVar
 
 Role = Literal["system", "user", "assistant"]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,17 @@ class TextGenerator(Protocol):
         max_tokens: int,
         should_stop: Callable[[], bool],
     ) -> Generator[str, None, GenerationStats]: ...
+
+
+def drain(gen: Generator[T, None, GenerationStats]) -> tuple[list[T], GenerationStats]:
+    """Run a token or text generator to its end: its items and the stats it returned."""
+    items: list[T] = []
+    while True:
+        try:
+            items.append(next(gen))
+        except StopIteration as done:
+            stats: GenerationStats = done.value
+            return items, stats
 
 
 class ReplyEngine(Protocol):

@@ -17,6 +17,7 @@ from model.engine import (
     Sentence,
     TextGenerator,
     ThreadedReplyEngine,
+    drain,
 )
 
 pytestmark = pytest.mark.models
@@ -29,15 +30,6 @@ LONG = [ChatMessage("user", "Can you tell me a fun fact about octopuses?")]
 @pytest.fixture(scope="module")
 def ar(smollm2_gguf) -> ARGenerator:
     return load_ar_generator(smollm2_gguf)
-
-
-def collect(gen: Generator[str, None, GenerationStats]) -> tuple[list[str], GenerationStats]:
-    pieces: list[str] = []
-    while True:
-        try:
-            pieces.append(next(gen))
-        except StopIteration as done:
-            return pieces, done.value
 
 
 class Recording:
@@ -59,7 +51,7 @@ class Recording:
 
 
 def test_capital_of_france(ar: ARGenerator) -> None:
-    pieces, stats = collect(ar.generate(FRANCE, 32, lambda: False))
+    pieces, stats = drain(ar.generate(FRANCE, 32, lambda: False))
     reply = "".join(pieces)
     assert "Paris" in reply
     assert stats.stopped_by == "end"
@@ -68,21 +60,21 @@ def test_capital_of_france(ar: ARGenerator) -> None:
 
 
 def test_budget_and_stop_flag(ar: ARGenerator) -> None:
-    _, stats = collect(ar.generate(LONG, 5, lambda: False))
+    _, stats = drain(ar.generate(LONG, 5, lambda: False))
     assert stats == GenerationStats(tokens=5, forward_passes=5, stopped_by="budget")
-    _, stats = collect(ar.generate(LONG, 64, lambda: True))
+    _, stats = drain(ar.generate(LONG, 64, lambda: True))
     assert stats == GenerationStats(tokens=0, forward_passes=0, stopped_by="cancel")
     seen: list[str] = []
     gen = ar.generate(LONG, 64, lambda: bool(seen))
     seen.append(next(gen))
-    _, stats = collect(gen)
+    _, stats = drain(gen)
     assert stats.stopped_by == "cancel" and stats.forward_passes == stats.tokens <= 2
 
 
 def test_concurrent_calls_do_not_interfere(ar: ARGenerator) -> None:
-    expected = "".join(collect(ar.generate(FRANCE, 16, lambda: False))[0])
+    expected = "".join(drain(ar.generate(FRANCE, 16, lambda: False))[0])
     with ThreadPoolExecutor(2) as pool:
-        reply = lambda: collect(ar.generate(FRANCE, 16, lambda: False))  # noqa: E731
+        reply = lambda: drain(ar.generate(FRANCE, 16, lambda: False))  # noqa: E731
         futures = [pool.submit(reply), pool.submit(reply)]
         replies = ["".join(f.result()[0]) for f in futures]
     assert replies == [expected, expected]

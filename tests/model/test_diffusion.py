@@ -25,7 +25,7 @@ from model.diffusion_engine import (
     load_diffusion_engine,
     smollm2_diffusion_config,
 )
-from model.engine import ChatMessage, GenerationStats, ReplyEnd, Sentence
+from model.engine import ChatMessage, ReplyEnd, Sentence, drain
 from model.llama import Llama, LlamaConfig
 from model.sampler import DiffusionConfig, SamplerSettings, sample
 from tests.model.conftest import tiny_tokenizer
@@ -72,15 +72,6 @@ class RecomputeBackend:
         if commit:
             cache["ids"], cache["prompt"] = seq, n_prompt
         return (logits[-1:] if last_only else logits).numpy()
-
-
-def collect(gen) -> tuple[list[int], GenerationStats]:  # type: ignore[no-untyped-def]
-    out: list[int] = []
-    while True:
-        try:
-            out.append(next(gen))
-        except StopIteration as done:
-            return out, done.value
 
 
 # ------------------------------------------------------------------ the model
@@ -143,7 +134,7 @@ def test_kv_cached_blocks_give_the_tokens_of_a_cache_free_recomputation(
     runs = []
     for backend in (TorchBackend(model, max_len=64), RecomputeBackend(model, settings.block_size)):
         gen = sample(backend, prompt, cfg, settings, np.random.default_rng(3), max_tokens=11)
-        runs.append(collect(gen))
+        runs.append(drain(gen))
     assert runs[0] == runs[1]
     assert runs[0][1].tokens > 4  # several blocks were decoded (a random model rarely ends)
 
@@ -157,12 +148,12 @@ def test_prefix_reuse_gives_the_tokens_of_a_cold_start() -> None:
 
     def reply(prompt: list[int], prefix: Any = None) -> list[int]:
         gen = sample(backend, prompt, cfg, s, np.random.default_rng(0), 8, prefix=prefix)
-        return collect(gen)[0]
+        return drain(gen)[0]
 
     cache = PrefixCache(backend, capacity=4)
     p = cache.take(first)
     assert p.length == 0
-    collect(sample(backend, first, cfg, s, np.random.default_rng(0), 8, prefix=p))
+    drain(sample(backend, first, cfg, s, np.random.default_rng(0), 8, prefix=p))
     cache.put(first, p.cache)
     warm = cache.take(second)
     assert warm.length == len(first)

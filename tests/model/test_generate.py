@@ -2,20 +2,11 @@ from __future__ import annotations
 
 import torch
 
-from model.engine import GenerationStats
+from model.engine import GenerationStats, drain
 from model.generate import greedy
 from tests.model.conftest import tiny_model
 
 PROMPT = [5, 17, 42, 7, 99, 3]
-
-
-def run(gen) -> tuple[list[int], GenerationStats]:
-    out: list[int] = []
-    while True:
-        try:
-            out.append(next(gen))
-        except StopIteration as done:
-            return out, done.value
 
 
 @torch.inference_mode()
@@ -28,17 +19,17 @@ def greedy_without_cache(model, prompt, n) -> list[int]:
 
 def test_cached_greedy_matches_recomputing_everything() -> None:
     model = tiny_model()
-    out, stats = run(greedy(model, PROMPT, 10, stop_ids=()))
+    out, stats = drain(greedy(model, PROMPT, 10, stop_ids=()))
     assert out == greedy_without_cache(model, PROMPT, 10)
     assert stats == GenerationStats(tokens=10, forward_passes=10, stopped_by="budget")
 
 
 def test_stops_at_a_stop_token_without_yielding_it() -> None:
     model = tiny_model()
-    free, _ = run(greedy(model, PROMPT, 10, stop_ids=()))
+    free, _ = drain(greedy(model, PROMPT, 10, stop_ids=()))
     stop = free[3]
     k = free.index(stop)  # first occurrence
-    out, stats = run(greedy(model, PROMPT, 10, stop_ids={stop}))
+    out, stats = drain(greedy(model, PROMPT, 10, stop_ids={stop}))
     assert out == free[:k]
     assert stats == GenerationStats(tokens=k, forward_passes=k + 1, stopped_by="end")
 
@@ -61,7 +52,7 @@ def test_should_stop_is_checked_before_every_pass() -> None:
 
 
 def test_should_stop_true_from_the_start_runs_nothing() -> None:
-    out, stats = run(greedy(tiny_model(), PROMPT, 50, stop_ids=(), should_stop=lambda: True))
+    out, stats = drain(greedy(tiny_model(), PROMPT, 50, stop_ids=(), should_stop=lambda: True))
     assert out == [] and stats == GenerationStats(0, 0, "cancel")
 
 
@@ -77,6 +68,6 @@ def test_cancel_stats() -> None:
 
 
 def test_budget() -> None:
-    out, stats = run(greedy(tiny_model(), PROMPT, 4, stop_ids=()))
+    out, stats = drain(greedy(tiny_model(), PROMPT, 4, stop_ids=()))
     assert len(out) == 4 and stats == GenerationStats(4, 4, "budget")
-    assert run(greedy(tiny_model(), PROMPT, 0, stop_ids=()))[1].stopped_by == "budget"
+    assert drain(greedy(tiny_model(), PROMPT, 0, stop_ids=()))[1].stopped_by == "budget"

@@ -7,13 +7,13 @@ model is. The real backends run the same loop in tests/model/test_diffusion.py.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pytest
 
-from model.engine import GenerationStats
+from model.engine import GenerationStats, drain
 from model.sampler import (
     DiffusionConfig,
     SamplerSettings,
@@ -70,15 +70,6 @@ class ScriptBackend:
 
     def denoise_inputs(self) -> list[list[int]]:
         return [ids for attend, commit, ids in self.calls if attend == "block" and not commit]
-
-
-def run(gen: Generator[int, None, GenerationStats]) -> tuple[list[int], GenerationStats]:
-    tokens: list[int] = []
-    while True:
-        try:
-            tokens.append(next(gen))
-        except StopIteration as done:
-            return tokens, done.value
 
 
 PROMPT = [7, 8, 9]
@@ -141,7 +132,7 @@ def test_cut_at_end_fills_everything_after_the_first_end() -> None:
 def test_lowconf_commits_one_position_per_step_most_confident_first() -> None:
     b = ScriptBackend([10, 11, 12, 13], [0.1, 0.9, 0.5, 0.7], len(PROMPT))
     s = SamplerSettings(block_size=4, rule="lowconf", steps_per_block=4)
-    tokens, stats = run(sample(b, PROMPT, MODEL, s, RNG(0), max_tokens=4))
+    tokens, stats = drain(sample(b, PROMPT, MODEL, s, RNG(0), max_tokens=4))
     M = MASK
     assert b.denoise_inputs() == [
         [M, M, M, M],
@@ -156,7 +147,7 @@ def test_lowconf_commits_one_position_per_step_most_confident_first() -> None:
 def test_threshold_commits_in_parallel_and_always_makes_progress() -> None:
     b = ScriptBackend([10, 11, 12, 13], [0.95, 0.2, 0.97, 0.3], len(PROMPT))
     s = SamplerSettings(block_size=4, rule="threshold", threshold=0.9, steps_per_block=8)
-    tokens, stats = run(sample(b, PROMPT, MODEL, s, RNG(0), max_tokens=4))
+    tokens, stats = drain(sample(b, PROMPT, MODEL, s, RNG(0), max_tokens=4))
     M = MASK
     assert b.denoise_inputs() == [[M, M, M, M], [10, M, 12, M], [10, M, 12, 13]]
     assert tokens == [10, 11, 12, 13] and stats.forward_passes == 1 + 3
@@ -165,7 +156,7 @@ def test_threshold_commits_in_parallel_and_always_makes_progress() -> None:
 def test_blocks_left_to_right_with_one_commit_pass_between() -> None:
     b = ScriptBackend(list(range(10, 18)), [0.99] * 8, len(PROMPT))
     s = SamplerSettings(block_size=4)
-    tokens, stats = run(sample(b, PROMPT, MODEL, s, RNG(0), max_tokens=8))
+    tokens, stats = drain(sample(b, PROMPT, MODEL, s, RNG(0), max_tokens=8))
     assert [(a, c) for a, c, _ in b.calls] == [
         ("causal", True),  # prompt prefill
         ("block", False),  # block 0, all above threshold at once
@@ -181,7 +172,7 @@ def test_end_token_stops_the_reply_and_nothing_after_it_is_generated() -> None:
     # and no second block starts although max_tokens allows three.
     b = ScriptBackend([10, 11, END, 13] + [14] * 8, [0.5, 0.6, 0.9, 0.8] + [0.9] * 8, 3)
     s = SamplerSettings(block_size=4, rule="lowconf", steps_per_block=4)
-    tokens, stats = run(sample(b, PROMPT, MODEL, s, RNG(0), max_tokens=12))
+    tokens, stats = drain(sample(b, PROMPT, MODEL, s, RNG(0), max_tokens=12))
     M = MASK
     assert b.denoise_inputs() == [[M, M, M, M], [M, M, END, END], [M, 11, END, END]]
     assert tokens == [10, 11]
@@ -191,14 +182,14 @@ def test_end_token_stops_the_reply_and_nothing_after_it_is_generated() -> None:
 
 def test_any_end_id_ends_the_reply() -> None:
     b = ScriptBackend([10, 3, 12, 13], [0.99] * 4, len(PROMPT))
-    tokens, stats = run(sample(b, PROMPT, MODEL, SamplerSettings(block_size=4), RNG(0), 4))
+    tokens, stats = drain(sample(b, PROMPT, MODEL, SamplerSettings(block_size=4), RNG(0), 4))
     assert tokens == [10] and stats.stopped_by == "end"
 
 
 def test_step_budget_forces_the_block_then_stops() -> None:
     b = ScriptBackend(list(range(10, 26)), [0.1] * 16, len(PROMPT))
     s = SamplerSettings(block_size=8, rule="threshold", steps_per_block=8, max_steps=3)
-    tokens, stats = run(sample(b, PROMPT, MODEL, s, RNG(0), max_tokens=16))
+    tokens, stats = drain(sample(b, PROMPT, MODEL, s, RNG(0), max_tokens=16))
     # one commit per step (nothing above threshold); the third step commits the rest
     assert len(b.denoise_inputs()) == 3
     assert tokens == list(range(10, 18)) and stats == GenerationStats(8, 1 + 3, "budget")
@@ -207,13 +198,13 @@ def test_step_budget_forces_the_block_then_stops() -> None:
 def test_steps_per_block_caps_a_threshold_block() -> None:
     b = ScriptBackend(list(range(10, 18)), [0.1] * 8, len(PROMPT))
     s = SamplerSettings(block_size=8, threshold=0.9, steps_per_block=2)
-    tokens, stats = run(sample(b, PROMPT, MODEL, s, RNG(0), max_tokens=8))
+    tokens, stats = drain(sample(b, PROMPT, MODEL, s, RNG(0), max_tokens=8))
     assert len(tokens) == 8 and stats.forward_passes == 1 + 2
 
 
 def test_max_tokens_inside_a_block_leaves_the_tail_masked_and_uncommitted() -> None:
     b = ScriptBackend(list(range(10, 18)), [0.99] * 8, len(PROMPT))
-    tokens, stats = run(sample(b, PROMPT, MODEL, SamplerSettings(block_size=8), RNG(0), 5))
+    tokens, stats = drain(sample(b, PROMPT, MODEL, SamplerSettings(block_size=8), RNG(0), 5))
     assert tokens == [10, 11, 12, 13, 14] and stats == GenerationStats(5, 2, "budget")
     assert b.denoise_inputs()[0] == [MASK] * 8  # the block keeps its full size
 
@@ -249,7 +240,7 @@ def test_shift_predicts_a_block_start_from_the_previous_pass() -> None:
 
     b = Shifted(list(range(10, 18)), [0.99] * 8, len(PROMPT))
     model = DiffusionConfig(MASK, frozenset({END}), "block", shift=True)
-    tokens, _ = run(sample(b, PROMPT, model, SamplerSettings(block_size=4), RNG(0), 8))
+    tokens, _ = drain(sample(b, PROMPT, model, SamplerSettings(block_size=4), RNG(0), 8))
     assert tokens == list(range(10, 18))
 
 
@@ -257,7 +248,7 @@ def test_cancel_stops_before_the_next_pass() -> None:
     b = ScriptBackend(list(range(10, 26)), [0.1] * 16, len(PROMPT))
     calls = iter(range(100))
     stop = lambda: next(calls) >= 3  # noqa: E731
-    tokens, stats = run(sample(b, PROMPT, MODEL, SamplerSettings(block_size=8), RNG(0), 16, stop))
+    tokens, stats = drain(sample(b, PROMPT, MODEL, SamplerSettings(block_size=8), RNG(0), 16, stop))
     assert stats.tokens == len(tokens) <= 2  # what was released before the stop
     assert stats.stopped_by == "cancel" and stats.forward_passes == 3 == len(b.calls)
 
@@ -265,15 +256,15 @@ def test_cancel_stops_before_the_next_pass() -> None:
 def test_sampling_is_deterministic_for_a_seed() -> None:
     b = ScriptBackend(list(range(10, 26)), [0.3] * 16, len(PROMPT))
     s = SamplerSettings(block_size=8, rule="lowconf", steps_per_block=4, temperature=1.0)
-    a1, _ = run(sample(b, PROMPT, MODEL, s, RNG(7), 16))
-    a2, _ = run(sample(b, PROMPT, MODEL, s, RNG(7), 16))
-    a3, _ = run(sample(b, PROMPT, MODEL, s, RNG(8), 16))
+    a1, _ = drain(sample(b, PROMPT, MODEL, s, RNG(7), 16))
+    a2, _ = drain(sample(b, PROMPT, MODEL, s, RNG(7), 16))
+    a3, _ = drain(sample(b, PROMPT, MODEL, s, RNG(8), 16))
     assert a1 == a2 and a1 != a3
 
 
 def test_the_mask_token_is_never_committed() -> None:
     b = ScriptBackend([MASK, 11, 12, 13], [0.99] * 4, len(PROMPT))
-    tokens, _ = run(sample(b, PROMPT, MODEL, SamplerSettings(block_size=4), RNG(0), 4))
+    tokens, _ = drain(sample(b, PROMPT, MODEL, SamplerSettings(block_size=4), RNG(0), 4))
     assert MASK not in tokens and len(tokens) == 4
 
 
@@ -287,7 +278,7 @@ def test_full_attention_reruns_prompt_and_reply_without_a_cache() -> None:
     b.prompt_len = 0  # rows are indexed from the prompt's first token
     b.rows = np.concatenate([np.zeros((len(PROMPT), V), np.float32), b.rows])
     model = DiffusionConfig(MASK, frozenset({END}), "full", shift=False)
-    tokens, stats = run(sample(b, PROMPT, model, SamplerSettings(block_size=4), RNG(0), 8))
+    tokens, stats = drain(sample(b, PROMPT, model, SamplerSettings(block_size=4), RNG(0), 8))
     assert tokens == list(range(10, 18)) and stats.forward_passes == 2
     assert all(len(ids) == len(PROMPT) + 8 for _, _, ids in b.calls)
 
