@@ -78,6 +78,11 @@ class KVCache:
     def max_len(self) -> int:
         return self.k.shape[3]
 
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Keep only these batch rows (a bool mask or indices): finished rows stop costing."""
+        self.k = self.k[:, rows]
+        self.v = self.v[:, rows]
+
     def extend(
         self, layer: int, k: torch.Tensor, v: torch.Tensor, commit: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -66,6 +66,20 @@ def test_batched_greedy_equals_one_at_a_time():
         assert ids == list(greedy(model, prompt, 8, stops))
 
 
+def test_finished_rows_leave_the_batch_without_changing_the_others():
+    """A row that ends early is dropped from the batch (and its cache rows with it)."""
+    model = tiny_model()
+    prompts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14], [15]]
+    free = [list(greedy(model, p, 8, set())) for p in prompts]
+    stop = free[1][2]  # row 1 ends at its third token, before the others
+    stops = {stop}
+    got = decode_batch(model, prompts, 8, stops)
+    want = [list(greedy(model, p, 8, stops)) for p in prompts]
+    assert [ids for ids, _ in got] == want
+    assert got[1][1] and len(got[1][0]) < 8
+    assert any(not ended for _, ended in got), "every row ended: compaction not exercised"
+
+
 def test_sampling_is_seeded():
     model = tiny_model()
     p = [[5, 6, 7], [8, 9]]
