@@ -48,6 +48,7 @@ class EvalOptions:
     thresholds: tuple[float, ...] = ()  # () = (0.9,)
     block_size: int | None = None  # None: the adapter's
     steps_per_block: int | None = None  # None: block_size (one commit per step at worst)
+    fallback: str = "confident"  # the threshold rule's forced commit: model/sampler.py
     seed: int = 0
     threads: int = 2
     dtype: str = "bfloat16"  # replies and scoring; the AR greedy reference stays fp32
@@ -254,9 +255,10 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
             threshold=th,
             steps_per_block=opts.steps_per_block or B,
             max_steps=opts.max_tokens * 2,
+            fallback=opts.fallback,  # type: ignore[arg-type]
         )
         r = diffusion_replies(backend, tok, prompts, settings, opts)
-        name = f"diffusion-B{B}-th{th}"
+        name = f"diffusion-B{B}-th{th}" + ("-left" if opts.fallback == "leftmost" else "")
         rows.append(score(name, r, True))
         samples[name] = text(r)
         log(f"{name}: {rows[-1]}  ({time.perf_counter() - t0:.0f} s)")

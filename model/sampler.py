@@ -10,7 +10,10 @@ Which ones commit is the *commit rule*, a pure function (:func:`decide`):
   a block takes exactly ``steps_per_block`` steps.
 * ``"threshold"``, confidence-aware parallel decoding (Fast-dLLM, Wu et al. 2025): every
   masked position whose confidence exceeds ``threshold``, and at least the most
-  confident one, so a step always makes progress.
+  confident one, so a step always makes progress. With ``fallback="leftmost"`` the
+  forced commit is the leftmost masked position instead: with the logit shift it is
+  the one predicted from committed tokens only, so a block that is not confident is
+  written left to right, like the model it was adapted from.
 
 With ``attention="block"`` (BD3-LM, Arriola et al. 2025; Fast-dLLM v2) the prompt is
 prefilled causally into the KV cache once, each noisy block attends to the cache and
@@ -43,6 +46,7 @@ from model.backend import StepBackend
 from model.engine import GenerationStats
 
 Rule = Literal["threshold", "lowconf"]
+Fallback = Literal["confident", "leftmost"]
 Attention = Literal["block", "full"]
 Ids = NDArray[np.int64]
 
@@ -62,6 +66,8 @@ class SamplerSettings:
     block_size: int = 8  # the block size model/train.py trains with
     rule: Rule = "threshold"
     threshold: float = 0.9  # "threshold": commit every masked position above it
+    # "threshold": the position committed when none is above it (at least one per step)
+    fallback: Fallback = "confident"
     # "lowconf": steps per block, commits spread evenly. "threshold": the most steps a
     # block may take; its last step commits whatever is still masked.
     steps_per_block: int = 8
@@ -73,6 +79,8 @@ class SamplerSettings:
             raise ValueError(f"block_size, steps_per_block, max_steps must be >= 1: {self}")
         if self.rule not in ("threshold", "lowconf"):
             raise ValueError(f"unknown commit rule {self.rule!r}")
+        if self.fallback not in ("confident", "leftmost"):
+            raise ValueError(f"unknown fallback {self.fallback!r}")
 
 
 @dataclass(frozen=True)
@@ -110,14 +118,18 @@ def choose(
     masked: NDArray[np.bool_],
     n: int | None = None,
     threshold: float | None = None,
+    fallback: Fallback = "confident",
 ) -> Ids:
     """Positions to commit, ascending: the ``n`` most confident masked ones, or every
-    masked one with confidence > ``threshold`` and at least the most confident one.
-    Ties go to the leftmost position."""
+    masked one with confidence > ``threshold`` and at least one more: the most confident
+    (``fallback="confident"``) or the leftmost (``"leftmost"``). Ties go to the leftmost."""
     cand = np.flatnonzero(masked)
     order = cand[np.argsort(-confidence[cand], kind="stable")]
     if threshold is not None:
-        n = max(1, int((confidence[cand] > threshold).sum()))
+        above = cand[confidence[cand] > threshold]
+        if above.size == 0 and fallback == "leftmost":
+            return cand[:1]
+        n = max(1, above.size)
     assert n is not None, "choose needs n or threshold"
     return np.sort(order[: min(n, cand.size)])
 
@@ -142,7 +154,7 @@ def decide(
     elif settings.rule == "lowconf":
         pick = choose(conf, every, n=math.ceil(where.size / steps_left))
     else:
-        pick = choose(conf, every, threshold=settings.threshold)
+        pick = choose(conf, every, threshold=settings.threshold, fallback=settings.fallback)
     return where[pick], tokens[pick]
 
 

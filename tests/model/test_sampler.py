@@ -95,6 +95,15 @@ def test_choose_threshold_commits_all_above_and_at_least_one() -> None:
     assert choose(conf, np.array([False, True, False, True]), threshold=0.9).tolist() == [3]
 
 
+def test_choose_threshold_leftmost_fallback() -> None:
+    conf = np.array([0.3, 0.2, 0.97, 0.95], np.float32)
+    masked = np.ones(4, bool)
+    left = dict(fallback="leftmost")
+    assert choose(conf, masked, threshold=0.9, **left).tolist() == [2, 3]  # above: as before
+    assert choose(conf, masked, threshold=0.99, **left).tolist() == [0]  # none: the leftmost
+    assert choose(conf, np.array([False, True, True, False]), threshold=0.99, **left).tolist() == [1]
+
+
 def test_propose_is_greedy_at_zero_temperature_with_softmax_confidence() -> None:
     logits = np.stack([confident_logits(5, 0.7), confident_logits(9, 0.2)])
     tokens, conf = propose(logits, 0.0, RNG(0))
@@ -151,6 +160,15 @@ def test_threshold_commits_in_parallel_and_always_makes_progress() -> None:
     M = MASK
     assert b.denoise_inputs() == [[M, M, M, M], [10, M, 12, M], [10, M, 12, 13]]
     assert tokens == [10, 11, 12, 13] and stats.forward_passes == 1 + 3
+
+
+def test_threshold_with_leftmost_fallback_writes_an_unsure_block_left_to_right() -> None:
+    b = ScriptBackend([10, 11, 12, 13], [0.2, 0.3, 0.97, 0.5], len(PROMPT))
+    s = SamplerSettings(block_size=4, threshold=0.9, steps_per_block=8, fallback="leftmost")
+    tokens, _ = drain(sample(b, PROMPT, MODEL, s, RNG(0), max_tokens=4))
+    M = MASK
+    assert b.denoise_inputs() == [[M, M, M, M], [M, M, 12, M], [10, M, 12, M], [10, 11, 12, M]]
+    assert tokens == [10, 11, 12, 13]
 
 
 def test_blocks_left_to_right_with_one_commit_pass_between() -> None:
@@ -288,3 +306,5 @@ def test_settings_are_validated() -> None:
         SamplerSettings(block_size=0)
     with pytest.raises(ValueError):
         SamplerSettings(rule="topk")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        SamplerSettings(fallback="random")  # type: ignore[arg-type]
