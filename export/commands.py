@@ -17,7 +17,12 @@ from export.modeldir import default_model_dir
 
 def register(sub: Any) -> None:
     ex = sub.add_parser("export", help="export the reply model to ONNX (int8, fp16, TensorRT)")
-    ex.add_argument("--out", type=Path, default=None, help="model directory (default: cache)")
+    ex.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="model directory (default: in the cache, per adapter)",
+    )
     ex.add_argument("--cache-dir", type=Path, default=None)
     ex.add_argument("--adapter", type=Path, default=None, help="TRAINING's adapter to merge")
     ex.add_argument("--int8", action="store_true", help="int8 model for the CPU (default)")
@@ -47,7 +52,7 @@ def run_export(args: argparse.Namespace) -> int:
     from export.build import BuildOptions, build_atomic
     from export.tensorrt import TensorRTUnavailableError
 
-    out: Path = args.out or default_model_dir(args.cache_dir)
+    out: Path = args.out or default_model_dir(args.cache_dir, args.adapter)
     options = BuildOptions(
         adapter=args.adapter,
         int8=args.int8 or not (args.fp16 or args.tensorrt),

@@ -9,6 +9,7 @@ with a manifest is complete. Reading one needs no torch; building one does
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -36,10 +37,20 @@ def default_cache_dir() -> Path:
     return Path("~/.cache/quicksilver").expanduser()
 
 
-def default_model_dir(cache_dir: Path | None = None) -> Path:
-    """``<cache>/models/smollm2-135m-instruct-onnx-v1``: the serving default's home."""
+def default_model_dir(cache_dir: Path | None = None, adapter: Path | None = None) -> Path:
+    """``<cache>/models/smollm2-135m-instruct-onnx-v1``: the serving default's home; with
+    an adapter, a directory named after the adapter's weights (a retrained adapter is
+    built afresh, never mistaken for an older one)."""
     root = cache_dir.expanduser() if cache_dir is not None else default_cache_dir()
-    return root / "models" / DEFAULT_NAME
+    return root / "models" / (adapter_model_name(adapter) if adapter else DEFAULT_NAME)
+
+
+def adapter_model_name(adapter: Path) -> str:
+    weights = adapter / "adapter.safetensors"
+    if not weights.is_file():
+        raise FileNotFoundError(f"{adapter} holds no adapter.safetensors (`quicksilver train`)")
+    digest = hashlib.sha256(weights.read_bytes()).hexdigest()[:12]
+    return f"smollm2-135m-diffusion-{digest}-onnx-v{FORMAT_VERSION}"
 
 
 def read_manifest(model_dir: Path) -> dict[str, Any]:
@@ -71,12 +82,15 @@ def load_tokenizer(model_dir: Path) -> Tokenizer:
     return Tokenizer(TokenizerData(**data))
 
 
-def ensure_model_dir(cache_dir: Path | None = None, variant: Variant = "int8") -> Path:
-    """The default model directory, built on first use (needs torch, about a minute).
+def ensure_model_dir(
+    cache_dir: Path | None = None, variant: Variant = "int8", adapter: Path | None = None
+) -> Path:
+    """The default model directory (with ``adapter`` merged, its own directory), built
+    on first use (needs torch, about a minute).
 
     Later calls find it complete and return at once, without importing torch.
     """
-    model_dir = default_model_dir(cache_dir)
+    model_dir = default_model_dir(cache_dir, adapter)
     if is_complete(model_dir, variant):
         return model_dir
     try:
@@ -96,6 +110,7 @@ def ensure_model_dir(cache_dir: Path | None = None, variant: Variant = "int8") -
     # A light parity check (one reply) keeps the first start short; `quicksilver
     # export` checks more.
     options = BuildOptions(
+        adapter=adapter,
         int8=variant == "int8",
         fp16=variant == "fp16",
         keep_fp32=False,

@@ -104,6 +104,11 @@ def load_runtime(options: RuntimeOptions) -> Runtime:
     return Runtime(vad, asr, tts, reply, options.asr, options.max_reply_tokens, workers)
 
 
+def shipped_adapter() -> Path | None:
+    """``adapters/`` when the repository holds a trained adapter."""
+    return SHIPPED_ADAPTER if (SHIPPED_ADAPTER / "manifest.json").is_file() else None
+
+
 def load_engine(name: str, worker: Worker, cache_dir: Path | None = None) -> ReplyEngine:
     """The reply engine ``name``; only the PyTorch engines import torch."""
     if name == "smollm2-ar":
@@ -113,12 +118,13 @@ def load_engine(name: str, worker: Worker, cache_dir: Path | None = None) -> Rep
     if name == "diffusion":
         from model.diffusion_engine import load_diffusion_engine
 
-        adapter = SHIPPED_ADAPTER if (SHIPPED_ADAPTER / "manifest.json").is_file() else None
-        engine: ReplyEngine = load_diffusion_engine(worker.executor, adapter=adapter)
+        engine: ReplyEngine = load_diffusion_engine(worker.executor, adapter=shipped_adapter())
         return engine
     if name in ("smollm2-ar-onnx", "diffusion-onnx"):
         from export.engine import load_onnx_engine
         from export.modeldir import ensure_model_dir
 
-        return load_onnx_engine(name, worker.executor, ensure_model_dir(cache_dir))
+        # the diffusion engine serves base + shipped adapter, built into its own directory
+        adapter = shipped_adapter() if name == "diffusion-onnx" else None
+        return load_onnx_engine(name, worker.executor, ensure_model_dir(cache_dir, adapter=adapter))
     raise ValueError(f"unknown reply engine {name!r}; choose one of {', '.join(ENGINES)}")

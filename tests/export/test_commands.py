@@ -10,7 +10,13 @@ import pytest
 
 import export.build
 from export.bench import CountingBackend, Dims, ar_decoder, step_flops, time_engine
-from export.modeldir import is_complete, load_tokenizer
+from export.modeldir import (
+    DEFAULT_NAME,
+    default_model_dir,
+    ensure_model_dir,
+    is_complete,
+    load_tokenizer,
+)
 from server.cli import main
 from tests.export.conftest import TINY, ort_backend, tiny_source
 
@@ -35,6 +41,33 @@ def test_quicksilver_export_builds_a_model_directory(
     assert is_complete(out) and load_tokenizer(out).im_end_id == 2
     assert "exported to" in capsys.readouterr().out
     assert not list(tmp_path.glob(".model.*"))  # the temporary build directory is gone
+
+
+def test_an_adapter_gets_its_own_cached_model_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """diffusion-onnx serves base + adapter: built once per adapter file, by its digest."""
+    seen: list[Path | None] = []
+
+    def source(adapter: Path | None = None) -> export.build.Source:
+        seen.append(adapter)
+        return tiny_source()
+
+    monkeypatch.setattr(export.build, "load_source", source)
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter.safetensors").write_bytes(b"weights one")
+    cache = tmp_path / "cache"
+    built = ensure_model_dir(cache, adapter=adapter)
+    assert built.parent == cache / "models" and built.name != DEFAULT_NAME
+    assert built.name.startswith("smollm2-135m-diffusion-") and is_complete(built)
+    assert seen == [adapter]
+    assert ensure_model_dir(cache, adapter=adapter) == built and len(seen) == 1  # cached
+    (adapter / "adapter.safetensors").write_bytes(b"weights two")
+    assert default_model_dir(cache, adapter) != built  # a retrained adapter: a new build
+    assert default_model_dir(cache).name == DEFAULT_NAME
+    with pytest.raises(FileNotFoundError, match=r"no adapter\.safetensors"):
+        default_model_dir(cache, tmp_path)
 
 
 def test_export_tensorrt_fails_plainly_without_tensorrt(
