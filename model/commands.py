@@ -45,7 +45,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     llm.add_argument("--threshold", type=float, action="append", default=None)
     llm.add_argument("--block-size", type=int, default=None)
     llm.add_argument("--steps-per-block", type=int, default=None)
-    llm.add_argument("--fallback", default="confident", choices=("confident", "leftmost"))
+    llm.add_argument(
+        "--onnx", type=Path, default=None, help="exported model dir: diffusion replies in int8 ONNX"
+    )
+    llm.add_argument(
+        "--fallback",
+        action="append",
+        choices=("confident", "leftmost"),
+        help="the threshold rule's forced commit (repeatable; default: confident)",
+    )
     llm.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
     llm.add_argument("--seed", type=int, default=0)
     llm.add_argument("--threads", type=int, default=2)
@@ -94,7 +102,8 @@ def _eval_llm(args: argparse.Namespace) -> int:
         thresholds=tuple(args.threshold or ()),
         block_size=args.block_size,
         steps_per_block=args.steps_per_block,
-        fallback=args.fallback,
+        fallbacks=tuple(args.fallback or ("confident",)),
+        onnx=args.onnx,
         dtype=args.dtype,
         seed=args.seed,
         threads=args.threads,

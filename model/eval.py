@@ -48,7 +48,11 @@ class EvalOptions:
     thresholds: tuple[float, ...] = ()  # () = (0.9,)
     block_size: int | None = None  # None: the adapter's
     steps_per_block: int | None = None  # None: block_size (one commit per step at worst)
-    fallback: str = "confident"  # the threshold rule's forced commit: model/sampler.py
+    # the threshold rule's forced commit (model/sampler.py); each is run at each threshold
+    fallbacks: tuple[str, ...] = ("confident",)
+    # an exported model directory (`quicksilver export --adapter ...`): the diffusion
+    # replies come from its int8 graph in ONNX Runtime, as served, instead of PyTorch
+    onnx: Path | None = None
     seed: int = 0
     threads: int = 2
     dtype: str = "bfloat16"  # replies and scoring; the AR greedy reference stays fp32
@@ -224,7 +228,7 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
     adapter = load_adapter(folder) if folder else None
     B = opts.block_size or (adapter.manifest.get("block_size", 8) if adapter else 8)
     dtype = getattr(torch, opts.dtype)
-    diff = load_smollm2_diffusion(f, adapter, dtype)
+    diff = None if opts.onnx else load_smollm2_diffusion(f, adapter, dtype)
 
     qs, refs = questions_and_references(opts)
     prompts = [prompt_ids(tok, q) for q in qs]
@@ -247,18 +251,29 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
 
     rows = [score("ar-greedy", greedy, False), score(f"ar-t{opts.ar_temperature}", sampled, True)]
     samples: dict[str, list[str]] = {"ar-greedy": ref_text, "ar-sampled": text(sampled)}
-    backend = TorchBackend(diff, max_len=max(len(p) for p in prompts) + opts.max_tokens + B)
-    for th in opts.thresholds or (0.9,):
+    max_len = max(len(p) for p in prompts) + opts.max_tokens + B
+    if opts.onnx:
+        from export.engine import load_onnx_backend
+        from export.runtime import RuntimeConfig
+
+        backend: Any = load_onnx_backend(
+            opts.onnx, "int8", RuntimeConfig(max_len=max_len, threads=opts.threads)
+        )
+        runtime = "onnx-int8"
+    else:
+        backend, runtime = TorchBackend(diff, max_len=max_len), f"torch-{opts.dtype}"
+    for fallback, th in itertools.product(opts.fallbacks, opts.thresholds or (0.9,)):
         settings = SamplerSettings(
             block_size=B,
             rule="threshold",
             threshold=th,
             steps_per_block=opts.steps_per_block or B,
             max_steps=opts.max_tokens * 2,
-            fallback=opts.fallback,  # type: ignore[arg-type]
+            fallback=fallback,  # type: ignore[arg-type]
         )
         r = diffusion_replies(backend, tok, prompts, settings, opts)
-        name = f"diffusion-B{B}-th{th}" + ("-left" if opts.fallback == "leftmost" else "")
+        name = f"diffusion-B{B}-th{th}" + ("-left" if fallback == "leftmost" else "")
+        name += "-onnx-int8" if opts.onnx else ""
         rows.append(score(name, r, True))
         samples[name] = text(r)
         log(f"{name}: {rows[-1]}  ({time.perf_counter() - t0:.0f} s)")
@@ -266,6 +281,7 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
         "questions": qs,
         "adapter": str(folder) if folder else None,
         "adapter_manifest": adapter.manifest if adapter else None,
+        "diffusion_runtime": runtime,
         "rows": rows,
         "replies": samples,
         "summary": headline(rows),

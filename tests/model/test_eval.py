@@ -54,3 +54,20 @@ def test_eval_command_end_to_end(tmp_path, smollm2_gguf):
     assert s["nll_ar_sampled"] > 0 and s["passes_per_reply"] >= 2
     assert len(report["replies"]["ar-greedy"]) == 2
     assert set(s["goals"]) == {"nll_no_worse", "similarity_median", "clean_end_rate"}
+
+
+def test_eval_scores_the_exported_int8_model(tmp_path, smollm2_gguf):
+    """--onnx: the diffusion replies come from the served int8 graph, not PyTorch."""
+    from export.modeldir import ensure_model_dir
+
+    model_dir = ensure_model_dir()  # the serving default's directory, built once
+    prompts = tmp_path / "q.txt"
+    prompts.write_text("Name a fruit.\n")
+    out = tmp_path / "eval.json"
+    argv = ["eval", "llm", "--prompts", str(prompts), "--data", str(tmp_path / "none")]
+    argv += ["--max-tokens", "8", "--block-size", "4", "--onnx", str(model_dir)]
+    assert main([*argv, "--fallback", "leftmost", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["diffusion_runtime"] == "onnx-int8"
+    assert report["summary"]["setting"] == "diffusion-B4-th0.9-left-onnx-int8"
+    assert report["summary"]["passes_per_reply"] >= 2

@@ -101,7 +101,9 @@ def test_choose_threshold_leftmost_fallback() -> None:
     left = dict(fallback="leftmost")
     assert choose(conf, masked, threshold=0.9, **left).tolist() == [2, 3]  # above: as before
     assert choose(conf, masked, threshold=0.99, **left).tolist() == [0]  # none: the leftmost
-    assert choose(conf, np.array([False, True, True, False]), threshold=0.99, **left).tolist() == [1]
+    assert choose(conf, np.array([False, True, True, False]), threshold=0.99, **left).tolist() == [
+        1
+    ]
 
 
 def test_propose_is_greedy_at_zero_temperature_with_softmax_confidence() -> None:
