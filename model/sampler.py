@@ -66,8 +66,9 @@ class SamplerSettings:
     block_size: int = 8  # the block size model/train.py trains with
     rule: Rule = "threshold"
     threshold: float = 0.9  # "threshold": commit every masked position above it
-    # "threshold": the position committed when none is above it (at least one per step)
-    fallback: Fallback = "confident"
+    # "threshold": the position committed when none is above it (at least one per step);
+    # "leftmost" scores best on quality with the shipped adapter (docs/training.md)
+    fallback: Fallback = "leftmost"
     # "lowconf": steps per block, commits spread evenly. "threshold": the most steps a
     # block may take; its last step commits whatever is still masked.
     steps_per_block: int = 8

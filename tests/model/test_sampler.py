@@ -157,7 +157,7 @@ def test_lowconf_commits_one_position_per_step_most_confident_first() -> None:
 
 def test_threshold_commits_in_parallel_and_always_makes_progress() -> None:
     b = ScriptBackend([10, 11, 12, 13], [0.95, 0.2, 0.97, 0.3], len(PROMPT))
-    s = SamplerSettings(block_size=4, rule="threshold", threshold=0.9, steps_per_block=8)
+    s = SamplerSettings(block_size=4, threshold=0.9, steps_per_block=8, fallback="confident")
     tokens, stats = drain(sample(b, PROMPT, MODEL, s, RNG(0), max_tokens=4))
     M = MASK
     assert b.denoise_inputs() == [[M, M, M, M], [10, M, 12, M], [10, M, 12, 13]]
