@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--fallback",
         action="append",
         choices=("confident", "leftmost"),
-        help="the threshold rule's forced commit (repeatable; default: confident)",
+        help="the threshold rule's forced commit (repeatable; default: the engines')",
     )
     llm.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
     llm.add_argument("--seed", type=int, default=0)
@@ -102,7 +102,7 @@ def _eval_llm(args: argparse.Namespace) -> int:
         thresholds=tuple(args.threshold or ()),
         block_size=args.block_size,
         steps_per_block=args.steps_per_block,
-        fallbacks=tuple(args.fallback or ("confident",)),
+        fallbacks=tuple(args.fallback or ()),
         onnx=args.onnx,
         dtype=args.dtype,
         seed=args.seed,

@@ -46,10 +46,10 @@ class EvalOptions:
     limit: int | None = None
     max_tokens: int = 64
     thresholds: tuple[float, ...] = ()  # () = (0.9,)
-    block_size: int | None = None  # None: the adapter's
+    block_size: int | None = None  # None: the engines' default (model/sampler.py)
     steps_per_block: int | None = None  # None: block_size (one commit per step at worst)
     # the threshold rule's forced commit (model/sampler.py); each is run at each threshold
-    fallbacks: tuple[str, ...] = ("confident",)
+    fallbacks: tuple[str, ...] = ()  # () = the engines' default (model/sampler.py)
     # an exported model directory (`quicksilver export --adapter ...`): the diffusion
     # replies come from its int8 graph in ONNX Runtime, as served, instead of PyTorch
     onnx: Path | None = None
@@ -226,7 +226,7 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
         DEFAULT_ADAPTER if (DEFAULT_ADAPTER / "manifest.json").exists() else None
     )
     adapter = load_adapter(folder) if folder else None
-    B = opts.block_size or (adapter.manifest.get("block_size", 8) if adapter else 8)
+    B = opts.block_size or SamplerSettings().block_size  # the engines' default
     dtype = getattr(torch, opts.dtype)
     diff = None if opts.onnx else load_smollm2_diffusion(f, adapter, dtype)
 
@@ -262,7 +262,8 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
         runtime = "onnx-int8"
     else:
         backend, runtime = TorchBackend(diff, max_len=max_len), f"torch-{opts.dtype}"
-    for fallback, th in itertools.product(opts.fallbacks, opts.thresholds or (0.9,)):
+    fallbacks = opts.fallbacks or (SamplerSettings().fallback,)
+    for fallback, th in itertools.product(fallbacks, opts.thresholds or (0.9,)):
         settings = SamplerSettings(
             block_size=B,
             rule="threshold",

@@ -49,7 +49,7 @@ def test_eval_command_end_to_end(tmp_path, smollm2_gguf):
     assert main(argv) == 0
     report = json.loads(out.read_text())
     s = report["summary"]
-    assert s["setting"] == "diffusion-B4-th0.9"
+    assert s["setting"] == "diffusion-B4-th0.9-left"  # the engines' default fallback
     assert 0.0 <= s["clean_end_rate"] <= 1.0 and -1.0 <= s["similarity_median"] <= 1.0
     assert s["nll_ar_sampled"] > 0 and s["passes_per_reply"] >= 2
     assert len(report["replies"]["ar-greedy"]) == 2
