@@ -17,7 +17,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -208,18 +208,9 @@ def load_diffusion_generator(
 
         if isinstance(adapter, str | Path):
             adapter = load_adapter(adapter)
-        settings = _trained_block_size(settings, adapter)
         model = load_smollm2_diffusion(f, adapter, getattr(torch, settings.dtype))
         backend = TorchBackend(model, max_len=settings.cache_len)
     return DiffusionGenerator(backend, tokenizer, smollm2_diffusion_config(tokenizer), settings)
-
-
-def _trained_block_size(settings: DiffusionOptions, adapter: Any) -> DiffusionOptions:
-    """Decode with the block size the adapter was trained with (its manifest)."""
-    B = getattr(adapter, "manifest", {}).get("block_size")
-    if B is None or settings.sampler.block_size == int(B):
-        return settings
-    return replace(settings, sampler=replace(settings.sampler, block_size=int(B)))
 
 
 def load_diffusion_engine(

@@ -257,13 +257,3 @@ def test_smollm2_diffusion_engine_runs_and_stops(smollm2_gguf) -> None:  # type:
     assert 0 < stats.tokens <= 32 and stats.stopped_by in ("end", "budget")
     # prefill + at most 4 steps per block + one commit between the two blocks
     assert 2 <= stats.forward_passes <= 1 + 2 * 4 + 1
-
-
-def test_the_engine_decodes_with_the_adapters_trained_block_size() -> None:
-    from model.diffusion_engine import _trained_block_size
-
-    class Trained:
-        manifest = {"block_size": 32}  # noqa: RUF012
-
-    assert _trained_block_size(DiffusionOptions(), Trained()).sampler.block_size == 32
-    assert _trained_block_size(DiffusionOptions(), None) == DiffusionOptions()
