@@ -143,21 +143,14 @@ def ar_replies(
 
 def diffusion_replies(backend, tok: Tokenizer, prompts, settings, opts: EvalOptions) -> Replies:
     from model.diffusion_engine import smollm2_diffusion_config
+    from model.engine import drain
     from model.sampler import sample
 
     config = smollm2_diffusion_config(tok)
     r = Replies([], [], [])
     for p in prompts:
-        gen = sample(
-            backend, p, config, settings, np.random.default_rng(opts.seed), opts.max_tokens
-        )
-        ids: list[int] = []
-        while True:
-            try:
-                ids.append(next(gen))
-            except StopIteration as done:
-                stats = done.value
-                break
+        rng = np.random.default_rng(opts.seed)
+        ids, stats = drain(sample(backend, p, config, settings, rng, opts.max_tokens))
         r.ids.append(ids)
         r.ended.append(stats.stopped_by == "end")
         r.passes.append(stats.forward_passes)

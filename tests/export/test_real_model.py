@@ -9,7 +9,7 @@ import pytest
 
 from export.build import BuildOptions, build_atomic
 from export.engine import load_onnx_ar_generator
-from model.engine import ChatMessage
+from model.engine import ChatMessage, drain
 
 pytestmark = [pytest.mark.models, pytest.mark.slow]
 
@@ -34,13 +34,7 @@ def test_real_export_matches_pytorch(real_dir: Path) -> None:
 
 def test_the_int8_onnx_engine_answers(real_dir: Path) -> None:
     gen = load_onnx_ar_generator(real_dir)
-    it = gen.generate([ChatMessage("user", "What is the capital of France?")], 32, lambda: False)
-    pieces: list[str] = []
-    while True:
-        try:
-            pieces.append(next(it))
-        except StopIteration as done:
-            stats = done.value
-            break
+    question = [ChatMessage("user", "What is the capital of France?")]
+    pieces, stats = drain(gen.generate(question, 32, lambda: False))
     assert "Paris" in "".join(pieces)
     assert stats.stopped_by == "end" and stats.forward_passes == stats.tokens + 1

@@ -47,16 +47,10 @@ def test_the_onnx_ar_engine_replies_without_torch(tiny_dir: Path) -> None:
 def test_the_onnx_diffusion_engine_replies(tiny_dir: Path) -> None:
     pytest.importorskip("model.diffusion_engine")
     from export.engine import load_onnx_diffusion_generator
-    from model.engine import ChatMessage
+    from model.engine import ChatMessage, drain
 
     gen = load_onnx_diffusion_generator(tiny_dir)
-    it = gen.generate([ChatMessage("user", "hi")], 16, lambda: False)
-    while True:
-        try:
-            next(it)
-        except StopIteration as done:
-            stats = done.value
-            break
+    _, stats = drain(gen.generate([ChatMessage("user", "hi")], 16, lambda: False))
     assert gen.name == "diffusion-onnx"
     assert stats.forward_passes >= 1 and stats.tokens <= 16
 

@@ -206,13 +206,8 @@ def tiny_generator(**options: Any) -> tuple[DiffusionGenerator, list[int]]:
 
 
 def reply_text(gen: DiffusionGenerator, conversation: list[ChatMessage]) -> tuple[str, Any]:
-    it = gen.generate(conversation, 16, lambda: False)
-    pieces: list[str] = []
-    while True:
-        try:
-            pieces.append(next(it))
-        except StopIteration as done:
-            return "".join(pieces), done.value
+    pieces, stats = drain(gen.generate(conversation, 16, lambda: False))
+    return "".join(pieces), stats
 
 
 def test_engine_turns_reuse_the_conversation_cache() -> None:
