@@ -38,14 +38,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     llm = ev_sub.add_parser("llm", help="diffusion replies against the autoregressive baseline")
     llm.add_argument("--prompts", type=Path, default=None, help="one question per line")
     llm.add_argument("--data", type=Path, default=Path("data/distill"))
-    llm.add_argument("--adapter", type=Path, default=None, help="default: adapters/")
+    source = llm.add_mutually_exclusive_group()  # an exported directory has its adapter merged
+    source.add_argument("--adapter", type=Path, default=None, help="default: adapters/")
     llm.add_argument("--json", type=Path, required=True, dest="json_out")
     llm.add_argument("--limit", type=int, default=None, help="first N prompts only")
     llm.add_argument("--max-tokens", type=int, default=64)
     llm.add_argument("--threshold", type=float, action="append", default=None)
     llm.add_argument("--block-size", type=int, default=None)
     llm.add_argument("--steps-per-block", type=int, default=None)
-    llm.add_argument(
+    source.add_argument(
         "--onnx", type=Path, default=None, help="exported model dir: diffusion replies in int8 ONNX"
     )
     llm.add_argument(

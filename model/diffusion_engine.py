@@ -30,6 +30,15 @@ from model.engine import ChatMessage, GenerationStats, ThreadedReplyEngine
 from model.sampler import DiffusionConfig, Prefix, SamplerSettings, sample
 from model.tokenizer import Tokenizer
 
+# The trained block-diffusion adapter shipped in the repository (docs/training.md).
+SHIPPED_ADAPTER = Path(__file__).resolve().parent.parent / "adapters"
+
+
+def shipped_adapter() -> Path | None:
+    """``adapters/`` when the repository holds a trained adapter."""
+    return SHIPPED_ADAPTER if (SHIPPED_ADAPTER / "manifest.json").is_file() else None
+
+
 if TYPE_CHECKING:
     from model.gguf import GGUFFile
 

@@ -35,7 +35,6 @@ from model.llama import Llama
 from model.tokenizer import Tokenizer
 
 GOALS = {"similarity_median": 0.6, "clean_end_rate": 0.95}
-DEFAULT_ADAPTER = Path(__file__).resolve().parent.parent / "adapters"
 
 
 @dataclass(frozen=True)
@@ -206,26 +205,34 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
     from model.adapter import load_adapter
     from model.backend import TorchBackend
     from model.diffusion import load_smollm2_diffusion
+    from model.diffusion_engine import shipped_adapter
     from model.gguf import GGUFFile, find_smollm2_gguf
     from model.sampler import SamplerSettings
 
+    if opts.onnx and opts.adapter:
+        raise ValueError("--onnx scores the adapter merged into its model directory, not --adapter")
     torch.set_num_threads(opts.threads)
     t0 = time.perf_counter()
     f = GGUFFile(find_smollm2_gguf())
     tok = Tokenizer(f.tokenizer_data())
     config = f.llama_config()
     ar = Llama.from_state_dict(config, f.state_dict(config), torch.float32)
-    folder = opts.adapter or (
-        DEFAULT_ADAPTER if (DEFAULT_ADAPTER / "manifest.json").exists() else None
-    )
-    adapter = load_adapter(folder) if folder else None
     B = opts.block_size or SamplerSettings().block_size  # the engines' default
     dtype = getattr(torch, opts.dtype)
-    diff = None if opts.onnx else load_smollm2_diffusion(f, adapter, dtype)
+    if opts.onnx:  # the adapter is already merged into the exported graph
+        from export.modeldir import read_manifest
+
+        folder, diff = None, None
+        adapter_manifest = read_manifest(opts.onnx)["source"]["adapter"]
+    else:
+        folder = opts.adapter or shipped_adapter()
+        adapter = load_adapter(folder) if folder else None
+        adapter_manifest = adapter.manifest if adapter else None
+        diff = load_smollm2_diffusion(f, adapter, dtype)
 
     qs, refs = questions_and_references(opts)
     prompts = [prompt_ids(tok, q) for q in qs]
-    log(f"{len(qs)} questions; adapter {folder}; block size {B}")
+    log(f"{len(qs)} questions; adapter {opts.onnx or folder}; block size {B}")
     if all(q in refs for q in qs):
         greedy = from_references([refs[q] for q in qs], tok.im_end_id, opts.max_tokens)
     else:
@@ -274,7 +281,7 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
     return {
         "questions": qs,
         "adapter": str(folder) if folder else None,
-        "adapter_manifest": adapter.manifest if adapter else None,
+        "adapter_manifest": adapter_manifest,
         "diffusion_runtime": runtime,
         "rows": rows,
         "replies": samples,

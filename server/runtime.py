@@ -33,8 +33,6 @@ T = TypeVar("T")
 # default once the trained adapter meets the quality bar (docs, TRAINING).
 ENGINES = ("smollm2-ar-onnx", "smollm2-ar", "diffusion-onnx", "diffusion")
 DEFAULT_ENGINE = "smollm2-ar-onnx"
-# The trained block-diffusion adapter shipped in the repository (docs/training.md).
-SHIPPED_ADAPTER = Path(__file__).resolve().parent.parent / "adapters"
 DEFAULT_ASR = "tiny.en"  # chosen by measured accuracy and latency: docs/audio.md
 
 
@@ -104,11 +102,6 @@ def load_runtime(options: RuntimeOptions) -> Runtime:
     return Runtime(vad, asr, tts, reply, options.asr, options.max_reply_tokens, workers)
 
 
-def shipped_adapter() -> Path | None:
-    """``adapters/`` when the repository holds a trained adapter."""
-    return SHIPPED_ADAPTER if (SHIPPED_ADAPTER / "manifest.json").is_file() else None
-
-
 def load_engine(name: str, worker: Worker, cache_dir: Path | None = None) -> ReplyEngine:
     """The reply engine ``name``; only the PyTorch engines import torch."""
     if name == "smollm2-ar":
@@ -116,13 +109,14 @@ def load_engine(name: str, worker: Worker, cache_dir: Path | None = None) -> Rep
 
         return load_ar_engine(worker.executor)
     if name == "diffusion":
-        from model.diffusion_engine import load_diffusion_engine
+        from model.diffusion_engine import load_diffusion_engine, shipped_adapter
 
         engine: ReplyEngine = load_diffusion_engine(worker.executor, adapter=shipped_adapter())
         return engine
     if name in ("smollm2-ar-onnx", "diffusion-onnx"):
         from export.engine import load_onnx_engine
         from export.modeldir import ensure_model_dir
+        from model.diffusion_engine import shipped_adapter
 
         # the diffusion engine serves base + shipped adapter, built into its own directory
         adapter = shipped_adapter() if name == "diffusion-onnx" else None

@@ -69,5 +69,7 @@ def test_eval_scores_the_exported_int8_model(tmp_path, smollm2_gguf):
     assert main([*argv, "--fallback", "leftmost", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["diffusion_runtime"] == "onnx-int8"
+    manifest = json.loads((model_dir / "manifest.json").read_text())
+    assert report["adapter_manifest"] == manifest["source"]["adapter"]  # what the graph holds
     assert report["summary"]["setting"] == "diffusion-B4-th0.9-left-onnx-int8"
     assert report["summary"]["passes_per_reply"] >= 2
