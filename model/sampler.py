@@ -9,11 +9,11 @@ Which ones commit is the *commit rule*, a pure function (:func:`decide`):
   number of commits per step, ``ceil(masked / steps_left)``, most confident first, so
   a block takes exactly ``steps_per_block`` steps.
 * ``"threshold"``, confidence-aware parallel decoding (Fast-dLLM, Wu et al. 2025): every
-  masked position whose confidence exceeds ``threshold``, and at least the most
-  confident one, so a step always makes progress. With ``fallback="leftmost"`` the
-  forced commit is the leftmost masked position instead: with the logit shift it is
-  the one predicted from committed tokens only, so a block that is not confident is
-  written left to right, like the model it was adapted from.
+  masked position whose confidence exceeds ``threshold``; when none does, one position
+  still commits, so a step always makes progress: the leftmost masked one
+  (``fallback="leftmost"``, the default: with the logit shift it is the one predicted
+  from committed tokens only, so an unsure block is written left to right, like the
+  model it was adapted from) or the most confident one (``"confident"``, as published).
 
 With ``attention="block"`` (BD3-LM, Arriola et al. 2025; Fast-dLLM v2) the prompt is
 prefilled causally into the KV cache once, each noisy block attends to the cache and
@@ -124,7 +124,7 @@ def choose(
     fallback: Fallback = "confident",
 ) -> Ids:
     """Positions to commit, ascending: the ``n`` most confident masked ones, or every
-    masked one with confidence > ``threshold`` and at least one more: the most confident
+    masked one with confidence > ``threshold``; when none is above it, the most confident
     (``fallback="confident"``) or the leftmost (``"leftmost"``). Ties go to the leftmost."""
     cand = np.flatnonzero(masked)
     order = cand[np.argsort(-confidence[cand], kind="stable")]
