@@ -28,7 +28,15 @@ def register(sub: Any) -> None:
     ex.add_argument("--int8", action="store_true", help="int8 model for the CPU (default)")
     ex.add_argument("--fp16", action="store_true", help="fp16 model for the GPU")
     ex.add_argument("--tensorrt", action="store_true", help="TensorRT engine (GPU hosts)")
-    ex.add_argument("--per-channel", action="store_true", help="int8 scales per channel")
+    ex.add_argument(
+        "--int8-method",
+        default="blockwise",
+        choices=("blockwise", "dynamic"),
+        help="blockwise scales (default) or ONNX Runtime's quantize_dynamic",
+    )
+    ex.add_argument(
+        "--per-channel", action="store_true", help="dynamic int8: weight scales per channel"
+    )
     ex.add_argument("--no-check", action="store_true", help="skip the parity checks")
     ex.set_defaults(run=run_export)
 
@@ -42,7 +50,10 @@ def register(sub: Any) -> None:
     llm.add_argument("--budgets", type=int, nargs="+", default=[32, 64])
     llm.add_argument("--no-torch", action="store_true", help="skip the PyTorch reference")
     llm.add_argument(
-        "--torch-prompts", type=int, default=None, help="prompts for the PyTorch reference"
+        "--torch-prompts",
+        type=int,
+        default=None,
+        help="prompts for the PyTorch reference (0: none, as --no-torch)",
     )
     llm.set_defaults(run=run_bench)
     llm.add_argument("--log-level", default="INFO")
@@ -59,6 +70,7 @@ def run_export(args: argparse.Namespace) -> int:
         fp16=args.fp16 or args.tensorrt,
         tensorrt=args.tensorrt,
         check=not args.no_check,
+        int8_method=args.int8_method,
         per_channel=args.per_channel,
     )
     try:
@@ -83,7 +95,7 @@ def run_bench(args: argparse.Namespace) -> int:
         model_dir=model_dir,
         prompts=args.prompts,
         budgets=tuple(args.budgets),
-        torch_reference=not args.no_torch,
+        torch_reference=not args.no_torch and args.torch_prompts != 0,
         torch_prompts=args.torch_prompts,
     )
     results = run_llm_bench(options)

@@ -27,9 +27,13 @@ def test_real_export_matches_pytorch(real_dir: Path) -> None:
     assert max(fp32["prefill_max_abs"], fp32["ar_step_max_abs"], fp32["block_step_max_abs"]) < 1e-2
     assert fp32["replies_identical"] == fp32["replies"]
     assert manifest["config"]["mask_id"] == 49152
-    # int8 weights take the file to about a quarter of fp32
+    # blockwise int8: the projections at a quarter of fp32 (the token table stays fp32)
     files = manifest["files"]
-    assert files["model.int8.onnx"]["bytes"] < 0.35 * files["model.onnx"]["bytes"]
+    assert files["model.int8.onnx"]["bytes"] < 0.55 * files["model.onnx"]["bytes"]
+    assert files["model.int8.onnx"]["quantisation"]["method"] == "blockwise"
+    # per-row activation scales keep the outlier positions from swamping the rest:
+    # dynamic quantisation's single scale agreed on 0.58-0.66 of the prefill rows
+    assert int8["prefill_top1"] > 0.9
 
 
 def test_the_int8_onnx_engine_answers(real_dir: Path) -> None:
