@@ -47,7 +47,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     llm.add_argument("--block-size", type=int, default=None)
     llm.add_argument("--steps-per-block", type=int, default=None)
     source.add_argument(
-        "--onnx", type=Path, default=None, help="exported model dir: diffusion replies in int8 ONNX"
+        "--onnx", type=Path, default=None, help="exported model dir: diffusion replies in ONNX"
+    )
+    llm.add_argument(
+        "--onnx-variant",
+        default="int8",
+        choices=("int8", "fp32", "fp16"),
+        help="which graph of the --onnx directory (default: int8)",
     )
     llm.add_argument(
         "--fallback",
@@ -105,11 +111,16 @@ def _eval_llm(args: argparse.Namespace) -> int:
         steps_per_block=args.steps_per_block,
         fallbacks=tuple(args.fallback or ()),
         onnx=args.onnx,
+        onnx_variant=args.onnx_variant,
         dtype=args.dtype,
         seed=args.seed,
         threads=args.threads,
     )
-    report = run_eval(opts, log=_log)
+    try:
+        report = run_eval(opts, log=_log)
+    except FileNotFoundError as exc:  # a prompts file, model directory or graph missing
+        print(f"quicksilver eval: {exc}", file=sys.stderr)
+        return 2
     args.json_out.parent.mkdir(parents=True, exist_ok=True)
     args.json_out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report["summary"], indent=2))

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from export.modeldir import Variant
 from model.data import decode_batch, prompt_ids, read_heldout, read_jsonl
 from model.llama import Llama
 from model.tokenizer import Tokenizer
@@ -50,8 +51,9 @@ class EvalOptions:
     # the threshold rule's forced commit (model/sampler.py); each is run at each threshold
     fallbacks: tuple[str, ...] = ()  # () = the engines' default (model/sampler.py)
     # an exported model directory (`quicksilver export --adapter ...`): the diffusion
-    # replies come from its int8 graph in ONNX Runtime, as served, instead of PyTorch
+    # replies come from one of its graphs in ONNX Runtime, as served, instead of PyTorch
     onnx: Path | None = None
+    onnx_variant: Variant = "int8"  # which file of the directory: int8, fp32 or fp16
     seed: int = 0
     threads: int = 2
     dtype: str = "bfloat16"  # replies and scoring; the AR greedy reference stays fp32
@@ -211,6 +213,15 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
 
     if opts.onnx and opts.adapter:
         raise ValueError("--onnx scores the adapter merged into its model directory, not --adapter")
+    if opts.onnx:  # before minutes of AR replies: the asked-for graph must be there
+        from export.modeldir import FILES, read_manifest
+
+        graphs = [n for n in read_manifest(opts.onnx)["files"] if n.endswith(".onnx")]
+        if FILES[opts.onnx_variant] not in graphs:
+            raise FileNotFoundError(
+                f"{opts.onnx} has no {opts.onnx_variant} graph (it has {', '.join(graphs)}); "
+                f"build it with `quicksilver export --out {opts.onnx}` and the format's flag"
+            )
     torch.set_num_threads(opts.threads)
     t0 = time.perf_counter()
     f = GGUFFile(find_smollm2_gguf())
@@ -257,9 +268,9 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
         from export.runtime import RuntimeConfig
 
         backend: Any = load_onnx_backend(
-            opts.onnx, "int8", RuntimeConfig(max_len=max_len, threads=opts.threads)
+            opts.onnx, opts.onnx_variant, RuntimeConfig(max_len=max_len, threads=opts.threads)
         )
-        runtime = "onnx-int8"
+        runtime = f"onnx-{opts.onnx_variant}"
     else:
         backend, runtime = TorchBackend(diff, max_len=max_len), f"torch-{opts.dtype}"
     fallbacks = opts.fallbacks or (SamplerSettings().fallback,)
@@ -274,7 +285,7 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
         )
         r = diffusion_replies(backend, tok, prompts, settings, opts)
         name = f"diffusion-B{B}-th{th}" + ("-left" if fallback == "leftmost" else "")
-        name += "-onnx-int8" if opts.onnx else ""
+        name += f"-{runtime}" if opts.onnx else ""
         rows.append(score(name, r, True))
         samples[name] = text(r)
         log(f"{name}: {rows[-1]}  ({time.perf_counter() - t0:.0f} s)")

@@ -59,8 +59,9 @@ def test_eval_command_end_to_end(tmp_path, smollm2_gguf):
 def test_eval_scores_the_exported_int8_model(tmp_path, smollm2_gguf):
     """--onnx: the diffusion replies come from the served int8 graph, not PyTorch."""
     from export.modeldir import ensure_model_dir
+    from model.diffusion_engine import shipped_adapter
 
-    model_dir = ensure_model_dir()  # the serving default's directory, built once
+    model_dir = ensure_model_dir(adapter=shipped_adapter())  # what serve builds, once
     prompts = tmp_path / "q.txt"
     prompts.write_text("Name a fruit.\n")
     out = tmp_path / "eval.json"
@@ -73,3 +74,13 @@ def test_eval_scores_the_exported_int8_model(tmp_path, smollm2_gguf):
     assert report["adapter_manifest"] == manifest["source"]["adapter"]  # what the graph holds
     assert report["summary"]["setting"] == "diffusion-B4-th0.9-left-onnx-int8"
     assert report["summary"]["passes_per_reply"] >= 2
+
+
+def test_eval_refuses_a_graph_the_model_directory_lacks(tmp_path, capsys):
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    files = {"model.int8.onnx": {"bytes": 1}, "tokenizer.json": {"bytes": 1}}
+    (model_dir / "manifest.json").write_text(json.dumps({"files": files}))
+    argv = ["eval", "llm", "--onnx", str(model_dir), "--onnx-variant", "fp32"]
+    assert main([*argv, "--json", str(tmp_path / "eval.json")]) == 2
+    assert "has no fp32 graph (it has model.int8.onnx)" in capsys.readouterr().err
