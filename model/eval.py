@@ -18,6 +18,7 @@ bigram ratio (repetition); (e) forward passes per reply.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import statistics
 import time
@@ -33,6 +34,7 @@ import torch.nn.functional as F
 from export.modeldir import Variant
 from model.data import decode_batch, prompt_ids, read_heldout, read_jsonl
 from model.llama import Llama
+from model.sampler import SamplerSettings
 from model.tokenizer import Tokenizer
 
 GOALS = {"similarity_median": 0.6, "clean_end_rate": 0.95}
@@ -47,7 +49,7 @@ class EvalOptions:
     max_tokens: int = 64
     thresholds: tuple[float, ...] = ()  # () = (0.9,)
     block_size: int | None = None  # None: the engines' default (model/sampler.py)
-    steps_per_block: int | None = None  # None: block_size (one commit per step at worst)
+    steps_per_block: int | None = None  # None: the engines' default (the block size)
     # the threshold rule's forced commit (model/sampler.py); each is run at each threshold
     fallbacks: tuple[str, ...] = ()  # () = the engines' default (model/sampler.py)
     # an exported model directory (`quicksilver export --adapter ...`): the diffusion
@@ -209,7 +211,6 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
     from model.diffusion import load_smollm2_diffusion
     from model.diffusion_engine import shipped_adapter
     from model.gguf import GGUFFile, find_smollm2_gguf
-    from model.sampler import SamplerSettings
 
     if opts.onnx and opts.adapter:
         raise ValueError("--onnx scores the adapter merged into its model directory, not --adapter")
@@ -273,16 +274,8 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
         runtime = f"onnx-{opts.onnx_variant}"
     else:
         backend, runtime = TorchBackend(diff, max_len=max_len), f"torch-{opts.dtype}"
-    fallbacks = opts.fallbacks or (SamplerSettings().fallback,)
-    for fallback, th in itertools.product(fallbacks, opts.thresholds or (0.9,)):
-        settings = SamplerSettings(
-            block_size=B,
-            rule="threshold",
-            threshold=th,
-            steps_per_block=opts.steps_per_block or B,
-            max_steps=opts.max_tokens * 2,
-            fallback=fallback,  # type: ignore[arg-type]
-        )
+    for settings in sampler_settings(opts):
+        th, fallback = settings.threshold, settings.fallback
         r = diffusion_replies(backend, tok, prompts, settings, opts)
         name = f"diffusion-B{B}-th{th}" + ("-left" if fallback == "leftmost" else "")
         name += f"-{runtime}" if opts.onnx else ""
@@ -299,6 +292,24 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
         "summary": headline(rows),
         "wall_s": time.perf_counter() - t0,
     }
+
+
+def sampler_settings(opts: EvalOptions) -> list[SamplerSettings]:
+    """The settings to score: the engines' defaults (:class:`SamplerSettings`) with
+    the block size, thresholds, fallbacks and steps per block the options name."""
+    default = SamplerSettings()
+    return [
+        dataclasses.replace(
+            default,
+            block_size=opts.block_size or default.block_size,
+            threshold=th,
+            fallback=fallback,  # type: ignore[arg-type]
+            steps_per_block=opts.steps_per_block or default.steps_per_block,
+        )
+        for fallback, th in itertools.product(
+            opts.fallbacks or (default.fallback,), opts.thresholds or (default.threshold,)
+        )
+    ]
 
 
 def headline(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -72,18 +72,34 @@ class SamplerSettings:
     # "leftmost" scores best on quality with the shipped adapter (docs/training.md)
     fallback: Fallback = "leftmost"
     # "lowconf": steps per block, commits spread evenly. "threshold": the most steps a
-    # block may take; its last step commits whatever is still masked.
-    steps_per_block: int = 8
+    # block may take; its last step commits whatever is still masked. None: the block
+    # size, so a threshold block never has to commit below the threshold more than one
+    # position per step (what docs/training.md validates; fewer steps force commits and
+    # the replies repeat themselves)
+    steps_per_block: int | None = None
     temperature: float = 0.0  # 0: greedy; > 0: Gumbel-max sampling
-    max_steps: int = 64  # step budget: denoising passes per reply, all blocks together
+    # step budget: denoising passes per reply, all blocks together. None: what the
+    # reply's blocks may take (blocks x steps per block), so only max_tokens binds
+    max_steps: int | None = None
 
     def __post_init__(self) -> None:
-        if self.block_size < 1 or self.steps_per_block < 1 or self.max_steps < 1:
+        if self.block_size < 1 or self.block_steps < 1 or (self.max_steps or 1) < 1:
             raise ValueError(f"block_size, steps_per_block, max_steps must be >= 1: {self}")
         if self.rule not in ("threshold", "lowconf"):
             raise ValueError(f"unknown commit rule {self.rule!r}")
         if self.fallback not in ("confident", "leftmost"):
             raise ValueError(f"unknown fallback {self.fallback!r}")
+
+    @property
+    def block_steps(self) -> int:
+        """The most denoising steps one block may take."""
+        return self.block_size if self.steps_per_block is None else self.steps_per_block
+
+    def step_budget(self, max_tokens: int) -> int:
+        """Denoising steps a reply of at most ``max_tokens`` may take in all."""
+        if self.max_steps is not None:
+            return self.max_steps
+        return math.ceil(max(max_tokens, 0) / self.block_size) * self.block_steps
 
 
 @dataclass(frozen=True)
@@ -281,7 +297,7 @@ def _finished(r: _Reply, hi: int) -> Literal["end", "budget"] | None:
     """Why the reply stops after the block ending at ``hi``, or None to go on."""
     if r.ended:
         return "end"
-    if hi >= r.limit or r.steps >= r.settings.max_steps:
+    if hi >= r.limit or r.steps >= r.settings.step_budget(r.limit):
         return "budget"
     return None
 
@@ -296,7 +312,7 @@ def _denoise(
     while (masked := r.x[lo:hi] == r.model.mask_id).any():
         if r.should_stop():
             return False
-        left = min(r.settings.steps_per_block - taken, r.settings.max_steps - r.steps)
+        left = min(r.settings.block_steps - taken, r.settings.step_budget(r.limit) - r.steps)
         logits = _no_mask(predict()[: hi - lo], r.model.mask_id)  # (live, V)
         r.passes, r.steps, taken = r.passes + 1, r.steps + 1, taken + 1
         pos, tok = decide(logits, masked, r.settings, left, r.rng)

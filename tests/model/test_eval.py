@@ -84,3 +84,15 @@ def test_eval_refuses_a_graph_the_model_directory_lacks(tmp_path, capsys):
     argv = ["eval", "llm", "--onnx", str(model_dir), "--onnx-variant", "fp32"]
     assert main([*argv, "--json", str(tmp_path / "eval.json")]) == 2
     assert "has no fp32 graph (it has model.int8.onnx)" in capsys.readouterr().err
+
+
+def test_eval_scores_the_settings_the_engines_serve():
+    """Without options the eval decodes exactly as the served engines (and the bench's
+    diffusion decoder, which takes DiffusionOptions().sampler) do."""
+    from model.diffusion_engine import DiffusionOptions
+    from model.eval import EvalOptions, sampler_settings
+    from model.sampler import SamplerSettings
+
+    assert sampler_settings(EvalOptions()) == [SamplerSettings()] == [DiffusionOptions().sampler]
+    two = sampler_settings(EvalOptions(thresholds=(0.9, 0.7), fallbacks=("confident",)))
+    assert [(s.threshold, s.fallback) for s in two] == [(0.9, "confident"), (0.7, "confident")]

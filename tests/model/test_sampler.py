@@ -222,6 +222,24 @@ def test_steps_per_block_caps_a_threshold_block() -> None:
     assert len(tokens) == 8 and stats.forward_passes == 1 + 2
 
 
+def test_by_default_an_unsure_block_commits_one_position_per_step() -> None:
+    """The default never forces several commits below the threshold: a block of
+    unsure positions is written one position per step, left to right."""
+    b = ScriptBackend(list(range(10, 26)), [0.1] * 16, len(PROMPT))
+    s = SamplerSettings()
+    assert s.block_steps == s.block_size and s.step_budget(64) == 64
+    tokens, stats = drain(sample(b, PROMPT, MODEL, s, RNG(0), max_tokens=s.block_size))
+    assert len(b.denoise_inputs()) == s.block_size and tokens == list(range(10, 26))
+    assert stats == GenerationStats(16, 1 + 16, "budget")
+
+
+def test_the_step_budget_defaults_to_what_the_blocks_may_take() -> None:
+    assert SamplerSettings(block_size=4, steps_per_block=2).step_budget(10) == 3 * 2
+    assert SamplerSettings(block_size=4, max_steps=3).step_budget(10) == 3
+    with pytest.raises(ValueError, match="must be >= 1"):
+        SamplerSettings(steps_per_block=0)
+
+
 def test_max_tokens_inside_a_block_leaves_the_tail_masked_and_uncommitted() -> None:
     b = ScriptBackend(list(range(10, 18)), [0.99] * 8, len(PROMPT))
     tokens, stats = drain(sample(b, PROMPT, MODEL, SamplerSettings(block_size=8), RNG(0), 5))
