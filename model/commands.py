@@ -62,6 +62,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="the threshold rule's forced commit (repeatable; default: the engines')",
     )
     llm.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
+    llm.add_argument(
+        "--history", type=int, default=0, help="earlier turns before each question (default 0)"
+    )
     llm.add_argument("--seed", type=int, default=0)
     llm.add_argument("--threads", type=int, default=2)
     llm.set_defaults(run=_eval_llm)
@@ -112,6 +115,7 @@ def _eval_llm(args: argparse.Namespace) -> int:
         fallbacks=tuple(args.fallback or ()),
         onnx=args.onnx,
         onnx_variant=args.onnx_variant,
+        history=args.history,
         dtype=args.dtype,
         seed=args.seed,
         threads=args.threads,

@@ -200,9 +200,12 @@ def training_questions(
 # ---------------------------------------------------------------- replies
 
 
-def prompt_ids(tok: Tokenizer, question: str) -> list[int]:
-    """The prompt the AR engine would build for this one-turn conversation."""
-    return build_prompt(tok, [ChatMessage("user", question)], PROMPT_BUDGET, SPOKEN_SYSTEM_PROMPT)
+def prompt_ids(tok: Tokenizer, question: str, history: Sequence[tuple[str, str]] = ()) -> list[int]:
+    """The prompt the engines build for ``question`` after the earlier turns
+    ``history`` ((question, reply) pairs, oldest first) of the same conversation."""
+    earlier = [m for q, a in history for m in (ChatMessage("user", q), ChatMessage("assistant", a))]
+    conversation = [*earlier, ChatMessage("user", question)]
+    return build_prompt(tok, conversation, PROMPT_BUDGET, SPOKEN_SYSTEM_PROMPT)
 
 
 def answer_all(

@@ -56,6 +56,9 @@ class EvalOptions:
     # replies come from one of its graphs in ONNX Runtime, as served, instead of PyTorch
     onnx: Path | None = None
     onnx_variant: Variant = "int8"  # which file of the directory: int8, fp32 or fp16
+    # earlier turns before each question (held-out questions and AR replies): how the
+    # model answers inside a voice session rather than at its start
+    history: int = 0
     seed: int = 0
     threads: int = 2
     dtype: str = "bfloat16"  # replies and scoring; the AR greedy reference stays fp32
@@ -205,6 +208,21 @@ def questions_and_references(opts: EvalOptions) -> tuple[list[str], dict[str, li
     return qs, refs
 
 
+def earlier_turns(opts: EvalOptions, i: int) -> list[tuple[str, str]]:
+    """``opts.history`` earlier turns for question ``i``: the held-out questions after it
+    (cyclically) with their AR greedy replies, as a voice session would have them."""
+    if not opts.history:
+        return []
+    held = read_jsonl(opts.data / "heldout.jsonl")
+    if len(held) <= opts.history:
+        raise FileNotFoundError(
+            f"--history {opts.history} needs more than {opts.history} held-out replies in "
+            f"{opts.data / 'heldout.jsonl'} (`quicksilver data`)"
+        )
+    turns = [held[(i + 1 + k) % len(held)] for k in range(opts.history)]
+    return [(e.question, e.reply.strip()) for e in turns]
+
+
 def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
     from model.adapter import load_adapter
     from model.backend import TorchBackend
@@ -243,9 +261,9 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
         diff = load_smollm2_diffusion(f, adapter, dtype)
 
     qs, refs = questions_and_references(opts)
-    prompts = [prompt_ids(tok, q) for q in qs]
+    prompts = [prompt_ids(tok, q, earlier_turns(opts, i)) for i, q in enumerate(qs)]
     log(f"{len(qs)} questions; adapter {opts.onnx or folder}; block size {B}")
-    if all(q in refs for q in qs):
+    if all(q in refs for q in qs) and not opts.history:
         greedy = from_references([refs[q] for q in qs], tok.im_end_id, opts.max_tokens)
     else:
         greedy = ar_replies(ar, tok, prompts, opts, 0.0)
@@ -278,6 +296,7 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
         th, fallback = settings.threshold, settings.fallback
         r = diffusion_replies(backend, tok, prompts, settings, opts)
         name = f"diffusion-B{B}-th{th}" + ("-left" if fallback == "leftmost" else "")
+        name += f"-h{opts.history}" if opts.history else ""
         name += f"-{runtime}" if opts.onnx else ""
         rows.append(score(name, r, True))
         samples[name] = text(r)

@@ -69,6 +69,10 @@ class TrainConfig:
     # than autocast, which re-casts every frozen weight on every call
     bf16: bool = True
     resume: bool = True
+    # voice sessions are conversations: each training prompt gets 0..history earlier
+    # turns (other training examples' questions and replies) before its question, drawn
+    # per step, so a reply does not end early after a short earlier one (docs/training.md)
+    history: int = 0
 
 
 # ---------------------------------------------------------------- the objective
@@ -225,6 +229,28 @@ def encode_examples(tok: Tokenizer, examples: list[Example], B: int) -> list[tup
     ]
 
 
+def with_history(
+    tok: Tokenizer,
+    examples: list[Example],
+    pick: list[int],
+    items: list[tuple[list, list]],
+    cfg: TrainConfig,
+    gen: torch.Generator,
+) -> list[tuple[list, list]]:
+    """The picked (prompt, reply) items, each prompt rebuilt after 0..cfg.history
+    earlier turns drawn from the other examples (same reply, same targets)."""
+    out = []
+    for i in pick:
+        h = int(torch.randint(cfg.history + 1, (1,), generator=gen))
+        if h == 0:
+            out.append(items[i])
+            continue
+        others = torch.randint(len(examples), (h,), generator=gen).tolist()
+        turns = [(examples[j].question, examples[j].reply.strip()) for j in others if j != i]
+        out.append((prompt_ids(tok, examples[i].question, turns), items[i][1]))
+    return out
+
+
 def heldout_batches(items, cfg: TrainConfig, mask_id: int) -> list[Batch]:
     """Fixed noise for the held-out loss: the same blocks, rates and masks every eval."""
     gen = torch.Generator().manual_seed(cfg.seed + 1)
@@ -330,7 +356,10 @@ def train(model: Llama, tok: Tokenizer, train_ex, held_ex, cfg: TrainConfig, log
     for step in bar:
         gen = torch.Generator().manual_seed(cfg.seed * 100003 + step)
         pick = torch.randint(len(items), (cfg.batch,), generator=gen).tolist()
-        batch = make_batch([items[i] for i in pick], cfg, mask_id, gen)
+        chosen = [items[i] for i in pick]
+        if cfg.history:
+            chosen = with_history(tok, train_ex, pick, items, cfg, gen)
+        batch = make_batch(chosen, cfg, mask_id, gen)
         model.train()
         loss = train_step(model, mask_emb, opt, params, batch, cfg, step)
         state["step"], state["tokens"] = step + 1, state["tokens"] + batch.n_tokens

@@ -96,3 +96,21 @@ def test_eval_scores_the_settings_the_engines_serve():
     assert sampler_settings(EvalOptions()) == [SamplerSettings()] == [DiffusionOptions().sampler]
     two = sampler_settings(EvalOptions(thresholds=(0.9, 0.7), fallbacks=("confident",)))
     assert [(s.threshold, s.fallback) for s in two] == [(0.9, "confident"), (0.7, "confident")]
+
+
+def test_history_takes_the_next_held_out_turns_cyclically(tmp_path):
+    from model.eval import EvalOptions, earlier_turns
+
+    rows = [
+        {"question": f"q{i}?", "source": "heldout", "reply": f" r{i}.", "reply_ids": [i, 2]}
+        for i in range(3)
+    ]
+    (tmp_path / "heldout.jsonl").write_text(
+        "".join(json.dumps({**r, "ended": True}) + "\n" for r in rows)
+    )
+    opts = EvalOptions(data=tmp_path, history=2)
+    assert earlier_turns(opts, 0) == [("q1?", "r1."), ("q2?", "r2.")]
+    assert earlier_turns(opts, 2) == [("q0?", "r0."), ("q1?", "r1.")]
+    assert earlier_turns(EvalOptions(data=tmp_path), 0) == []
+    with pytest.raises(FileNotFoundError, match="--history 3 needs more than 3"):
+        earlier_turns(EvalOptions(data=tmp_path, history=3), 0)

@@ -171,3 +171,30 @@ def test_attach_lora_starts_as_the_base_model():
 def test_parse_overrides_types_values():
     cfg = parse_overrides(TrainConfig(), ["block_size=16", "lr=3e-4", "bf16=false", "schedule=low"])
     assert (cfg.block_size, cfg.lr, cfg.bf16, cfg.schedule) == (16, 3e-4, False, "low")
+
+
+def test_history_puts_earlier_turns_before_the_question_and_keeps_the_reply():
+    from model.chat import ChatMessage, build_prompt
+    from model.data import PROMPT_BUDGET, Example, prompt_ids
+    from model.train import encode_examples, with_history
+    from tests.model.conftest import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    examples = [
+        Example(f"question {i}?", "template", f"reply {i}.", [40 + i, tok.im_end_id], True)
+        for i in range(5)
+    ]
+    items = encode_examples(tok, examples, 2)
+    cfg = TrainConfig(history=2)
+    got = with_history(tok, examples, [0, 1, 2, 3], items, cfg, torch.Generator().manual_seed(0))
+    again = with_history(tok, examples, [0, 1, 2, 3], items, cfg, torch.Generator().manual_seed(0))
+    assert got == again  # seeded
+    assert [r for _, r in got] == [items[i][1] for i in range(4)]  # the targets stay
+    lengths = [len(p) - len(items[i][0]) for i, (p, _) in enumerate(got)]
+    assert any(n > 0 for n in lengths) and all(n >= 0 for n in lengths)
+    for i, (p, _) in enumerate(got):  # always the picked question last
+        assert tok.decode(p).endswith(f"user\nquestion {i}?\nassistant\n")  # specials dropped
+    # the conversation layout is the engines' (build_prompt), earlier turns first
+    turn = [ChatMessage("user", "question 4?"), ChatMessage("assistant", "reply 4.")]
+    want = build_prompt(tok, [*turn, ChatMessage("user", "question 0?")], PROMPT_BUDGET)
+    assert prompt_ids(tok, "question 0?", [("question 4?", "reply 4.")]) == want
