@@ -61,6 +61,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=("confident", "leftmost"),
         help="the threshold rule's forced commit (repeatable; default: the engines')",
     )
+    llm.add_argument(
+        "--end-lookahead",
+        action="append",
+        type=_lookahead,
+        help="masked positions an end token may commit behind: N or 'any' (repeatable; "
+        "default: the engines')",
+    )
     llm.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
     llm.add_argument(
         "--history", type=int, default=0, help="earlier turns before each question (default 0)"
@@ -69,6 +76,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     llm.add_argument("--threads", type=int, default=2)
     llm.set_defaults(run=_eval_llm)
     llm.add_argument("--log-level", default="INFO")  # cli.py adds it to top-level ones
+
+
+def _lookahead(text: str) -> int | None:
+    if text == "any":
+        return None
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a count >= 0 or 'any', not {text!r}")
+    return int(text)
 
 
 def _data(args: argparse.Namespace) -> int:
@@ -113,6 +128,7 @@ def _eval_llm(args: argparse.Namespace) -> int:
         block_size=args.block_size,
         steps_per_block=args.steps_per_block,
         fallbacks=tuple(args.fallback or ()),
+        end_lookaheads=tuple(args.end_lookahead or ()),
         onnx=args.onnx,
         onnx_variant=args.onnx_variant,
         history=args.history,

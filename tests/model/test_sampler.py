@@ -130,6 +130,20 @@ def test_decide_last_step_commits_everything_masked() -> None:
     assert pos.tolist() == [0, 2, 3] and tok.tolist() == [4, 4, 4]
 
 
+def test_decide_commits_an_end_token_only_within_the_lookahead() -> None:
+    logits = np.stack([confident_logits(t, 0.99) for t in (END, 5, END)])
+    masked = np.array([False, True, True])  # position 0 is committed already
+    ends, in_order = MODEL.end_ids, SamplerSettings(end_lookahead=0)
+    pos, tok = decide(logits, masked, in_order, 4, RNG(0), ends)
+    assert pos.tolist() == [1] and tok.tolist() == [5]  # the end at 2 waits behind 1
+    masked = np.array([False, False, True])
+    pos, tok = decide(logits, masked, in_order, 4, RNG(0), ends)
+    assert pos.tolist() == [2] and tok.tolist() == [END]  # now it is next
+    for anywhere in (SamplerSettings(end_lookahead=None), SamplerSettings(end_lookahead=1)):
+        pos, _ = decide(logits, np.array([False, True, True]), anywhere, 4, RNG(0), ends)
+        assert pos.tolist() == [1, 2]
+
+
 def test_cut_at_end_fills_everything_after_the_first_end() -> None:
     x = np.array([5, MASK, END, 6, MASK, 7, MASK], np.int64)
     assert cut_at_end(x, 0, 4, frozenset({END})) == 2
@@ -191,13 +205,34 @@ def test_end_token_stops_the_reply_and_nothing_after_it_is_generated() -> None:
     # The end token at 2 is the most confident: it commits first, 3 is never generated,
     # and no second block starts although max_tokens allows three.
     b = ScriptBackend([10, 11, END, 13] + [14] * 8, [0.5, 0.6, 0.9, 0.8] + [0.9] * 8, 3)
-    s = SamplerSettings(block_size=4, rule="lowconf", steps_per_block=4)
+    s = SamplerSettings(block_size=4, rule="lowconf", steps_per_block=4, end_lookahead=None)
     tokens, stats = drain(sample(b, PROMPT, MODEL, s, RNG(0), max_tokens=12))
     M = MASK
     assert b.denoise_inputs() == [[M, M, M, M], [M, M, END, END], [M, 11, END, END]]
     assert tokens == [10, 11]
     assert stats == GenerationStats(2, 1 + 3, "end")
     assert not any(commit for _, commit, _ in b.calls[1:])
+
+
+def test_a_confident_end_waits_until_the_words_before_it_are_written() -> None:
+    # Published threshold decoding commits the confident ends first and so fixes the
+    # reply's length before its words; in order, the words come first.
+    targets, confs = [10, 11, END, END], [0.5, 0.5, 0.99, 0.99]
+    M = MASK
+    b = ScriptBackend(targets, confs, len(PROMPT))
+    s = SamplerSettings(block_size=4, end_lookahead=0)
+    tokens, stats = drain(sample(b, PROMPT, MODEL, s, RNG(0), 4))
+    assert b.denoise_inputs() == [[M, M, M, M], [10, M, M, M], [10, 11, M, M]]
+    assert tokens == [10, 11] and stats.stopped_by == "end"
+    for ahead in (None, 2):  # anywhere, or within two masked positions of the words
+        b = ScriptBackend(targets, confs, len(PROMPT))
+        s = SamplerSettings(block_size=4, end_lookahead=ahead)
+        drain(sample(b, PROMPT, MODEL, s, RNG(0), 4))
+        assert b.denoise_inputs() == [[M, M, M, M], [M, M, END, END], [10, M, END, END]]
+    b = ScriptBackend(targets, confs, len(PROMPT))
+    drain(sample(b, PROMPT, MODEL, SamplerSettings(block_size=4, end_lookahead=1), RNG(0), 4))
+    # the end at 2 waits for 10, then commits one position ahead of the words
+    assert b.denoise_inputs() == [[M, M, M, M], [10, M, M, M], [10, M, END, END]]
 
 
 def test_any_end_id_ends_the_reply() -> None:
