@@ -7,10 +7,14 @@ forward passes per reply. PyTorch eager (fp32) timings of the same decoders sit 
 them for reference. ``speedup`` is diffusion tokens/s over autoregressive tokens/s at
 the largest budget (64).
 
-The floor: every forward pass is counted in FLOPs (a chunk of T tokens against P cached
-positions, see :func:`step_flops`) and divided by the machine's peak rate, measured in
-the same run on a big int8 matrix product in ONNX Runtime (and fp32 in PyTorch); each
-engine's measured time is then compared with the time its passes would take at peak.
+The floor is a roofline: every forward pass (a chunk of T tokens against P cached
+positions) is counted in FLOPs (:func:`step_flops`) and in bytes it must read
+(:func:`step_bytes`: every weight once, the KV cache), and takes at least the longer of
+FLOPs / peak rate and bytes / bandwidth. Both rates are measured in the same run with
+the served kernel: a big int8 matrix product and an int8 matrix-vector product over
+more weights than the caches hold, in ONNX Runtime (fp32 in PyTorch for its column).
+An autoregressive step reads all 135 M weights for one token, so it is bound by memory;
+a 16-token block pass does 16x the work on the same bytes.
 """
 
 from __future__ import annotations
@@ -73,6 +77,32 @@ def step_flops(d: Dims, T: int, P: int, K: int) -> float:
     return 2.0 * (d.n_layer * T * (linear + attention) + K * C * d.vocab_size)
 
 
+def step_bytes(d: Dims, T: int, P: int, weight_bytes: float, kv_bytes: int) -> float:
+    """Bytes one step must move at least: every projection and head weight once (at
+    ``weight_bytes`` each, scales included), the P cached keys and values read, the T
+    new ones written, and T embedding rows (fp32)."""
+    C, kv = d.n_embd, d.n_kv_head * d.head_dim
+    weights = d.n_layer * (C * C * 2 + 2 * C * kv + 3 * C * d.ffn_hidden) + C * d.vocab_size
+    cache = 2 * d.n_layer * kv * (P + T) * kv_bytes
+    return weights * weight_bytes + cache + T * C * 4
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """One runtime's measured peak rates and the storage of its weights and cache."""
+
+    flops: float  # FLOP/s of a big matrix product
+    bandwidth: float  # bytes/s streaming weights through a matrix-vector product
+    weight_bytes: float  # bytes per weight in the timed model, scales included
+    kv_bytes: int = 4  # bytes per cached key or value element
+
+    def step_s(self, d: Dims, T: int, P: int, K: int) -> tuple[float, float]:
+        """(compute, memory) seconds of one step at peak."""
+        return step_flops(d, T, P, K) / self.flops, (
+            step_bytes(d, T, P, self.weight_bytes, self.kv_bytes) / self.bandwidth
+        )
+
+
 class CountingBackend:
     """A StepBackend proxy that records each step's (T, P, K) for the FLOP count."""
 
@@ -132,7 +162,7 @@ def time_engine(
     decode: Decoder,
     prompts: list[list[int]],
     budget: int,
-    peak: float,
+    roof: Roofline,
     dims: Dims,
 ) -> dict[str, Any]:
     counter = CountingBackend(backend)
@@ -140,7 +170,7 @@ def time_engine(
     times: list[float] = []
     tokens: list[int] = []
     passes: list[int] = []
-    floor = 0.0
+    compute = memory = floor = 0.0
     replies: list[list[int]] = []
     for p in prompts:
         counter.steps.clear()
@@ -149,9 +179,12 @@ def time_engine(
         times.append(time.perf_counter() - t0)
         tokens.append(stats.tokens)
         passes.append(stats.forward_passes)
-        floor += sum(step_flops(dims, *s) for s in counter.steps) / peak
+        for step in counter.steps:
+            c, m = roof.step_s(dims, *step)
+            compute, memory, floor = compute + c, memory + m, floor + max(c, m)
         replies.append(out)
     total = sum(times)
+    n = len(prompts)
     return {
         "replies": len(prompts),
         "p50_s": statistics.median(times),
@@ -160,14 +193,17 @@ def time_engine(
         "tokens_per_s": sum(tokens) / total,
         "tokens_per_reply": sum(tokens) / len(tokens),
         "passes_per_reply": sum(passes) / len(passes),
-        "floor_s_per_reply": floor / len(prompts),
-        "fraction_of_peak": floor / total,
+        "floor_compute_s_per_reply": compute / n,
+        "floor_memory_s_per_reply": memory / n,
+        "floor_s_per_reply": floor / n,  # the roofline: the longer of the two per pass
+        "fraction_of_peak": compute / total,
+        "fraction_of_floor": floor / total,
         "_replies": replies,
     }
 
 
-def peak_int8_ort(n: int = 1024, repeats: int = 5, method: str = "blockwise") -> float:
-    """FLOP/s of an n x 4n x 4n product in ONNX Runtime, quantised as ``method``."""
+def _int8_matmul(k: int, n: int, method: str) -> Callable[[NDArray[np.float32]], object]:
+    """An ONNX Runtime session of x @ W (W: k x n, random) with W quantised as ``method``."""
     import tempfile
 
     import onnx
@@ -175,13 +211,12 @@ def peak_int8_ort(n: int = 1024, repeats: int = 5, method: str = "blockwise") ->
 
     from export.build import quantize_int8
 
-    rng = np.random.default_rng(0)
-    w = rng.standard_normal((4 * n, 4 * n)).astype(np.float32)
+    w = np.random.default_rng(0).standard_normal((k, n)).astype(np.float32)
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w"], ["y"])],
         "peak",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, 4 * n])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, 4 * n])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m", k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", n])],
         [numpy_helper.from_array(w, "w")],
     )
     with tempfile.TemporaryDirectory() as d:
@@ -191,8 +226,29 @@ def peak_int8_ort(n: int = 1024, repeats: int = 5, method: str = "blockwise") ->
         import onnxruntime as ort
 
         sess = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"])
-    x = rng.standard_normal((n, 4 * n)).astype(np.float32)
-    return 2.0 * n * (4 * n) ** 2 / _median_time(lambda: sess.run(None, {"x": x}), repeats)
+    return lambda x: sess.run(None, {"x": x})
+
+
+def peak_int8_ort(n: int = 1024, repeats: int = 5, method: str = "blockwise") -> float:
+    """FLOP/s of an n x 4n x 4n product in ONNX Runtime, quantised as ``method``."""
+    run = _int8_matmul(4 * n, 4 * n, method)
+    x = np.random.default_rng(1).standard_normal((n, 4 * n)).astype(np.float32)
+    return 2.0 * n * (4 * n) ** 2 / _median_time(lambda: run(x), repeats)
+
+
+def bandwidth_int8_ort(k: int = 4096, n: int = 16384, repeats: int = 9) -> float:
+    """Bytes/s of blockwise int8 weights (scales included) through one matrix-vector
+    product, the AR step's kernel; k x n = 64 M weights, twice the biggest L3 here."""
+    run = _int8_matmul(k, n, "blockwise")
+    x = np.random.default_rng(1).standard_normal((1, k)).astype(np.float32)
+    return k * n * int8_bytes_per_weight("blockwise") / _median_time(lambda: run(x), repeats)
+
+
+def int8_bytes_per_weight(method: str) -> float:
+    """Stored bytes per weight: int8 plus, for blockwise, one fp32 scale per block."""
+    from export.build import INT8_BLOCK
+
+    return 1.0 + (4.0 / INT8_BLOCK if method == "blockwise" else 0.0)
 
 
 def peak_fp32_torch(n: int = 2048, repeats: int = 5) -> float:
@@ -200,6 +256,13 @@ def peak_fp32_torch(n: int = 2048, repeats: int = 5) -> float:
 
     a, b = torch.randn(n, n), torch.randn(n, n)
     return 2.0 * n**3 / _median_time(lambda: a @ b, repeats)
+
+
+def bandwidth_fp32_torch(k: int = 4096, n: int = 16384, repeats: int = 9) -> float:
+    import torch
+
+    x, w = torch.randn(1, k), torch.randn(k, n)
+    return 4.0 * k * n / _median_time(lambda: x @ w, repeats)
 
 
 def _median_time(fn: Callable[[], object], repeats: int) -> float:
@@ -230,13 +293,20 @@ def run_llm_bench(options: BenchOptions) -> dict[str, Any]:
     # The machine's int8 peak is its fastest int8 kernel (dynamic quantisation's QGEMM);
     # the served file's own kernel is reported beside it.
     kernel_peaks = {m: peak_int8_ort(method=m) for m in ("dynamic", "blockwise")}
-    peak = max(kernel_peaks.values())
+    method = (manifest["files"]["model.int8.onnx"].get("quantisation") or {}).get("method")
+    roofs = {
+        "onnx-int8": Roofline(
+            max(kernel_peaks.values()),
+            bandwidth_int8_ort(),
+            int8_bytes_per_weight(method or "dynamic"),
+        )
+    }
     backends: dict[str, StepBackend] = {
         "onnx-int8": OrtBackend(model_dir / "model.int8.onnx", RuntimeConfig(max_len=1024))
     }
-    peaks = {"onnx-int8": peak}
     if options.torch_reference:
-        backends["torch-fp32"], peaks["torch-fp32"] = _torch_backend(), peak_fp32_torch()
+        backends["torch-fp32"] = _torch_backend()
+        roofs["torch-fp32"] = Roofline(peak_fp32_torch(), bandwidth_fp32_torch(), 4.0)
     decoders: dict[str, Decoder] = {"ar": ar_decoder(tok)}
     missing = None
     try:
@@ -249,9 +319,9 @@ def run_llm_bench(options: BenchOptions) -> dict[str, Any]:
             for engine, decode in decoders.items():
                 log.info("bench: %s on %s, budget %d ...", engine, runtime, budget)
                 n = options.torch_prompts if runtime.startswith("torch") else None
-                r = time_engine(backend, decode, prompts[:n], budget, peaks[runtime], dims)
+                r = time_engine(backend, decode, prompts[:n], budget, roofs[runtime], dims)
                 rows.append({"engine": engine, "runtime": runtime, "budget": budget, **r})
-    results = _results(rows, options, peaks, dims, missing, manifest, questions)
+    results = _results(rows, options, roofs, dims, missing, manifest, questions)
     results["int8_kernel_peak_flops"] = kernel_peaks
     return results
 
@@ -279,7 +349,7 @@ def _adapter_summary(manifest: dict[str, Any]) -> dict[str, Any] | None:
 def _results(
     rows: list[dict[str, Any]],
     options: BenchOptions,
-    peaks: dict[str, float],
+    roofs: dict[str, Roofline],
     dims: Dims,
     missing: str | None,
     manifest: dict[str, Any],
@@ -297,7 +367,9 @@ def _results(
     for row in rows:
         row.pop("_replies")
     return {
-        "machine_peak_flops": peaks,
+        "machine_peak_flops": {k: r.flops for k, r in roofs.items()},
+        "machine_bandwidth_bytes_per_s": {k: r.bandwidth for k, r in roofs.items()},
+        "weight_bytes_per_weight": {k: r.weight_bytes for k, r in roofs.items()},
         "flops_per_pass_example": {
             "T=1,P=100": step_flops(dims, 1, 100, 1),
             "T=16,P=100,K=16": step_flops(dims, 16, 100, 16),
@@ -317,19 +389,21 @@ def _results(
 def print_table(results: dict[str, Any]) -> None:
     print(
         f"{'engine':10s} {'runtime':11s} {'budget':>6s} {'p50 s':>7s} {'p95 s':>7s} "
-        f"{'tok/s':>7s} {'tok':>6s} {'passes':>7s} {'floor s':>8s} {'%peak':>6s}"
+        f"{'tok/s':>7s} {'tok':>6s} {'passes':>7s} {'floor s':>8s} {'%floor':>6s} "
+        f"{'%peak':>6s}"
     )
     for r in results["rows"]:
         print(
             f"{r['engine']:10s} {r['runtime']:11s} {r['budget']:6d} {r['p50_s']:7.3f} "
             f"{r['p95_s']:7.3f} {r['tokens_per_s']:7.1f} {r['tokens_per_reply']:6.1f} "
             f"{r['passes_per_reply']:7.1f} {r['floor_s_per_reply']:8.4f} "
-            f"{100 * r['fraction_of_peak']:6.1f}"
+            f"{100 * r['fraction_of_floor']:6.1f} {100 * r['fraction_of_peak']:6.1f}"
         )
     peaks = ", ".join(
-        f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in results["machine_peak_flops"].items()
+        f"{k} {v / 1e9:.0f} GFLOP/s, {results['machine_bandwidth_bytes_per_s'][k] / 1e9:.1f} GB/s"
+        for k, v in results["machine_peak_flops"].items()
     )
-    print(f"peak: {peaks}")
+    print(f"peak: {peaks} (floor: the longer of FLOPs/peak and bytes/bandwidth per pass)")
     if kernels := results.get("int8_kernel_peak_flops"):
         rates = ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in kernels.items())
         print(f"int8 kernels: {rates}")

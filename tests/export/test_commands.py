@@ -9,7 +9,16 @@ import numpy as np
 import pytest
 
 import export.build
-from export.bench import CountingBackend, Dims, ar_decoder, step_flops, time_engine
+from export.bench import (
+    CountingBackend,
+    Dims,
+    Roofline,
+    ar_decoder,
+    int8_bytes_per_weight,
+    step_bytes,
+    step_flops,
+    time_engine,
+)
 from export.modeldir import (
     DEFAULT_NAME,
     default_model_dir,
@@ -129,6 +138,26 @@ def test_flops_of_one_token_are_about_twice_the_parameters() -> None:
     assert step_flops(d, 16, 100, 16) > 16 * step_flops(d, 1, 0, 1)
 
 
+def test_bytes_of_a_step_are_its_weights_once_whatever_the_chunk() -> None:
+    d = Dims(30, 576, 9, 3, 64, 1536, 49152)
+    one = step_bytes(d, 1, 0, 1.0, 4)
+    assert one == pytest.approx(134.5e6, rel=0.02)  # int8: a byte per weight
+    # 16 tokens cost 16x the FLOPs but only their own cache rows in bytes
+    assert step_bytes(d, 16, 0, 1.0, 4) - one == 15 * (2 * 30 * 192 * 4 + 576 * 4)
+    assert step_bytes(d, 1, 100, 1.0, 4) - one == 100 * 2 * 30 * 192 * 4
+    assert int8_bytes_per_weight("blockwise") == 1.125  # a fp32 scale per 32 weights
+    assert int8_bytes_per_weight("dynamic") == 1.0
+
+
+def test_the_floor_is_the_slower_of_compute_and_memory_per_pass() -> None:
+    d = Dims(30, 576, 9, 3, 64, 1536, 49152)
+    roof = Roofline(flops=500e9, bandwidth=20e9, weight_bytes=1.0)
+    c1, m1 = roof.step_s(d, 1, 100, 1)
+    c16, m16 = roof.step_s(d, 16, 100, 16)
+    assert m1 > c1  # one token: bound by reading the weights
+    assert c16 > c1 * 15 and m16 < m1 * 1.1  # a block: the same bytes, 16x the work
+
+
 def test_bench_times_the_ar_decoder_and_counts_its_passes(tiny_dir: Path) -> None:
     tok = load_tokenizer(tiny_dir)
     b = ort_backend(tiny_dir, "model.int8.onnx")
@@ -141,8 +170,13 @@ def test_bench_times_the_ar_decoder_and_counts_its_passes(tiny_dir: Path) -> Non
         TINY.ffn_hidden,
         TINY.vocab_size,
     )
-    r = time_engine(b, ar_decoder(tok), [[1, 5, 6], [1, 7, 8, 9]], 8, 1e9, d)
+    roof = Roofline(flops=1e9, bandwidth=1e9, weight_bytes=1.0)
+    r = time_engine(b, ar_decoder(tok), [[1, 5, 6], [1, 7, 8, 9]], 8, roof, d)
     assert r["replies"] == 2 and r["p50_s"] > 0 and r["p95_s"] >= r["p50_s"]
+    assert r["floor_s_per_reply"] >= max(
+        r["floor_compute_s_per_reply"], r["floor_memory_s_per_reply"]
+    )
+    assert r["floor_s_per_reply"] <= r["floor_compute_s_per_reply"] + r["floor_memory_s_per_reply"]
     assert r["passes_per_reply"] == r["tokens_per_reply"] or r["passes_per_reply"] >= 1
     counter = CountingBackend(b)
     counter.step(counter.new_cache(), np.array([1, 2, 3]), "causal", True, last_only=True)
