@@ -21,7 +21,11 @@ from tests.speech import SpeechFactory, word_error_rate, write_wav
 
 pytestmark = [pytest.mark.e2e, pytest.mark.models]
 
-QUESTION = "What is the capital of France?"
+# The reply must be one Whisper can spell back. Asked about France, the served int8
+# diffusion model writes "Le Grand Jardin is the capital of France." (fp32: "... is
+# Paris."): a made-up name, from a near-tie that weight quantisation flips. Italy gets
+# "The capital of Italy is Rome." from PyTorch, fp32 and int8 alike (docs/training.md).
+QUESTION = "What is the capital of Italy?"
 
 
 def pcm(audio: np.ndarray) -> Pcm:
