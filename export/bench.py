@@ -34,7 +34,7 @@ from numpy.typing import NDArray
 from export.modeldir import default_model_dir, ensure_model_dir, is_complete, load_tokenizer
 from export.prompts import QUESTIONS
 from export.runtime import OrtBackend, RuntimeConfig
-from model.backend import Attend, StepBackend
+from model.backend import Attend, Rows, StepBackend
 from model.chat import build_prompt
 from model.engine import ChatMessage, GenerationStats, drain
 from model.generate import greedy
@@ -126,11 +126,11 @@ class CountingBackend:
         ids: NDArray[np.int64],
         attend: Attend,
         commit: bool,
-        last_only: bool = False,
+        rows: Rows = None,
     ) -> NDArray[np.float32]:
         T = len(ids)
-        self.steps.append((T, self.inner.cache_length(cache), 1 if last_only else T))
-        return self.inner.step(cache, ids, attend, commit, last_only)
+        self.steps.append((T, self.inner.cache_length(cache), T if rows is None else len(rows)))
+        return self.inner.step(cache, ids, attend, commit, rows)
 
 
 Decoder = Callable[[StepBackend, list[int], int], Generator[int, None, GenerationStats]]

@@ -13,7 +13,7 @@ inputs
     ``block`` () bool: False = causal ("causal" attend), True = every chunk token sees
     the whole chunk (a block-diffusion block, BD3-LM / Fast-dLLM v2). One graph serves
     the autoregressive baseline and the diffusion sampler, so their comparison is fair.
-    ``logit_rows`` (K,) int64: which chunk rows get logits (``[T-1]`` for last_only,
+    ``logit_rows`` (K,) int64: which chunk rows get logits (``[T-1]``: the last only,
     so a prefill does not pay the 49152-wide head for every prompt token).
 outputs
     ``logits`` (K, V) float32, ``keys``, ``values`` (T, L, n_kv, hd): the chunk's own

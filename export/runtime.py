@@ -21,7 +21,7 @@ import numpy as np
 import onnxruntime as ort
 from numpy.typing import NDArray
 
-from model.backend import Attend, Logits
+from model.backend import Attend, Logits, Rows
 
 Device = Literal["auto", "cpu", "cuda", "tensorrt"]
 _PROVIDERS = {
@@ -132,7 +132,7 @@ class OrtBackend:
         ids: NDArray[np.int64],
         attend: Attend,
         commit: bool,
-        last_only: bool = False,
+        rows: Rows = None,
     ) -> Logits:
         P, T = cache.length, len(ids)
         if commit and self.max_len < P + T:
@@ -142,7 +142,7 @@ class OrtBackend:
             "past_keys": cache.keys[:P],
             "past_values": cache.values[:P],
             "block": np.array(attend == "block"),
-            "logit_rows": np.arange(T - 1 if last_only else 0, T, dtype=np.int64),
+            "logit_rows": np.arange(T) if rows is None else np.asarray(rows, np.int64),
         }
         logits, keys, values = self.session.run(None, feeds)
         if commit:

@@ -15,6 +15,7 @@ repeatedly and committed once, when its tokens are final.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal, Protocol
 
 import numpy as np
@@ -22,6 +23,12 @@ from numpy.typing import NDArray
 
 Attend = Literal["causal", "block"]
 Logits = NDArray[np.float32]
+Rows = Sequence[int] | NDArray[np.int64] | None
+
+
+def last_row(ids: Sequence[int] | NDArray[np.int64]) -> list[int]:
+    """``rows`` for a step that needs only its last token's logits (prefill, AR)."""
+    return [len(ids) - 1]
 
 
 class StepBackend(Protocol):
@@ -43,9 +50,11 @@ class StepBackend(Protocol):
         ids: NDArray[np.int64],
         attend: Attend,
         commit: bool,
-        last_only: bool = False,
+        rows: Rows = None,
     ) -> Logits:
-        """Logits ``(T, V)`` for ``ids (T,)`` (``(1, V)`` with last_only), float32."""
+        """Logits ``(K, V)``, float32, for the ``rows`` of ``ids (T,)`` (ascending chunk
+        indices; None: all T). The vocabulary head is a fifth of a 16-token pass, so a
+        step asks only for the rows it reads (:func:`last_row`, a block's masked rows)."""
         ...
 
 
@@ -79,11 +88,11 @@ class TorchBackend:
         ids: NDArray[np.int64],
         attend: Attend,
         commit: bool,
-        last_only: bool = False,
+        rows: Rows = None,
     ) -> Logits:
         torch = self._torch
         mask = "causal" if attend == "causal" else "full"
         with torch.inference_mode():
             x = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64))[None]  # (1, T)
-            logits = self.model(x, cache=cache, mask=mask, commit=commit, last_only=last_only)
-            return logits[0].float().numpy()  # (T, V)
+            logits = self.model(x, cache=cache, mask=mask, commit=commit, rows=rows)
+            return logits[0].float().numpy()  # (K, V)

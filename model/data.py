@@ -117,7 +117,8 @@ def decode_batch(
     alive = list(range(B))  # batch row j is prompt alive[j]; finished rows are dropped
     with torch.inference_mode():
         for step in range(max_new_tokens):
-            logits = model(x, pos=pos, cache=cache, mask=mask, last_only=True)[:, -1].float()
+            rows = [x.shape[1] - 1]  # the last token's logits only
+            logits = model(x, pos=pos, cache=cache, mask=mask, rows=rows)[:, -1].float()
             if temperature > 0:
                 probs = torch.softmax(logits / temperature, dim=-1)
                 token = torch.multinomial(probs, 1, generator=gen)[:, 0]  # (B,)

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from model.backend import StepBackend, TorchBackend
+from model.backend import StepBackend, TorchBackend, last_row
 from model.engine import GenerationStats
 
 
@@ -54,7 +54,7 @@ def greedy(
     while True:
         if should_stop():
             return GenerationStats(n_tokens, passes, "cancel")
-        logits = backend.step(cache, x, "causal", commit=True, last_only=True)  # (1, V)
+        logits = backend.step(cache, x, "causal", commit=True, rows=last_row(x))  # (1, V)
         passes += 1
         token = int(logits[-1].argmax())
         if token in stop_ids:

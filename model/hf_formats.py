@@ -202,13 +202,13 @@ def _require(cfg: dict[str, Any], **expected: Any) -> None:
 class DeviceBackend(TorchBackend):
     """TorchBackend for a model on any device (CUDA): ids in, numpy logits out."""
 
-    def step(self, cache, ids, attend, commit, last_only=False):  # type: ignore[no-untyped-def]
+    def step(self, cache, ids, attend, commit, rows=None):  # type: ignore[no-untyped-def]
         torch_ = self._torch
         mask = "causal" if attend == "causal" else "full"
         device = self.model.tok_emb.weight.device
         with torch_.inference_mode():
             x = torch_.as_tensor(np.asarray(ids, dtype=np.int64), device=device)[None]
-            logits = self.model(x, cache=cache, mask=mask, commit=commit, last_only=last_only)
+            logits = self.model(x, cache=cache, mask=mask, commit=commit, rows=rows)
             return logits[0].float().cpu().numpy()
 
 

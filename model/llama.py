@@ -20,6 +20,7 @@ cache stays exact.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -233,9 +234,10 @@ class Llama(nn.Module):
         cache: KVCache | None = None,
         mask: Mask = "causal",
         commit: bool = True,
-        last_only: bool = False,
+        rows: Sequence[int] | torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Logits ``(B, T, V)`` (``(B, 1, V)`` with last_only) for tokens ``idx (B, T)``.
+        """Logits ``(B, K, V)`` for tokens ``idx (B, T)``: the ``rows`` of the chunk
+        (indices into T; None: all, K = T). Only those rows go through the head.
 
         ``pos``: positions ``(B, T)``, or the first position (default: the cache length).
         """
@@ -251,8 +253,8 @@ class Llama(nn.Module):
             x = block(x, rope, mask, cache, i, commit)
         if cache is not None and commit:
             cache.length += T
-        if last_only:
-            x = x[:, -1:]
+        if rows is not None:
+            x = x[:, torch.as_tensor(rows, dtype=torch.long, device=x.device)]
         return self.head(self.norm(x))  # (B, T, V)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:

@@ -179,5 +179,5 @@ def test_bench_times_the_ar_decoder_and_counts_its_passes(tiny_dir: Path) -> Non
     assert r["floor_s_per_reply"] <= r["floor_compute_s_per_reply"] + r["floor_memory_s_per_reply"]
     assert r["passes_per_reply"] == r["tokens_per_reply"] or r["passes_per_reply"] >= 1
     counter = CountingBackend(b)
-    counter.step(counter.new_cache(), np.array([1, 2, 3]), "causal", True, last_only=True)
+    counter.step(counter.new_cache(), np.array([1, 2, 3]), "causal", True, rows=[2])
     assert counter.steps == [(3, 0, 1)]

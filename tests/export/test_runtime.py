@@ -42,7 +42,9 @@ def test_uncommitted_block_steps_leave_the_cache_alone_and_truncate_rolls_back(
     again = b.step(cache, block, "block", commit=False)
     assert b.cache_length(cache) == 3
     np.testing.assert_array_equal(a, again)
-    last = b.step(cache, block, "block", commit=True, last_only=True)
+    first = b.step(cache, block, "block", commit=False, rows=[0])  # only the rows asked for
+    np.testing.assert_allclose(first, a[:1], atol=1e-5)
+    last = b.step(cache, block, "block", commit=True, rows=[1])
     np.testing.assert_allclose(last, a[-1:], atol=1e-5)
     assert b.cache_length(cache) == 5
     b.truncate(cache, 3)

@@ -63,7 +63,7 @@ class RecomputeBackend:
         cache["ids"] = cache["ids"][:length]
         cache["prompt"] = min(cache["prompt"], length)
 
-    def step(self, cache, ids, attend, commit, last_only=False):  # type: ignore[no-untyped-def]
+    def step(self, cache, ids, attend, commit, rows=None):  # type: ignore[no-untyped-def]
         seq = cache["ids"] + ids.tolist()
         n_prompt = len(seq) if attend == "causal" else cache["prompt"]
         mask = block_causal_mask(n_prompt, len(seq), self.block_size)
@@ -71,7 +71,7 @@ class RecomputeBackend:
             logits = self.model(torch.tensor([seq]), mask=mask)[0, len(cache["ids"]) :]
         if commit:
             cache["ids"], cache["prompt"] = seq, n_prompt
-        return (logits[-1:] if last_only else logits).numpy()
+        return (logits if rows is None else logits[list(rows)]).numpy()
 
 
 # ------------------------------------------------------------------ the model
@@ -195,10 +195,10 @@ def tiny_generator(**options: Any) -> tuple[DiffusionGenerator, list[int]]:
     prefills: list[int] = []
     step = backend.step
 
-    def counting_step(cache, ids, attend, commit, last_only=False):  # type: ignore[no-untyped-def]
+    def counting_step(cache, ids, attend, commit, rows=None):  # type: ignore[no-untyped-def]
         if attend == "causal":
             prefills.append(len(ids))
-        return step(cache, ids, attend, commit, last_only)
+        return step(cache, ids, attend, commit, rows)
 
     backend.step = counting_step  # type: ignore[method-assign]
     opts = DiffusionOptions(sampler=SamplerSettings(block_size=8, steps_per_block=4), **options)

@@ -60,11 +60,12 @@ def test_attention_modes() -> None:
 
 
 @torch.inference_mode()
-def test_explicit_positions_and_last_only() -> None:
+def test_explicit_positions_and_logit_rows() -> None:
     model, idx = tiny_model(), tokens(6)
     pos = torch.arange(6).expand(2, 6)
     torch.testing.assert_close(model(idx, pos=pos), model(idx), atol=ATOL, rtol=0)
-    torch.testing.assert_close(model(idx, last_only=True), model(idx)[:, -1:])
+    torch.testing.assert_close(model(idx, rows=[5]), model(idx)[:, -1:])
+    torch.testing.assert_close(model(idx, rows=[0, 3]), model(idx)[:, [0, 3]])
     # RoPE makes attention depend on relative position only: shifting all positions
     # leaves the logits unchanged.
     torch.testing.assert_close(model(idx, pos=100), model(idx), atol=1e-4, rtol=0)

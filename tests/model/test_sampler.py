@@ -57,7 +57,7 @@ class ScriptBackend:
     def truncate(self, cache: dict[str, int], length: int) -> None:
         cache["length"] = length
 
-    def step(self, cache: Any, ids: np.ndarray, attend: str, commit: bool, last_only=False):
+    def step(self, cache: Any, ids: np.ndarray, attend: str, commit: bool, rows=None):
         self.calls.append((attend, commit, ids.tolist()))
         start = cache["length"] - self.prompt_len  # reply position of ids[0]
         out = np.zeros((len(ids), V), np.float32)
@@ -66,7 +66,7 @@ class ScriptBackend:
                 out[i] = self.rows[start + i]
         if commit:
             cache["length"] += len(ids)
-        return out[-1:] if last_only else out
+        return out if rows is None else out[list(rows)]
 
     def denoise_inputs(self) -> list[list[int]]:
         return [ids for attend, commit, ids in self.calls if attend == "block" and not commit]
@@ -305,9 +305,9 @@ def test_shift_predicts_a_block_start_from_the_previous_pass() -> None:
     class Shifted(ScriptBackend):
         """Row i predicts reply position i + 1, as after Dream's shift."""
 
-        def step(self, cache, ids, attend, commit, last_only=False):  # type: ignore[no-untyped-def]
+        def step(self, cache, ids, attend, commit, rows=None):  # type: ignore[no-untyped-def]
             cache["length"] += 1  # pretend one position later ...
-            out = super().step(cache, ids, attend, commit, last_only)
+            out = super().step(cache, ids, attend, commit, rows)
             cache["length"] -= 1  # ... and restore
             return out
 
@@ -343,9 +343,9 @@ def test_the_mask_token_is_never_committed() -> None:
 
 def test_full_attention_reruns_prompt_and_reply_without_a_cache() -> None:
     class Full(ScriptBackend):
-        def step(self, cache, ids, attend, commit, last_only=False):  # type: ignore[no-untyped-def]
+        def step(self, cache, ids, attend, commit, rows=None):  # type: ignore[no-untyped-def]
             assert attend == "block" and not commit and cache["length"] == 0
-            return super().step(cache, ids, attend, commit, last_only)
+            return super().step(cache, ids, attend, commit, rows)
 
     b = Full(list(range(10, 18)), [0.99] * 8, len(PROMPT))
     b.prompt_len = 0  # rows are indexed from the prompt's first token
