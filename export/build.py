@@ -37,7 +37,9 @@ log = logging.getLogger("quicksilver")
 OPSET = 17
 Int8Method = Literal["blockwise", "dynamic"]
 INT8_METHODS: tuple[Int8Method, ...] = ("blockwise", "dynamic")
-INT8_BLOCK = 32  # weights per scale along K; 128 ends 0.95 of held-out replies, 32 0.975
+# weights per scale along K. Larger blocks run faster (128: a 16% quicker block pass)
+# but end fewer held-out replies cleanly (served default: 32 0.95, 64 0.90, 128 0.925)
+INT8_BLOCK = 32
 
 
 @dataclass(frozen=True)
