@@ -255,7 +255,7 @@ class Llama(nn.Module):
             cache.length += T
         if rows is not None:
             x = x[:, torch.as_tensor(rows, dtype=torch.long, device=x.device)]
-        return self.head(self.norm(x))  # (B, T, V)
+        return self.head(self.norm(x))  # (B, K, V)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Logits over the vocabulary: a tied head skips the extra (mask) embedding rows."""

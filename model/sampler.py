@@ -49,7 +49,6 @@ Rule = Literal["threshold", "lowconf"]
 Fallback = Literal["confident", "leftmost"]
 Attention = Literal["block", "full"]
 Ids = NDArray[np.int64]
-Mask = NDArray[np.bool_]
 
 
 @dataclass(frozen=True)
@@ -171,8 +170,9 @@ def decide(
 ) -> tuple[Ids, Ids]:
     """The commit rule: which masked positions of a block commit, and to which tokens.
 
-    ``logits (N, V)`` predict the block's ``N`` positions (only the rows of masked ones
-    are read); ``masked (N,)`` marks those still undecided; ``steps_left`` counts this step. The last step commits them all.
+    ``logits (N, V)`` predict the block's ``N`` positions (only the masked ones' rows
+    are read); ``masked (N,)`` marks those still undecided; ``steps_left`` counts this
+    step. The last step commits them all.
     An end token (``end_ids``) proposed behind more than ``settings.end_lookahead``
     masked positions counts as confidence 0 (the block's earlier blocks are final, so
     the masked positions before it are the words the reply still lacks).
@@ -275,16 +275,13 @@ def _sample_blocks(
         block = r.x[lo : lo + B]  # a view: commits write into r.x
 
         def predict(
-            masked: Mask, block: Ids = block, last: NDArray[np.float32] = last
+            want: Ids, block: Ids = block, last: NDArray[np.float32] = last
         ) -> NDArray[np.float32]:
-            want = np.flatnonzero(masked)
             rows = want - 1 if r.model.shift else want  # block row i predicts i + shift
             logits = backend.step(cache, block, "block", commit=False, rows=rows[rows >= 0])
-            out = _rows(masked.size, logits.shape[-1])
-            out[want[rows >= 0]] = logits
-            if rows.size and rows[0] < 0:
-                out[0] = last  # the block's first position, predicted by the pass before
-            return out
+            if rows.size and rows[0] < 0:  # the block's first position: the pass before
+                logits = np.concatenate([last[None], logits])
+            return logits
 
         if not (yield from _denoise(r, lo, predict)):
             return r.stats("cancel")
@@ -305,13 +302,9 @@ def _sample_full(
     cache = backend.new_cache()  # stays empty: nothing is committed
     for lo in range(0, r.x.size, B):
 
-        def predict(masked: Mask, lo: int = lo) -> NDArray[np.float32]:
+        def predict(want: Ids, lo: int = lo) -> NDArray[np.float32]:
             seq = np.concatenate([prompt, r.x])  # (P + N,)
-            want = np.flatnonzero(masked)
-            logits = backend.step(cache, seq, "block", commit=False, rows=P + lo - s + want)
-            out = _rows(masked.size, logits.shape[-1])
-            out[want] = logits
-            return out
+            return backend.step(cache, seq, "block", commit=False, rows=P + lo - s + want)
 
         if not (yield from _denoise(r, lo, predict)):
             return r.stats("cancel")
@@ -329,25 +322,23 @@ def _finished(r: _Reply, hi: int) -> Literal["end", "budget"] | None:
     return None
 
 
-def _rows(n: int, vocab: int) -> NDArray[np.float32]:
-    """Logits for a block's ``n`` live positions; only the masked rows get filled."""
-    return np.empty((n, vocab), np.float32)
-
-
 def _denoise(
-    r: _Reply, lo: int, predict: Callable[[Mask], NDArray[np.float32]]
+    r: _Reply, lo: int, predict: Callable[[Ids], NDArray[np.float32]]
 ) -> Generator[int, None, bool]:
     """Denoise the block at ``lo`` until none of its live positions is masked,
-    yielding tokens as they become final. ``predict(masked)`` gives logits for the
-    live positions, valid on the masked ones (the only rows that are read and the
-    only ones the model computes). Returns False if cancelled."""
+    yielding tokens as they become final. ``predict(want)`` gives logits for the block
+    positions ``want`` only (the masked ones: the only rows read, so the only ones the
+    model computes). Returns False if cancelled."""
     hi = min(lo + r.settings.block_size, r.limit)  # live positions: [lo, hi)
     taken = 0  # steps spent on this block
     while (masked := r.x[lo:hi] == r.model.mask_id).any():
         if r.should_stop():
             return False
         left = min(r.settings.block_steps - taken, r.settings.step_budget(r.limit) - r.steps)
-        logits = _no_mask(predict(masked), r.model.mask_id)  # (live, V)
+        want = np.flatnonzero(masked)
+        rows = predict(want)  # (M, V)
+        logits = np.empty((masked.size, rows.shape[-1]), rows.dtype)  # (live, V)
+        logits[want] = _no_mask(rows, r.model.mask_id)  # the other rows are never read
         r.passes, r.steps, taken = r.passes + 1, r.steps + 1, taken + 1
         pos, tok = decide(logits, masked, r.settings, left, r.rng, r.model.end_ids)
         r.x[lo + pos] = tok

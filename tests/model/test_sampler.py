@@ -301,20 +301,37 @@ def test_tokens_are_released_as_soon_as_no_mask_precedes_them() -> None:
     assert events.index("11") < events.index("14") and events.count("pass") == 1 + 4 + 1 + 4
 
 
+class Shifted(ScriptBackend):
+    """Row i predicts reply position i + 1, as after Dream's shift; records the logit
+    rows each denoising step asks for."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.asked: list[list[int]] = []
+
+    def step(self, cache, ids, attend, commit, rows=None):  # type: ignore[no-untyped-def]
+        if attend == "block" and not commit:
+            self.asked.append(list(rows))
+        cache["length"] += 1  # pretend one position later ...
+        out = super().step(cache, ids, attend, commit, rows)
+        cache["length"] -= 1  # ... and restore
+        return out
+
+
 def test_shift_predicts_a_block_start_from_the_previous_pass() -> None:
-    class Shifted(ScriptBackend):
-        """Row i predicts reply position i + 1, as after Dream's shift."""
-
-        def step(self, cache, ids, attend, commit, rows=None):  # type: ignore[no-untyped-def]
-            cache["length"] += 1  # pretend one position later ...
-            out = super().step(cache, ids, attend, commit, rows)
-            cache["length"] -= 1  # ... and restore
-            return out
-
     b = Shifted(list(range(10, 18)), [0.99] * 8, len(PROMPT))
     model = DiffusionConfig(MASK, frozenset({END}), "block", shift=True)
     tokens, _ = drain(sample(b, PROMPT, model, SamplerSettings(block_size=4), RNG(0), 8))
     assert tokens == list(range(10, 18))
+
+
+def test_a_denoising_step_asks_only_for_the_rows_before_its_masked_positions() -> None:
+    b = Shifted([10, 11, 12, 13], [0.1] * 4, len(PROMPT))  # one commit per step, leftmost
+    model = DiffusionConfig(MASK, frozenset({END}), "block", shift=True)
+    tokens, _ = drain(sample(b, PROMPT, model, SamplerSettings(block_size=4), RNG(0), 4))
+    assert tokens == [10, 11, 12, 13]
+    # masked 0-3, 1-3, 2-3, 3: position 0 comes from the prefill's last row
+    assert b.asked == [[0, 1, 2], [0, 1, 2], [1, 2], [2]]
 
 
 def test_cancel_stops_before_the_next_pass() -> None:
