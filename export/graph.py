@@ -6,7 +6,10 @@ reuses the Llama's own modules (so its weights, biases and norms are the model's
 computes one :class:`model.backend.StepBackend` step:
 
 inputs
-    ``input_ids`` (T,) int64: the chunk's tokens, right after the committed prefix.
+    ``input_ids`` (T,) int64: the chunk's tokens.
+    ``positions`` (T,) int64: their positions (RoPE). Right after the committed prefix
+    (P..P+T-1) except in a draft step (``model/backend.py``), which feeds only some of a
+    block and reads the rest from keys and values placed after the prefix.
     ``past_keys``, ``past_values`` (P, L, n_kv, hd): the committed prefix's keys and
     values, position-major so that a runtime's preallocated cache passes its first P
     positions as one contiguous slice, without a copy.
@@ -19,7 +22,8 @@ outputs
     ``logits`` (K, V) float32, ``keys``, ``values`` (T, L, n_kv, hd): the chunk's own
     keys and values, which the runtime appends to its cache when it commits.
 
-Positions are implicit (P..P+T-1), as in the protocol. The mask-token embedding row
+The attention pattern follows chunk order, not ``positions``: causal is chunk token i
+seeing every past entry and chunk tokens up to i. The mask-token embedding row
 (CONTRACT.md item 1) is part of the table: ids up to V (inclusive) embed; logits keep
 width V.
 """
@@ -33,10 +37,11 @@ from torch import nn
 
 from model.llama import Llama, apply_rope, rope_cos_sin
 
-INPUT_NAMES = ["input_ids", "past_keys", "past_values", "block", "logit_rows"]
+INPUT_NAMES = ["input_ids", "positions", "past_keys", "past_values", "block", "logit_rows"]
 OUTPUT_NAMES = ["logits", "keys", "values"]
 DYNAMIC_AXES = {
     "input_ids": {0: "T"},
+    "positions": {0: "T"},
     "past_keys": {0: "P"},
     "past_values": {0: "P"},
     "logit_rows": {0: "K"},
@@ -79,6 +84,7 @@ class StepGraph(nn.Module):
     def forward(
         self,
         input_ids: torch.Tensor,
+        positions: torch.Tensor,
         past_keys: torch.Tensor,
         past_values: torch.Tensor,
         block: torch.Tensor,
@@ -87,8 +93,7 @@ class StepGraph(nn.Module):
         cfg = self.cfg
         T, P = input_ids.shape[0], past_keys.shape[0]
         x = self.embed_t.index_select(1, input_ids).t()[None]  # (1, T, C)
-        pos = torch.arange(T, device=x.device) + P  # (T,)
-        rope = rope_cos_sin(pos[None], cfg.head_dim, cfg.rope_theta, x.dtype)  # (1,1,T,hd)
+        rope = rope_cos_sin(positions[None], cfg.head_dim, cfg.rope_theta, x.dtype)  # (1,1,T,hd)
         i = torch.arange(T, device=x.device)[:, None]
         j = torch.arange(P + T, device=x.device)[None, :]
         allowed = (j <= i + P) | block  # (T, S): causal with an offset, or all
@@ -148,6 +153,7 @@ def example_inputs(model: Llama, T: int = 3, P: int = 2) -> tuple[torch.Tensor, 
     shape = (P, cfg.n_layer, cfg.n_kv_head, cfg.head_dim)
     return (
         torch.zeros(T, dtype=torch.long),
+        torch.arange(P, P + T),
         torch.zeros(shape, dtype=model.dtype),
         torch.zeros(shape, dtype=model.dtype),
         torch.tensor(False),

@@ -21,7 +21,7 @@ import numpy as np
 import onnxruntime as ort
 from numpy.typing import NDArray
 
-from model.backend import Attend, Logits, Rows
+from model.backend import Attend, Logits, Offsets, Rows, check_draft_step
 
 Device = Literal["auto", "cpu", "cuda", "tensorrt"]
 _PROVIDERS = {
@@ -84,6 +84,9 @@ class OrtCache:
         self.keys: NDArray[Any] = np.empty(shape, dtype)
         self.values: NDArray[Any] = np.empty(shape, dtype)
         self.length = 0
+        # offset after the prefix -> (keys, values) (L, n_kv, hd): an uncommitted block's
+        # draft (model/backend.py), copied after the prefix for the steps that read it
+        self.draft: dict[int, tuple[NDArray[Any], NDArray[Any]]] = {}
 
 
 class OrtBackend:
@@ -125,6 +128,7 @@ class OrtBackend:
         if not 0 <= length <= cache.length:
             raise ValueError(f"cannot truncate a cache of {cache.length} to {length}")
         cache.length = length
+        cache.draft.clear()
 
     def step(
         self,
@@ -133,14 +137,26 @@ class OrtBackend:
         attend: Attend,
         commit: bool,
         rows: Rows = None,
+        at: Offsets = None,
+        keep: Rows = None,
     ) -> Logits:
         P, T = cache.length, len(ids)
-        if commit and self.max_len < P + T:
-            raise ValueError(f"KV cache full: {P} + {T} > {self.max_len}")
+        offsets = check_draft_step(attend, commit, T, at, keep, bool(cache.draft))
+        if commit:
+            cache.draft.clear()  # the commit pass recomputes the block exactly
+        # the draft entries this chunk does not feed go right after the prefix
+        fed = set(offsets.tolist())
+        old = [o for o in sorted(cache.draft) if o not in fed]
+        if self.max_len < P + len(old) + (T if commit else 0):
+            raise ValueError(f"KV cache full: {P} + {len(old)} + {T} > {self.max_len}")
+        for n, o in enumerate(old):
+            cache.keys[P + n], cache.values[P + n] = cache.draft[o]
+        S = P + len(old)
         feeds = {
             "input_ids": np.ascontiguousarray(ids, dtype=np.int64),
-            "past_keys": cache.keys[:P],
-            "past_values": cache.values[:P],
+            "positions": P + offsets,
+            "past_keys": cache.keys[:S],
+            "past_values": cache.values[:S],
             "block": np.array(attend == "block"),
             "logit_rows": np.arange(T) if rows is None else np.asarray(rows, np.int64),
         }
@@ -149,6 +165,8 @@ class OrtBackend:
             cache.keys[P : P + T] = keys
             cache.values[P : P + T] = values
             cache.length = P + T
+        for c in np.asarray([] if keep is None else keep, np.int64).tolist():
+            cache.draft[int(offsets[c])] = (keys[c].copy(), values[c].copy())
         out: Logits = logits
         return out
 

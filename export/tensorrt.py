@@ -52,6 +52,7 @@ def profile_shapes(
     kv = [n_layer, n_kv, head_dim]
     return {
         "input_ids": {"min": [1], "opt": [32], "max": [max_chunk]},
+        "positions": {"min": [1], "opt": [32], "max": [max_chunk]},
         "past_keys": {"min": [0, *kv], "opt": [256, *kv], "max": [max_len, *kv]},
         "past_values": {"min": [0, *kv], "opt": [256, *kv], "max": [max_len, *kv]},
         "logit_rows": {"min": [1], "opt": [32], "max": [max_chunk]},

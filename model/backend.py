@@ -11,6 +11,14 @@ token); ``attend="block"`` lets every token of the chunk see the whole chunk and
 whole prefix (denoising one block of a block-diffusion model, BD3-LM / Fast-dLLM v2).
 A step with ``commit=False`` leaves the cache as it was, so a block can be denoised
 repeatedly and committed once, when its tokens are final.
+
+The draft (Fast-dLLM's approximate cache, Wu et al. 2025, inside one block): an
+uncommitted block step may feed only some of the block, its tokens placed by ``at``
+(offsets after the committed prefix), and ``keep`` the keys and values of some of them
+in the cache's *draft*. Later block steps attend to the committed prefix, to the draft
+entries at offsets they do not feed, and to their own chunk; so a token committed inside
+a block is computed once more and then read from the draft. A commit or a truncate
+forgets the draft, and the block's commit pass recomputes it exactly.
 """
 
 from __future__ import annotations
@@ -24,6 +32,25 @@ from numpy.typing import NDArray
 Attend = Literal["causal", "block"]
 Logits = NDArray[np.float32]
 Rows = Sequence[int] | NDArray[np.int64] | None
+Offsets = Sequence[int] | NDArray[np.int64] | None
+
+
+def check_draft_step(
+    attend: Attend, commit: bool, n: int, at: Offsets, keep: Rows, drafted: bool
+) -> NDArray[np.int64]:
+    """The chunk's offsets (``at``, default 0..n-1), after checking that a draft step is
+    an uncommitted block step and that a causal step has no draft to ignore."""
+    if at is None and keep is None:
+        if drafted and attend == "causal":
+            raise ValueError("a causal step with a draft pending: commit or truncate first")
+        return np.arange(n, dtype=np.int64)
+    if commit or attend != "block":
+        raise ValueError("at / keep are for uncommitted block steps only")
+    offsets = np.arange(n, dtype=np.int64) if at is None else np.asarray(at, np.int64)
+    bad = offsets.size and (offsets.min() < 0 or (np.diff(offsets) <= 0).any())
+    if offsets.shape != (n,) or bad:
+        raise ValueError(f"at must be {n} ascending offsets >= 0, got {offsets.tolist()}")
+    return offsets
 
 
 def last_row(ids: Sequence[int] | NDArray[np.int64]) -> list[int]:
@@ -51,15 +78,20 @@ class StepBackend(Protocol):
         attend: Attend,
         commit: bool,
         rows: Rows = None,
+        at: Offsets = None,
+        keep: Rows = None,
     ) -> Logits:
         """Logits ``(K, V)``, float32, for the ``rows`` of ``ids (T,)`` (ascending chunk
         indices; None: all T). The vocabulary head is a fifth of a 16-token pass, so a
-        step asks only for the rows it reads (:func:`last_row`, a block's masked rows)."""
+        step asks only for the rows it reads (:func:`last_row`, a block's masked rows).
+        ``at``: the tokens' offsets after the committed prefix (None: 0..T-1); ``keep``:
+        chunk indices whose keys and values go to the draft (see the module docstring)."""
         ...
 
 
 class TorchBackend:
-    """The PyTorch Llama behind the :class:`StepBackend` protocol (batch 1)."""
+    """The PyTorch Llama behind the :class:`StepBackend` protocol (batch 1), on whatever
+    device its weights are (a CUDA host runs LLaDA / Dream checkpoints through it)."""
 
     def __init__(self, model: Any, max_len: int = 2048, name: str = "torch") -> None:
         import torch  # imported here: the serving path never loads this class
@@ -81,6 +113,7 @@ class TorchBackend:
         if not 0 <= length <= cache.length:
             raise ValueError(f"cannot truncate a cache of {cache.length} to {length}")
         cache.length = length
+        cache.draft.clear()
 
     def step(
         self,
@@ -89,10 +122,36 @@ class TorchBackend:
         attend: Attend,
         commit: bool,
         rows: Rows = None,
+        at: Offsets = None,
+        keep: Rows = None,
     ) -> Logits:
         torch = self._torch
         mask = "causal" if attend == "causal" else "full"
+        offsets = check_draft_step(attend, commit, len(ids), at, keep, bool(cache.draft))
+        if commit:
+            cache.draft.clear()  # the commit pass recomputes the block exactly
+        device = self.model.tok_emb.weight.device
         with torch.inference_mode():
-            x = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64))[None]  # (1, T)
-            logits = self.model(x, cache=cache, mask=mask, commit=commit, rows=rows)
-            return logits[0].float().numpy()  # (K, V)
+            x = torch.as_tensor(np.asarray(ids, dtype=np.int64), device=device)[None]  # (1, T)
+            if not cache.draft and at is None and keep is None:
+                logits = self.model(x, cache=cache, mask=mask, commit=commit, rows=rows)
+                return logits[0].float().cpu().numpy()  # (K, V)
+            # The draft entries this chunk does not feed go right after the prefix, the
+            # chunk after them (its positions from `at`); the cache's length is put back.
+            P = cache.length
+            old = [o for o in sorted(cache.draft) if o not in set(offsets.tolist())]
+            for n, o in enumerate(old):
+                cache.k[:, :, :, P + n], cache.v[:, :, :, P + n] = cache.draft[o]
+            cache.length = P + len(old)
+            pos = torch.as_tensor(P + offsets, device=device)[None]  # (1, T)
+            try:
+                logits = self.model(x, pos=pos, cache=cache, mask="full", commit=True, rows=rows)
+            finally:
+                cache.length = P
+            start = P + len(old)
+            for c in np.asarray([] if keep is None else keep, np.int64).tolist():
+                cache.draft[int(offsets[c])] = (
+                    cache.k[:, :, :, start + c].clone(),
+                    cache.v[:, :, :, start + c].clone(),
+                )
+            return logits[0].float().cpu().numpy()

@@ -199,19 +199,6 @@ def _require(cfg: dict[str, Any], **expected: Any) -> None:
             raise ValueError(f"unsupported {key}={cfg[key]!r} (expected {want!r})")
 
 
-class DeviceBackend(TorchBackend):
-    """TorchBackend for a model on any device (CUDA): ids in, numpy logits out."""
-
-    def step(self, cache, ids, attend, commit, rows=None):  # type: ignore[no-untyped-def]
-        torch_ = self._torch
-        mask = "causal" if attend == "causal" else "full"
-        device = self.model.tok_emb.weight.device
-        with torch_.inference_mode():
-            x = torch_.as_tensor(np.asarray(ids, dtype=np.int64), device=device)[None]
-            logits = self.model(x, cache=cache, mask=mask, commit=commit, rows=rows)
-            return logits[0].float().cpu().numpy()
-
-
 def chat_prompt(folder: str | Path, question: str) -> list[int]:
     """The checkpoint's own chat template (tokenizer_config.json) over one question."""
     import jinja2
@@ -245,7 +232,7 @@ def answer(
 
     model, diffusion = load_hf_diffusion(folder, dtype, device)
     prompt = chat_prompt(folder, question)
-    backend = DeviceBackend(model, max_len=len(prompt) + max_tokens + 64)
+    backend = TorchBackend(model, max_len=len(prompt) + max_tokens + 64)
     settings = settings or SamplerSettings(block_size=32, rule="lowconf", steps_per_block=16)
     gen = sample(backend, prompt, diffusion, settings, np.random.default_rng(0), max_tokens)
     tokens = list(gen)
