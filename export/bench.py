@@ -20,6 +20,7 @@ a 16-token block pass does 16x the work on the same bytes.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import statistics
 import time
@@ -34,7 +35,7 @@ from numpy.typing import NDArray
 from export.modeldir import default_model_dir, ensure_model_dir, is_complete, load_tokenizer
 from export.prompts import QUESTIONS
 from export.runtime import OrtBackend, RuntimeConfig
-from model.backend import Attend, Rows, StepBackend
+from model.backend import Attend, Offsets, Rows, StepBackend
 from model.chat import build_prompt
 from model.engine import ChatMessage, GenerationStats, drain
 from model.generate import greedy
@@ -51,6 +52,9 @@ class BenchOptions:
     torch_reference: bool = True
     torch_prompts: int | None = None  # fewer prompts for the slow PyTorch column
     variant: str = "int8"
+    # also time the diffusion sampler with the approximate in-block cache (model/sampler.py
+    # approx_cache), as the "diffusion-approx" engine, ONNX Runtime only
+    approx_cache: bool = False
 
 
 @dataclass(frozen=True)
@@ -127,10 +131,13 @@ class CountingBackend:
         attend: Attend,
         commit: bool,
         rows: Rows = None,
+        at: Offsets = None,
+        keep: Rows = None,
     ) -> NDArray[np.float32]:
         T = len(ids)
+        # P leaves out a draft step's draft entries (at most a block): a few % of a pass
         self.steps.append((T, self.inner.cache_length(cache), T if rows is None else len(rows)))
-        return self.inner.step(cache, ids, attend, commit, rows)
+        return self.inner.step(cache, ids, attend, commit, rows, at, keep)
 
 
 Decoder = Callable[[StepBackend, list[int], int], Generator[int, None, GenerationStats]]
@@ -143,12 +150,15 @@ def ar_decoder(tok: Tokenizer) -> Decoder:
     return run
 
 
-def diffusion_decoder(tok: Tokenizer) -> Decoder:
-    """DIFFUSION's sampler with its engine's default settings, seed 0 for every reply."""
+def diffusion_decoder(tok: Tokenizer, approx_cache: bool | None = None) -> Decoder:
+    """DIFFUSION's sampler with its engine's default settings, seed 0 for every reply;
+    ``approx_cache``: the in-block cache, if not the default."""
     from model.diffusion_engine import DiffusionOptions, smollm2_diffusion_config
     from model.sampler import sample
 
     settings = DiffusionOptions().sampler
+    if approx_cache is not None:
+        settings = dataclasses.replace(settings, approx_cache=approx_cache)
     config = smollm2_diffusion_config(tok)
 
     def run(b: StepBackend, prompt: list[int], n: int) -> Generator[int, None, GenerationStats]:
@@ -311,12 +321,16 @@ def run_llm_bench(options: BenchOptions) -> dict[str, Any]:
     missing = None
     try:
         decoders["diffusion"] = diffusion_decoder(tok)
+        if options.approx_cache:
+            decoders["diffusion-approx"] = diffusion_decoder(tok, approx_cache=True)
     except ImportError as exc:
         missing = f"DIFFUSION's model/diffusion_engine.py or model/sampler.py is missing: {exc}"
     rows: list[dict[str, Any]] = []
     for budget in options.budgets:
         for runtime, backend in backends.items():
             for engine, decode in decoders.items():
+                if engine == "diffusion-approx" and runtime != "onnx-int8":
+                    continue
                 log.info("bench: %s on %s, budget %d ...", engine, runtime, budget)
                 n = options.torch_prompts if runtime.startswith("torch") else None
                 r = time_engine(backend, decode, prompts[:n], budget, roofs[runtime], dims)
@@ -362,7 +376,7 @@ def _results(
         r = [x for x in r if x["budget"] == top]
         return r[0]["tokens_per_s"] if r else None
 
-    ar, diff = tps("ar"), tps("diffusion")
+    ar, diff, approx = tps("ar"), tps("diffusion"), tps("diffusion-approx")
     # Same words? Diffusion and AR replies differ by design; int8 vs fp32 per engine.
     for row in rows:
         row.pop("_replies")
@@ -381,6 +395,7 @@ def _results(
         "prompts": list(questions),
         "rows": rows,
         "speedup": (diff / ar) if (ar and diff) else None,
+        "speedup_approx_cache": (approx / ar) if (ar and approx) else None,
         "speedup_budget": top,
         "diffusion_missing": missing,
     }
@@ -388,13 +403,13 @@ def _results(
 
 def print_table(results: dict[str, Any]) -> None:
     print(
-        f"{'engine':10s} {'runtime':11s} {'budget':>6s} {'p50 s':>7s} {'p95 s':>7s} "
+        f"{'engine':16s} {'runtime':11s} {'budget':>6s} {'p50 s':>7s} {'p95 s':>7s} "
         f"{'tok/s':>7s} {'tok':>6s} {'passes':>7s} {'floor s':>8s} {'%floor':>6s} "
         f"{'%peak':>6s}"
     )
     for r in results["rows"]:
         print(
-            f"{r['engine']:10s} {r['runtime']:11s} {r['budget']:6d} {r['p50_s']:7.3f} "
+            f"{r['engine']:16s} {r['runtime']:11s} {r['budget']:6d} {r['p50_s']:7.3f} "
             f"{r['p95_s']:7.3f} {r['tokens_per_s']:7.1f} {r['tokens_per_reply']:6.1f} "
             f"{r['passes_per_reply']:7.1f} {r['floor_s_per_reply']:8.4f} "
             f"{100 * r['fraction_of_floor']:6.1f} {100 * r['fraction_of_peak']:6.1f}"
@@ -410,5 +425,7 @@ def print_table(results: dict[str, Any]) -> None:
     if results["speedup"] is not None:
         at, x = results["speedup_budget"], results["speedup"]
         print(f"speedup (diffusion / AR tokens/s at {at} tokens): {x:.2f}")
+    if (x := results.get("speedup_approx_cache")) is not None:
+        print(f"speedup with the approximate in-block cache: {x:.2f}")
     if results["diffusion_missing"]:
         print(f"diffusion not measured: {results['diffusion_missing']}")

@@ -55,6 +55,11 @@ def register(sub: Any) -> None:
         default=None,
         help="prompts for the PyTorch reference (0: none, as --no-torch)",
     )
+    llm.add_argument(
+        "--approx-cache",
+        action="store_true",
+        help="also time diffusion with the approximate in-block cache (diffusion-approx)",
+    )
     llm.set_defaults(run=run_bench)
     llm.add_argument("--log-level", default="INFO")
 
@@ -97,6 +102,7 @@ def run_bench(args: argparse.Namespace) -> int:
         budgets=tuple(args.budgets),
         torch_reference=not args.no_torch and args.torch_prompts != 0,
         torch_prompts=args.torch_prompts,
+        approx_cache=args.approx_cache,
     )
     results = run_llm_bench(options)
     print_table(results)

@@ -68,6 +68,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="masked positions an end token may commit behind: N or 'any' (repeatable; "
         "default: the engines')",
     )
+    llm.add_argument(
+        "--cache",
+        action="append",
+        choices=("exact", "approx"),
+        help="the in-block cache: exact, or Fast-dLLM's approximate one (repeatable; "
+        "default: the engines')",
+    )
     llm.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
     llm.add_argument(
         "--history", type=int, default=0, help="earlier turns before each question (default 0)"
@@ -129,6 +136,7 @@ def _eval_llm(args: argparse.Namespace) -> int:
         steps_per_block=args.steps_per_block,
         fallbacks=tuple(args.fallback or ()),
         end_lookaheads=tuple(args.end_lookahead or ()),
+        caches=tuple(args.cache or ()),
         onnx=args.onnx,
         onnx_variant=args.onnx_variant,
         history=args.history,

@@ -58,6 +58,9 @@ class EvalOptions:
     # how far ahead of the written words an end token may commit (None: anywhere); each
     # is run at each fallback and threshold; () = the engines' default
     end_lookaheads: tuple[int | None, ...] = ()
+    # the in-block cache (model/sampler.py approx_cache): "exact" and/or "approx"; each
+    # is run at each other setting; () = the engines' default
+    caches: tuple[str, ...] = ()
     # an exported model directory (`quicksilver export --adapter ...`): the diffusion
     # replies come from one of its graphs in ONNX Runtime, as served, instead of PyTorch
     onnx: Path | None = None
@@ -313,6 +316,7 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
         name = f"diffusion-B{B}-th{th}" + ("-left" if fallback == "leftmost" else "")
         if (ahead := settings.end_lookahead) != SamplerSettings().end_lookahead:
             name += "-endany" if ahead is None else f"-end{ahead}"
+        name += "-approx" if settings.approx_cache else ""
         name += f"-h{opts.history}" if opts.history else ""
         name += f"-{runtime}" if opts.onnx else ""
         rows.append(score(name, r, True))
@@ -332,9 +336,10 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
 
 def sampler_settings(opts: EvalOptions) -> list[SamplerSettings]:
     """The settings to score: the engines' defaults (:class:`SamplerSettings`) with
-    the block size, thresholds, fallbacks, end lookaheads and steps per block the
-    options name."""
+    the block size, thresholds, fallbacks, end lookaheads, in-block caches and steps
+    per block the options name."""
     default = SamplerSettings()
+    approx = {"exact": False, "approx": True}
     return [
         dataclasses.replace(
             default,
@@ -343,11 +348,13 @@ def sampler_settings(opts: EvalOptions) -> list[SamplerSettings]:
             fallback=fallback,  # type: ignore[arg-type]
             steps_per_block=opts.steps_per_block or default.steps_per_block,
             end_lookahead=ahead,
+            approx_cache=cache,
         )
-        for fallback, th, ahead in itertools.product(
+        for fallback, th, ahead, cache in itertools.product(
             opts.fallbacks or (default.fallback,),
             opts.thresholds or (default.threshold,),
             opts.end_lookaheads or (default.end_lookahead,),
+            tuple(approx[c] for c in opts.caches) or (default.approx_cache,),
         )
     ]
 

@@ -18,8 +18,11 @@ Which ones commit is the *commit rule*, a pure function (:func:`decide`):
 With ``attention="block"`` (BD3-LM, Arriola et al. 2025; Fast-dLLM v2) the prompt is
 prefilled causally into the KV cache once, each noisy block attends to the cache and
 to itself, and a finished block is committed to the cache with one more pass, so the
-cache of finished blocks is exact. With ``attention="full"`` (LLaDA, Dream as
-published) every step runs the whole sequence, prompt included, without a cache.
+cache of finished blocks is exact. With ``approx_cache`` a step feeds only the block
+positions it must (Fast-dLLM's approximate cache inside a block; docs/diffusion.md) and
+reads the committed tokens before the first mask from the backend's draft. With
+``attention="full"`` (LLaDA, Dream as published) every step runs the whole sequence,
+prompt included, without a cache.
 
 With the Dream logit shift (Ye et al. 2025), logits at position ``i`` predict the token
 at ``i + 1``: the first position of a block is predicted by the last row of the pass
@@ -86,6 +89,12 @@ class SamplerSettings:
     # end far out in the block fixes the reply's length before its words ("A mile is
     # approximately 1."); 8 keeps the clean ends a look ahead gives (docs/diffusion.md)
     end_lookahead: int | None = 8
+    # Fast-dLLM's approximate cache inside a block (block attention only): a step feeds
+    # the masked positions and the rows it reads; a token committed inside the block is
+    # computed once more, then its keys and values come from the backend's draft, stale
+    # by the tokens committed after it. The block's commit pass recomputes it exactly,
+    # so the conversation's cache stays exact.
+    approx_cache: bool = False
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_steps < 1 or (self.max_steps or 1) < 1:
@@ -254,6 +263,8 @@ def sample(
     if r.limit == 0:
         return r.stats("budget")
     if model.attention == "full":
+        if settings.approx_cache:
+            raise ValueError("approx_cache needs block attention (a cache to draft into)")
         return (yield from _sample_full(backend, np.asarray(prompt, np.int64), r))
     return (yield from _sample_blocks(backend, np.asarray(prompt, np.int64), r, prefix))
 
@@ -273,12 +284,19 @@ def _sample_blocks(
     r.passes += 1
     for lo in range(0, r.x.size, B):
         block = r.x[lo : lo + B]  # a view: commits write into r.x
+        drafted = np.zeros(B, dtype=bool)  # block offsets held in the backend's draft
 
         def predict(
-            want: Ids, block: Ids = block, last: NDArray[np.float32] = last
+            want: Ids,
+            block: Ids = block,
+            last: NDArray[np.float32] = last,
+            drafted: NDArray[np.bool_] = drafted,
         ) -> NDArray[np.float32]:
             rows = want - 1 if r.model.shift else want  # block row i predicts i + shift
-            logits = backend.step(cache, block, "block", commit=False, rows=rows[rows >= 0])
+            if r.settings.approx_cache:
+                logits = _draft_step(backend, cache, block, rows[rows >= 0], drafted, r)
+            else:
+                logits = backend.step(cache, block, "block", commit=False, rows=rows[rows >= 0])
             if rows.size and rows[0] < 0:  # the block's first position: the pass before
                 logits = np.concatenate([last[None], logits])
             return logits
@@ -292,6 +310,28 @@ def _sample_blocks(
         last = backend.step(cache, block, "block", commit=True, rows=last_row(block))[-1]
         r.passes += 1
     return r.stats("budget")  # not reached: _finished stops at the last block
+
+
+def _draft_step(
+    backend: StepBackend, cache: Any, block: Ids, rows: Ids, drafted: NDArray[np.bool_], r: _Reply
+) -> NDArray[np.float32]:
+    """One step with the approximate cache: feed every position from the first mask on,
+    the ``rows`` read for logits and the committed tokens not in the draft yet; those
+    fed before the first mask go to the draft (``drafted`` is updated), the rest of the
+    block is read from it. Tokens committed past a mask are recomputed every step: what
+    lies before them is still being written."""
+    masked = block == r.model.mask_id
+    first = int(np.argmax(masked)) if masked.any() else block.size
+    feed = ~drafted  # the draft only holds positions before the first mask (it only moves right)
+    feed[rows] = True
+    at = np.flatnonzero(feed)
+    kept = ~masked[at] & (at < first)
+    logits = backend.step(
+        cache, block[at], "block", commit=False, rows=np.searchsorted(at, rows), at=at,
+        keep=np.flatnonzero(kept),
+    )
+    drafted[at] = kept
+    return logits
 
 
 def _sample_full(

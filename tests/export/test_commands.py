@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from pathlib import Path
 
@@ -181,3 +183,13 @@ def test_bench_times_the_ar_decoder_and_counts_its_passes(tiny_dir: Path) -> Non
     counter = CountingBackend(b)
     counter.step(counter.new_cache(), np.array([1, 2, 3]), "causal", True, rows=[2])
     assert counter.steps == [(3, 0, 1)]
+
+
+def test_bench_times_the_approximate_cache_beside_the_default(tiny_dir: Path) -> None:
+    from export.bench import BenchOptions, run_llm_bench
+
+    opts = BenchOptions(tiny_dir, prompts=2, budgets=(8,), torch_reference=False)
+    r = run_llm_bench(dataclasses.replace(opts, approx_cache=True))
+    engines = [row["engine"] for row in r["rows"]]
+    assert engines == ["ar", "diffusion", "diffusion-approx"]
+    assert r["speedup"] > 0 and r["speedup_approx_cache"] > 0

@@ -10,6 +10,7 @@ import pytest
 from export.runtime import ProviderUnavailableError, choose_providers
 from model.backend import StepBackend
 from model.generate import greedy
+from model.sampler import Rule
 from tests.export.conftest import ort_backend, torch_backend
 
 
@@ -119,6 +120,21 @@ def test_greedy_gives_the_same_tokens_on_both(tiny_dir: Path, tiny_ref) -> None:
     a = list(greedy(torch_backend(tiny_ref), prompt, 20, ()))
     b = list(greedy(ort_backend(tiny_dir), prompt, 20, ()))
     assert a == b and len(a) == 20
+
+
+@pytest.mark.parametrize("rule", ["threshold", "lowconf"])
+def test_the_approximate_cache_samples_the_same_tokens_on_both(
+    tiny_dir: Path, tiny_ref, rule: Rule
+) -> None:
+    from model.sampler import DiffusionConfig, SamplerSettings, sample
+
+    model = DiffusionConfig(mask_id=300, end_ids=frozenset({2}), attention="block", shift=True)
+    # lowconf commits 2 of 8 per step, most confident first: tokens past a mask
+    s = SamplerSettings(block_size=8, rule=rule, steps_per_block=4, approx_cache=True)
+    prompt = [5, 17, 42, 7, 99, 3]
+    a = list(sample(torch_backend(tiny_ref), prompt, model, s, np.random.default_rng(0), 24))
+    b = list(sample(ort_backend(tiny_dir), prompt, model, s, np.random.default_rng(0), 24))
+    assert a == b and len(a) > 0
 
 
 def test_providers_by_availability_and_configuration() -> None:

@@ -106,6 +106,8 @@ def test_eval_scores_the_settings_the_engines_serve():
     assert [(s.threshold, s.fallback) for s in two] == [(0.9, "confident"), (0.7, "confident")]
     ends = sampler_settings(EvalOptions(end_lookaheads=(0, None)))
     assert [s.end_lookahead for s in ends] == [0, None]
+    caches = sampler_settings(EvalOptions(caches=("exact", "approx")))
+    assert [s.approx_cache for s in caches] == [False, True]
 
 
 def test_end_lookahead_option_takes_a_count_or_any():

@@ -334,6 +334,50 @@ def test_a_denoising_step_asks_only_for_the_rows_before_its_masked_positions() -
     assert b.asked == [[0, 1, 2], [0, 1, 2], [1, 2], [2]]
 
 
+class Drafting(ScriptBackend):
+    """Takes draft steps (``at``, ``keep``): row i is the scripted row of offset at[i];
+    records each denoising step's offsets and the offsets it keeps."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.fed: list[tuple[list[int], list[int]]] = []
+
+    def step(  # type: ignore[no-untyped-def]
+        self, cache, ids, attend, commit, rows=None, at=None, keep=None
+    ):
+        if attend == "causal" or commit:
+            return super().step(cache, ids, attend, commit, rows)
+        at = list(range(len(ids))) if at is None else [int(o) for o in at]
+        self.fed.append((at, [at[int(k)] for k in ([] if keep is None else keep)]))
+        full = super().step(cache, np.zeros(max(at) + 1, np.int64), attend, commit)
+        return full[at][list(rows)]
+
+
+def test_the_approximate_cache_feeds_the_masked_positions_and_drafts_the_prefix() -> None:
+    b = Drafting([10, 11, 12, 13], [0.1] * 4, len(PROMPT))  # one commit per step, leftmost
+    s = SamplerSettings(block_size=4, approx_cache=True)
+    tokens, stats = drain(sample(b, PROMPT, MODEL, s, RNG(0), 4))
+    assert tokens == [10, 11, 12, 13] and stats.forward_passes == 1 + 4
+    # a committed token is fed once more, kept, then read from the draft
+    assert b.fed == [([0, 1, 2, 3], []), ([0, 1, 2, 3], [0]), ([1, 2, 3], [1]), ([2, 3], [2])]
+
+
+def test_tokens_committed_past_a_mask_are_never_drafted() -> None:
+    b = Drafting([10, 11, 12, 13], [0.1, 0.1, 0.1, 0.99], len(PROMPT))  # 3 commits first
+    tokens, _ = drain(sample(b, PROMPT, MODEL, SamplerSettings(4, approx_cache=True), RNG(0), 4))
+    assert tokens == [10, 11, 12, 13]
+    # offset 3 is fed every step; 0 and 1 are kept once no mask precedes them
+    fed = [([0, 1, 2, 3], []), ([0, 1, 2, 3], []), ([0, 1, 2, 3], [0]), ([1, 2, 3], [1])]
+    assert b.fed == fed
+
+
+def test_the_approximate_cache_needs_block_attention() -> None:
+    model = DiffusionConfig(MASK, frozenset({END}), "full", shift=False)
+    s = SamplerSettings(block_size=4, approx_cache=True)
+    with pytest.raises(ValueError, match="block attention"):
+        drain(sample(ScriptBackend([10] * 4, [0.9] * 4, 3), PROMPT, model, s, RNG(0), 4))
+
+
 def test_cancel_stops_before_the_next_pass() -> None:
     b = ScriptBackend(list(range(10, 26)), [0.1] * 16, len(PROMPT))
     calls = iter(range(100))
