@@ -21,7 +21,7 @@ import numpy as np
 import onnxruntime as ort
 from numpy.typing import NDArray
 
-from model.backend import Attend, Logits, Offsets, Rows, check_draft_step
+from model.backend import Attend, Logits, Offsets, Rows, check_draft_step, unfed_draft
 
 Device = Literal["auto", "cpu", "cuda", "tensorrt"]
 _PROVIDERS = {
@@ -144,9 +144,7 @@ class OrtBackend:
         offsets = check_draft_step(attend, commit, T, at, keep, bool(cache.draft))
         if commit:
             cache.draft.clear()  # the commit pass recomputes the block exactly
-        # the draft entries this chunk does not feed go right after the prefix
-        fed = set(offsets.tolist())
-        old = [o for o in sorted(cache.draft) if o not in fed]
+        old = unfed_draft(cache.draft, offsets)  # placed right after the prefix
         if self.max_len < P + len(old) + (T if commit else 0):
             raise ValueError(f"KV cache full: {P} + {len(old)} + {T} > {self.max_len}")
         for n, o in enumerate(old):

@@ -23,7 +23,7 @@ forgets the draft, and the block's commit pass recomputes it exactly.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Protocol
 
 import numpy as np
@@ -51,6 +51,15 @@ def check_draft_step(
     if offsets.shape != (n,) or bad:
         raise ValueError(f"at must be {n} ascending offsets >= 0, got {offsets.tolist()}")
     return offsets
+
+
+def unfed_draft(draft: Mapping[int, Any], offsets: NDArray[np.int64]) -> list[int]:
+    """The draft entries a step reads: those at offsets it does not feed, in offset
+    order (both backends place them right after the committed prefix)."""
+    if not draft:
+        return []
+    fed = set(offsets.tolist())
+    return [o for o in sorted(draft) if o not in fed]
 
 
 def last_row(ids: Sequence[int] | NDArray[np.int64]) -> list[int]:
@@ -139,7 +148,7 @@ class TorchBackend:
             # The draft entries this chunk does not feed go right after the prefix, the
             # chunk after them (its positions from `at`); the cache's length is put back.
             P = cache.length
-            old = [o for o in sorted(cache.draft) if o not in set(offsets.tolist())]
+            old = unfed_draft(cache.draft, offsets)
             for n, o in enumerate(old):
                 cache.k[:, :, :, P + n], cache.v[:, :, :, P + n] = cache.draft[o]
             cache.length = P + len(old)
