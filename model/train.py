@@ -38,7 +38,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from model.adapter import attach_lora, base_manifest, extract_adapter, save_adapter
+from model.adapter import (
+    attach_lora,
+    base_manifest,
+    extract_adapter,
+    load_adapter,
+    save_adapter,
+    target_names,
+)
 from model.data import Example, prompt_ids, read_jsonl
 from model.llama import Llama, rope_cos_sin
 from model.tokenizer import Tokenizer
@@ -73,6 +80,13 @@ class TrainConfig:
     # turns (other training examples' questions and replies) before its question, drawn
     # per step, so a reply does not end early after a short earlier one (docs/training.md)
     history: int = 0
+    # certainty forcing (dParallel, Chen et al. 2025): weight of the entropy, at temperature
+    # certainty_temp, of the masked positions the model already predicts right, so it
+    # becomes confident at many positions of a block at once (more commits per pass)
+    certainty: float = 0.0
+    certainty_temp: float = 0.5
+    # an adapter folder to start from (its LoRA factors and mask row) instead of B = 0
+    init: str = ""
 
 
 # ---------------------------------------------------------------- the objective
@@ -196,6 +210,24 @@ def diffusion_loss(
     return (ce * weights).sum() / n_positions
 
 
+def certainty_loss(logits: torch.Tensor, targets: torch.Tensor, temp: float) -> torch.Tensor:
+    """Mean entropy of ``softmax(logits / temp)`` over the positions whose argmax is already
+    the target (dParallel's certainty forcing); zero when there are none. Wrong predictions
+    are left to the cross-entropy: sharpening them would make the sampler commit errors."""
+    right = logits.argmax(-1) == targets
+    if not bool(right.any()):
+        return logits.new_zeros((), dtype=torch.float32)
+    logp = F.log_softmax(logits[right].float() / temp, dim=-1)
+    return -(logp.exp() * logp).sum(-1).mean()
+
+
+def confident_share(logits: torch.Tensor, targets: torch.Tensor, threshold: float) -> float:
+    """Share of masked positions predicted right with probability >= ``threshold``: the
+    positions a threshold sampler could commit in parallel."""
+    p = logits.float().softmax(-1).max(-1)
+    return float(((p.values >= threshold) & (p.indices == targets)).float().mean())
+
+
 def forward_rows(
     model: Llama,
     mask_emb: torch.Tensor,
@@ -262,14 +294,20 @@ def heldout_batches(items, cfg: TrainConfig, mask_id: int) -> list[Batch]:
     ]
 
 
-def evaluate(model: Llama, mask_emb, batches: list[Batch], cfg: TrainConfig) -> float:
-    total, n = 0.0, 0
+def evaluate(
+    model: Llama, mask_emb, batches: list[Batch], cfg: TrainConfig, threshold: float = 0.9
+) -> tuple[float, float]:
+    """Held-out loss per reply position, and the share of masked positions predicted
+    right with probability >= ``threshold`` (the sampler's default threshold)."""
+    total, n, sure, m = 0.0, 0, 0.0, 0
     with torch.no_grad():
         for b in batches:
             logits = forward_rows(model, mask_emb, b.idx, b.pos, b.attn, b.rows)
-            total += float(diffusion_loss(logits, b.targets, b.weights, 1)) / 1.0
+            total += float(diffusion_loss(logits, b.targets, b.weights, 1))
             n += b.n_positions
-    return total / n
+            sure += confident_share(logits, b.targets, threshold) * len(b.targets)
+            m += len(b.targets)
+    return total / n, sure / max(m, 1)
 
 
 # ---------------------------------------------------------------- loop
@@ -292,6 +330,8 @@ def build(cfg: TrainConfig, model: Llama):
     if cfg.bf16:
         model.to(torch.bfloat16)
     lora = attach_lora(model, cfg.rank, cfg.alpha)
+    if cfg.init:
+        start_from(model, mask_emb, load_adapter(cfg.init), cfg)
     opt = torch.optim.AdamW(
         [
             {"params": lora, "lr": cfg.lr, "weight_decay": cfg.weight_decay},
@@ -302,11 +342,29 @@ def build(cfg: TrainConfig, model: Llama):
     return lora, mask_emb, opt
 
 
+def start_from(model: Llama, mask_emb: torch.Tensor, adapter, cfg: TrainConfig) -> None:
+    """Copy a trained adapter's factors and mask row into freshly attached LoRA."""
+    if (adapter.rank, adapter.alpha) != (cfg.rank, cfg.alpha):
+        raise ValueError(
+            f"--set init={cfg.init}: adapter has rank {adapter.rank}, alpha {adapter.alpha}; "
+            f"the run has rank {cfg.rank}, alpha {cfg.alpha}"
+        )
+    with torch.no_grad():
+        for name in target_names(model):
+            A, B = adapter.lora[name]
+            lora = model.get_submodule(name)
+            lora.lora_A.copy_(A)
+            lora.lora_B.copy_(B)
+        mask_emb.copy_(adapter.mask_embedding)
+
+
 def train_step(model, mask_emb, opt, params, batch: Batch, cfg: TrainConfig, step: int) -> float:
     for g, base in zip(opt.param_groups, (cfg.lr, cfg.mask_lr), strict=True):
         g["lr"] = base * lr_at(step, cfg)
     logits = forward_rows(model, mask_emb, batch.idx, batch.pos, batch.attn, batch.rows)
     loss = diffusion_loss(logits, batch.targets, batch.weights, batch.n_positions)
+    if cfg.certainty:
+        loss = loss + cfg.certainty * certainty_loss(logits, batch.targets, cfg.certainty_temp)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_([*params, mask_emb], cfg.grad_clip)
@@ -348,9 +406,13 @@ def train(model: Llama, tok: Tokenizer, train_ex, held_ex, cfg: TrainConfig, log
         ck = load_checkpoint(ckpt, params, mask_emb, opt)
         state = {k: ck[k] for k in state}
         log(f"resumed from {ckpt} at step {state['step']}")
+    def checkpoint_eval(step: int) -> None:
+        loss, sure = evaluate(model, mask_emb, held, cfg)
+        state["curve"].append((step, state["tokens"], loss, sure))
+        log(f"step {step} held-out loss {loss:.4f}, confident share {sure:.3f}")
+
     if not state["curve"]:
-        state["curve"].append((0, 0, evaluate(model, mask_emb, held, cfg)))
-        log(f"step 0 held-out loss {state['curve'][-1][2]:.4f}")
+        checkpoint_eval(0)
     t0, wall0 = time.perf_counter(), state["wall_s"]
     bar = tqdm(range(state["step"], cfg.max_steps), initial=state["step"], total=cfg.max_steps)
     for step in bar:
@@ -370,8 +432,7 @@ def train(model: Llama, tok: Tokenizer, train_ex, held_ex, cfg: TrainConfig, log
             cfg.time_limit_s and state["wall_s"] > cfg.time_limit_s
         )
         if (step + 1) % cfg.eval_every == 0 or done:
-            state["curve"].append((step + 1, state["tokens"], evaluate(model, mask_emb, held, cfg)))
-            log(f"step {step + 1} held-out loss {state['curve'][-1][2]:.4f}")
+            checkpoint_eval(step + 1)
         if (step + 1) % cfg.ckpt_every == 0 or done:
             save_checkpoint(ckpt, params, mask_emb, opt, state)
         if done:
@@ -420,6 +481,10 @@ def run_training(cfg: TrainConfig, ship: Path | None = None) -> dict:
         "heldout_loss": record["curve"][-1][2],
         "heldout_curve": record["curve"],
     }
+    if cfg.init:  # the run continued another adapter: keep what that one was
+        before = json.loads((Path(cfg.init) / "manifest.json").read_text())
+        keep = ("steps", "tokens_seen", "heldout_loss", "train", "weights")
+        adapter.manifest["init"] = {"from": cfg.init, **{k: before.get(k) for k in keep}}
     for folder in [Path(cfg.out) / "adapter", *([ship] if ship else [])]:
         save_adapter(folder, adapter)
     return record

@@ -15,6 +15,8 @@ from model.llama import Llama
 from model.train import (
     TrainConfig,
     build,
+    certainty_loss,
+    confident_share,
     diffusion_loss,
     forward_rows,
     make_batch,
@@ -156,6 +158,74 @@ def test_loss_decreases_on_a_tiny_batch():
     assert max(losses[-5:]) < 0.5 * losses[0], losses
     # only the adapter and the mask row moved
     assert all(not p.requires_grad for n, p in model.named_parameters() if "lora" not in n)
+
+
+def test_certainty_loss_is_the_entropy_of_right_predictions_only():
+    # row 0 right (argmax 0 = target), row 1 wrong (argmax 1, target 2), row 2 right
+    logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 3.0]])
+    targets = torch.tensor([0, 2, 2])
+
+    def entropy(row: torch.Tensor, temp: float) -> float:
+        p = (row / temp).softmax(-1)
+        return float(-(p * p.log()).sum())
+
+    want = (entropy(logits[0], 0.5) + entropy(logits[2], 0.5)) / 2
+    assert math.isclose(float(certainty_loss(logits, targets, 0.5)), want, rel_tol=1e-6)
+    assert float(certainty_loss(logits, torch.tensor([1, 0, 0]), 0.5)) == 0.0  # none right
+    # its gradient sharpens the right rows and leaves the wrong one to the cross-entropy
+    x = logits.clone().requires_grad_(True)
+    certainty_loss(x, targets, 0.5).backward()
+    assert x.grad[1].abs().sum() == 0 and x.grad[0, 0] < 0 and x.grad[2, 2] < 0
+    # the share a threshold sampler could commit: right and sure enough
+    assert confident_share(logits, targets, 0.8) == pytest.approx(1 / 3)  # row 2 (p 0.91)
+    assert confident_share(logits, targets, 0.7) == pytest.approx(2 / 3)  # and row 0 (0.79)
+
+
+def test_certainty_forcing_raises_the_confident_share():
+    model = tiny_diffusion()
+    with torch.no_grad():
+        model.tok_emb.weight.mul_(10)
+    items = [([1, 2, 3], [10, 11, 12, 13, 14, 15, 16, 2]), ([4, 5], [20, 21, 22, 2])]
+    shares, entropy = {}, {}
+    for weight in (0.0, 1.0):
+        m = tiny_diffusion()
+        m.load_state_dict(model.state_dict())
+        cfg = TrainConfig(block_size=4, rank=8, alpha=16, lr=1e-2, mask_lr=1e-2, warmup=1)
+        cfg = replace(cfg, max_steps=1000, bf16=False, certainty=weight)
+        params, mask_emb, opt = build(cfg, m)
+        t = torch.tensor([1.0, 1.0])  # every reply position masked
+        batch = make_batch(items, cfg, MASK, torch.Generator().manual_seed(0), t)
+        for s in range(12):
+            train_step(m, mask_emb, opt, params, batch, cfg, s)
+        with torch.no_grad():
+            logits = forward_rows(m, mask_emb, batch.idx, batch.pos, batch.attn, batch.rows)
+        # a tiny model after 12 steps is far from 0.9 sure: compare at a low threshold
+        shares[weight] = confident_share(logits, batch.targets, 0.3)
+        entropy[weight] = float(certainty_loss(logits, batch.targets, 1.0))
+    assert shares[1.0] > shares[0.0], shares
+    assert entropy[1.0] < entropy[0.0], entropy
+
+
+def test_init_starts_from_a_saved_adapter(tmp_path):
+    from model.adapter import extract_adapter, save_adapter
+    from model.train import evaluate, heldout_batches
+
+    cfg = TrainConfig(block_size=4, rank=8, alpha=16, lr=1e-2, mask_lr=1e-2, warmup=1)
+    cfg = replace(cfg, max_steps=1000, bf16=False)
+    model = tiny_diffusion()
+    params, mask_emb, opt = build(cfg, model)
+    items = [([1, 2, 3], [10, 11, 12, 13, 14, 15, 16, 2]), ([4, 5], [20, 21, 22, 2])]
+    batch = make_batch(items, cfg, MASK, torch.Generator().manual_seed(0))
+    for s in range(3):
+        train_step(model, mask_emb, opt, params, batch, cfg, s)
+    save_adapter(tmp_path / "a", extract_adapter(model, mask_emb, 8, 16), dtype=torch.float32)
+    held = heldout_batches(items, cfg, MASK)
+
+    again = tiny_diffusion()
+    _, mask2, _ = build(replace(cfg, init=str(tmp_path / "a")), again)
+    assert evaluate(again, mask2, held, cfg) == pytest.approx(evaluate(model, mask_emb, held, cfg))
+    with pytest.raises(ValueError, match="rank 8"):
+        build(replace(cfg, rank=4, init=str(tmp_path / "a")), tiny_diffusion())
 
 
 def test_attach_lora_starts_as_the_base_model():
