@@ -22,6 +22,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     data.add_argument("--model-share", type=float, default=0.15)
     data.add_argument("--train-dtype", default="float32", choices=("float32", "bfloat16"))
     data.add_argument("--threads", type=int, default=2)
+    data.add_argument(
+        "--own-replies",
+        type=Path,
+        default=None,
+        metavar="MODEL_DIR",
+        help="instead: the exported diffusion model's own replies to --limit training "
+        "questions of --source (docs/training.md, certainty forcing)",
+    )
+    data.add_argument("--source", type=Path, default=Path("data/distill"))
+    data.add_argument("--limit", type=int, default=500)
     data.set_defaults(run=_data)
 
     train = sub.add_parser("train", help="train the block-diffusion adapter")
@@ -100,6 +110,8 @@ def _data(args: argparse.Namespace) -> int:
     from model.data import DataConfig, make_dataset
 
     torch.set_num_threads(args.threads)
+    if args.own_replies:
+        return _own_replies(args)
     gen = load_ar_generator()
     cfg = DataConfig(
         seed=args.seed,
@@ -110,6 +122,21 @@ def _data(args: argparse.Namespace) -> int:
         train_dtype=args.train_dtype,
     )
     recipe = make_dataset(gen.model, gen.tokenizer, cfg, args.out, log=_log)
+    print(json.dumps(recipe, indent=2))
+    return 0
+
+
+def _own_replies(args: argparse.Namespace) -> int:
+    from export.engine import load_onnx_backend
+    from export.runtime import RuntimeConfig
+    from model.data import PROMPT_BUDGET, own_replies
+    from model.tokenizer import Tokenizer
+
+    cfg = RuntimeConfig(max_len=PROMPT_BUDGET + 2 * args.max_reply_tokens, threads=args.threads)
+    backend = load_onnx_backend(args.own_replies, "int8", cfg)
+    teacher = f"{args.own_replies} int8"
+    tok = Tokenizer.from_gguf()
+    recipe = own_replies(backend, teacher, tok, args.source, args.out, args.limit, args.seed, _log)
     print(json.dumps(recipe, indent=2))
     return 0
 

@@ -9,6 +9,9 @@ There is no chat corpus offline, so the project builds one (``quicksilver data``
   system prompt, decoded greedily (exactly what ``smollm2-ar`` says), so the diffusion
   model learns to say what the autoregressive one would.
 
+``quicksilver data --own-replies DIR`` writes a second kind of corpus: the diffusion
+model's own replies to training questions (:func:`own_replies`), for certainty forcing.
+
 The held-out questions (``model/prompts/heldout.txt``) are fixed, answered the same way,
 and never trained on: training questions equal to one of them are dropped.
 Everything is drawn from one seed, so the same seed writes the same files.
@@ -22,7 +25,9 @@ import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 
 from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt, encode_chat
@@ -281,6 +286,66 @@ def make_dataset(
         "heldout": len(held_ex),
         "train": len(train),
         "dropped_unended": len(answered) - len(train),
+        "train_reply_tokens": sum(len(e.reply_ids) for e in train),
+        "sources": {s: sum(e.source == s for e in train) for s in ("template", "model")},
+    }
+    (out / "recipe.json").write_text(json.dumps(recipe, indent=2) + "\n")
+    return recipe
+
+
+def own_replies(
+    backend: Any,
+    teacher: str,
+    tok: Tokenizer,
+    source: Path,
+    out: Path,
+    limit: int,
+    seed: int = 0,
+    log: Callable[[str], None] = print,
+) -> dict:
+    """A corpus of the diffusion model's own replies (dParallel's teacher trajectories).
+
+    ``limit`` training questions of the corpus in ``source`` (a seeded draw) are answered
+    by the served sampler (``backend``: the exported graph; default ``SamplerSettings``,
+    deterministic), and the replies that end inside ``max_reply_tokens`` become
+    ``out/train.jsonl``; ``teacher`` names the graph in the recipe. Training on them with
+    certainty forcing sharpens the model towards what it already says instead of towards
+    text it cannot yet predict. The held-out file is copied unchanged: the eval still
+    compares against the AR replies.
+    """
+    from model.diffusion_engine import smollm2_diffusion_config
+    from model.engine import drain
+    from model.sampler import SamplerSettings, sample
+
+    recipe = json.loads((source / "recipe.json").read_text())
+    budget = int(recipe["config"]["max_reply_tokens"])
+    questions = [(e.question, e.source) for e in read_jsonl(source / "train.jsonl")]
+    random.Random(seed).shuffle(questions)
+    questions = questions[:limit]
+    config, settings = smollm2_diffusion_config(tok), SamplerSettings()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "heldout.jsonl").write_text((source / "heldout.jsonl").read_text())
+    t0, answered = time.perf_counter(), 0
+
+    def answer() -> Iterator[Example]:
+        nonlocal answered
+        for i, (q, src) in enumerate(questions):
+            rng = np.random.default_rng(seed)
+            ids, stats = drain(sample(backend, prompt_ids(tok, q), config, settings, rng, budget))
+            answered += 1
+            if i % 20 == 19 or i + 1 == len(questions):
+                log(f"[{i + 1}/{len(questions)}] {time.perf_counter() - t0:.0f} s")
+            if stats.stopped_by == "end":
+                yield Example(q, src, tok.decode(ids).strip(), [*ids, tok.im_end_id], True)
+
+    train = write_jsonl(out / "train.jsonl", answer())
+    recipe = {
+        "config": {**recipe["config"], "trajectories": limit, "trajectory_seed": seed},
+        "replies": f"the diffusion model's own replies ({teacher}, default SamplerSettings) "
+        f"to training questions of {source}",
+        "heldout": recipe["heldout"],
+        "train": len(train),
+        "dropped_unended": answered - len(train),
         "train_reply_tokens": sum(len(e.reply_ids) for e in train),
         "sources": {s: sum(e.source == s for e in train) for s in ("template", "model")},
     }
