@@ -406,6 +406,7 @@ def train(model: Llama, tok: Tokenizer, train_ex, held_ex, cfg: TrainConfig, log
         ck = load_checkpoint(ckpt, params, mask_emb, opt)
         state = {k: ck[k] for k in state}
         log(f"resumed from {ckpt} at step {state['step']}")
+
     def checkpoint_eval(step: int) -> None:
         loss, sure = evaluate(model, mask_emb, held, cfg)
         state["curve"].append((step, state["tokens"], loss, sure))
