@@ -129,10 +129,14 @@ def _data(args: argparse.Namespace) -> int:
 def _own_replies(args: argparse.Namespace) -> int:
     from export.engine import load_onnx_backend
     from export.runtime import RuntimeConfig
-    from model.data import PROMPT_BUDGET, own_replies
+    from model.data import PROMPT_BUDGET, own_replies, reply_budget
+    from model.sampler import SamplerSettings
     from model.tokenizer import Tokenizer
 
-    cfg = RuntimeConfig(max_len=PROMPT_BUDGET + 2 * args.max_reply_tokens, threads=args.threads)
+    # the replies are decoded to the source corpus's budget, plus at most one block
+    block = SamplerSettings().block_size
+    max_len = PROMPT_BUDGET + reply_budget(args.source) + block
+    cfg = RuntimeConfig(max_len=max_len, threads=args.threads)
     backend = load_onnx_backend(args.own_replies, "int8", cfg)
     teacher = f"{args.own_replies} int8"
     tok = Tokenizer.from_gguf()

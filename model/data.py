@@ -253,6 +253,21 @@ def read_jsonl(path: Path | str) -> list[Example]:
     return [Example(**json.loads(line)) for line in Path(path).read_text().splitlines() if line]
 
 
+def corpus_counts(train: list[Example], asked: int) -> dict[str, Any]:
+    """The recipe's counts of a written training file: kept, dropped, tokens, sources."""
+    return {
+        "train": len(train),
+        "dropped_unended": asked - len(train),
+        "train_reply_tokens": sum(len(e.reply_ids) for e in train),
+        "sources": {s: sum(e.source == s for e in train) for s in ("template", "model")},
+    }
+
+
+def reply_budget(source: Path) -> int:
+    """The reply budget a corpus was written with (its recipe's ``max_reply_tokens``)."""
+    return int(json.loads((source / "recipe.json").read_text())["config"]["max_reply_tokens"])
+
+
 def make_dataset(
     model: Llama,
     tok: Tokenizer,
@@ -284,10 +299,7 @@ def make_dataset(
         "replies": "greedy SmolLM2-135M-Instruct (batched, model.data.decode_batch), "
         "spoken system prompt; held-out in float32",
         "heldout": len(held_ex),
-        "train": len(train),
-        "dropped_unended": len(answered) - len(train),
-        "train_reply_tokens": sum(len(e.reply_ids) for e in train),
-        "sources": {s: sum(e.source == s for e in train) for s in ("template", "model")},
+        **corpus_counts(train, len(answered)),
     }
     (out / "recipe.json").write_text(json.dumps(recipe, indent=2) + "\n")
     return recipe
@@ -318,21 +330,19 @@ def own_replies(
     from model.sampler import SamplerSettings, sample
 
     recipe = json.loads((source / "recipe.json").read_text())
-    budget = int(recipe["config"]["max_reply_tokens"])
+    budget = reply_budget(source)
     questions = [(e.question, e.source) for e in read_jsonl(source / "train.jsonl")]
     random.Random(seed).shuffle(questions)
     questions = questions[:limit]
     config, settings = smollm2_diffusion_config(tok), SamplerSettings()
     out.mkdir(parents=True, exist_ok=True)
     (out / "heldout.jsonl").write_text((source / "heldout.jsonl").read_text())
-    t0, answered = time.perf_counter(), 0
+    t0 = time.perf_counter()
 
     def answer() -> Iterator[Example]:
-        nonlocal answered
         for i, (q, src) in enumerate(questions):
             rng = np.random.default_rng(seed)
             ids, stats = drain(sample(backend, prompt_ids(tok, q), config, settings, rng, budget))
-            answered += 1
             if i % 20 == 19 or i + 1 == len(questions):
                 log(f"[{i + 1}/{len(questions)}] {time.perf_counter() - t0:.0f} s")
             if stats.stopped_by == "end":
@@ -340,14 +350,11 @@ def own_replies(
 
     train = write_jsonl(out / "train.jsonl", answer())
     recipe = {
-        "config": {**recipe["config"], "trajectories": limit, "trajectory_seed": seed},
+        "config": {**recipe["config"], "trajectories": len(questions), "trajectory_seed": seed},
         "replies": f"the diffusion model's own replies ({teacher}, default SamplerSettings) "
         f"to training questions of {source}",
         "heldout": recipe["heldout"],
-        "train": len(train),
-        "dropped_unended": answered - len(train),
-        "train_reply_tokens": sum(len(e.reply_ids) for e in train),
-        "sources": {s: sum(e.source == s for e in train) for s in ("template", "model")},
+        **corpus_counts(train, len(questions)),  # the generator above ran to the end
     }
     (out / "recipe.json").write_text(json.dumps(recipe, indent=2) + "\n")
     return recipe
