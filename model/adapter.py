@@ -53,8 +53,9 @@ class LoRALinear(nn.Module):
         super().__init__()
         self.base = base
         self.scale = alpha / rank
-        self.lora_A = nn.Parameter(torch.empty(rank, base.in_features))
-        self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank))
+        device = base.weight.device  # fp32 masters beside the (maybe GPU) base
+        self.lora_A = nn.Parameter(torch.empty(rank, base.in_features, device=device))
+        self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, device=device))
         nn.init.kaiming_uniform_(self.lora_A, a=5**0.5)  # as nn.Linear (and peft) do
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -89,8 +90,8 @@ def extract_adapter(model: Llama, mask_embedding: torch.Tensor, rank: int, alpha
     for name in target_names(model):
         m = model.get_submodule(name)
         assert isinstance(m, LoRALinear), f"{name} has no LoRA attached"
-        lora[name] = (m.lora_A.detach().clone(), m.lora_B.detach().clone())
-    return Adapter(rank, alpha, lora, mask_embedding.detach().clone().reshape(-1))
+        lora[name] = (m.lora_A.detach().cpu().clone(), m.lora_B.detach().cpu().clone())
+    return Adapter(rank, alpha, lora, mask_embedding.detach().cpu().clone().reshape(-1))
 
 
 def apply_adapter(model: Llama, adapter: Adapter) -> Llama:

@@ -146,9 +146,14 @@ def _own_replies(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from model.train import TrainConfig, parse_overrides, run_training
+    from model.train import TrainConfig, parse_overrides, run_training, train_device
 
-    cfg = parse_overrides(TrainConfig(data=str(args.data), out=str(args.out)), args.set)
+    try:
+        cfg = parse_overrides(TrainConfig(data=str(args.data), out=str(args.out)), args.set)
+        train_device(cfg.device)  # before the model loads: a missing GPU fails at once
+    except ValueError as exc:
+        print(f"quicksilver train: {exc}", file=sys.stderr)
+        return 2
     run_training(cfg, ship=args.ship)
     return 0
 

@@ -72,6 +72,9 @@ class TrainConfig:
     time_limit_s: float = 0.0  # stop (and checkpoint) after this much wall time; 0: none
     seed: int = 1337
     threads: int = 2
+    # "cpu", "cuda" (or "cuda:N"), or "auto" (the GPU when PyTorch sees one): the same
+    # loop, batches and seeds on either; only the tensors move
+    device: str = "cpu"
     # frozen base in bf16 (LoRA and mask row stay fp32): ~2x faster here than fp32 and
     # than autocast, which re-casts every frozen weight on every call
     bf16: bool = True
@@ -149,6 +152,13 @@ class Batch:
     weights: torch.Tensor  # (M,) 1/t of their block
     n_positions: int  # reply positions in the batch: the loss's denominator
     n_tokens: int  # real (unpadded) input tokens
+
+    def to(self, device: torch.device) -> Batch:
+        """The same batch on ``device`` (itself when it is there already)."""
+        if self.idx.device == device:
+            return self
+        move = ("idx", "pos", "attn", "rows", "targets", "weights")
+        return dataclasses.replace(self, **{k: getattr(self, k).to(device) for k in move})
 
 
 def predictor_rows(P: int, R: int, B: int) -> torch.Tensor:
@@ -302,6 +312,7 @@ def evaluate(
     total, n, sure, m = 0.0, 0, 0.0, 0
     with torch.no_grad():
         for b in batches:
+            b = b.to(mask_emb.device)
             logits = forward_rows(model, mask_emb, b.idx, b.pos, b.attn, b.rows)
             total += float(diffusion_loss(logits, b.targets, b.weights, 1))
             n += b.n_positions
@@ -321,9 +332,29 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(r, 1.0)))
 
 
+def train_device(name: str) -> torch.device:
+    """``TrainConfig.device`` as a torch device; a GPU that is not there is an error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ValueError(f"--set device={name}: use cpu, cuda, cuda:N or auto") from exc
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--set device={name}: use cpu, cuda, cuda:N or auto")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"--set device={name}: PyTorch {torch.__version__} sees no CUDA GPU here "
+            "(a CPU build, or no device); train with device=cpu or auto"
+        )
+    return device
+
+
 def build(cfg: TrainConfig, model: Llama):
-    """LoRA on the frozen model, the mask row as a parameter, AdamW over both."""
+    """LoRA on the frozen model, the mask row as a parameter, AdamW over both, all on
+    ``cfg.device``."""
     torch.manual_seed(cfg.seed)
+    model.to(train_device(cfg.device))
     mask_emb = torch.nn.Parameter(
         model.tok_emb.weight[model.config.vocab_size].detach().float().clone()
     )
@@ -361,6 +392,7 @@ def start_from(model: Llama, mask_emb: torch.Tensor, adapter, cfg: TrainConfig) 
 def train_step(model, mask_emb, opt, params, batch: Batch, cfg: TrainConfig, step: int) -> float:
     for g, base in zip(opt.param_groups, (cfg.lr, cfg.mask_lr), strict=True):
         g["lr"] = base * lr_at(step, cfg)
+    batch = batch.to(mask_emb.device)
     logits = forward_rows(model, mask_emb, batch.idx, batch.pos, batch.attn, batch.rows)
     loss = diffusion_loss(logits, batch.targets, batch.weights, batch.n_positions)
     if cfg.certainty:
@@ -380,7 +412,7 @@ def save_checkpoint(path: Path, params, mask_emb, opt, state: dict) -> None:
 
 
 def load_checkpoint(path: Path, params, mask_emb, opt) -> dict:
-    ck = torch.load(path, weights_only=False)
+    ck = torch.load(path, map_location="cpu", weights_only=False)  # a GPU run resumes anywhere
     with torch.no_grad():
         for p, saved in zip(params, ck["params"], strict=True):
             p.copy_(saved)
@@ -449,8 +481,13 @@ def parse_overrides(cfg: TrainConfig, pairs: list[str]) -> TrainConfig:
     changes = {}
     for pair in pairs:
         key, _, value = pair.partition("=")
+        if key not in {f.name for f in dataclasses.fields(cfg)}:
+            raise ValueError(f"--set {pair}: no setting {key!r} (see TrainConfig, model/train.py)")
         kind = type(getattr(cfg, key))
-        changes[key] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
+        try:
+            changes[key] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
+        except ValueError:
+            raise ValueError(f"--set {pair}: {key} takes {kind.__name__} values") from None
     return dataclasses.replace(cfg, **changes)
 
 

@@ -241,6 +241,10 @@ def test_attach_lora_starts_as_the_base_model():
 def test_parse_overrides_types_values():
     cfg = parse_overrides(TrainConfig(), ["block_size=16", "lr=3e-4", "bf16=false", "schedule=low"])
     assert (cfg.block_size, cfg.lr, cfg.bf16, cfg.schedule) == (16, 3e-4, False, "low")
+    with pytest.raises(ValueError, match="no setting 'steps'"):
+        parse_overrides(TrainConfig(), ["steps=10"])
+    with pytest.raises(ValueError, match="max_steps takes int values"):
+        parse_overrides(TrainConfig(), ["max_steps=ten"])
 
 
 def test_history_puts_earlier_turns_before_the_question_and_keeps_the_reply():
@@ -268,3 +272,44 @@ def test_history_puts_earlier_turns_before_the_question_and_keeps_the_reply():
     turn = [ChatMessage("user", "question 4?"), ChatMessage("assistant", "reply 4.")]
     want = build_prompt(tok, [*turn, ChatMessage("user", "question 0?")], PROMPT_BUDGET)
     assert prompt_ids(tok, "question 0?", [("question 4?", "reply 4.")]) == want
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a host without a GPU")
+def test_train_device_says_plainly_when_there_is_no_gpu():
+    from model.train import train_device
+
+    assert train_device("auto") == torch.device("cpu")
+    assert train_device("cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match="sees no CUDA GPU"):
+        train_device("cuda")
+    with pytest.raises(ValueError, match="sees no CUDA GPU"):
+        build(replace(TrainConfig(), device="cuda:0"), tiny_diffusion())
+    for bad in ("gpu", "meta"):
+        with pytest.raises(ValueError, match="use cpu, cuda, cuda:N or auto"):
+            train_device(bad)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a host without a GPU")
+def test_train_command_refuses_a_missing_gpu_before_loading(tmp_path, capsys):
+    from server.cli import main
+
+    argv = ["train", "--out", str(tmp_path / "run"), "--set", "device=cuda"]
+    assert main(argv) == 2
+    assert "sees no CUDA GPU" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # nothing loaded, nothing written
+    assert main(["train", "--out", str(tmp_path / "run"), "--set", "max_step=3"]) == 2
+
+
+def test_batches_and_lora_follow_the_device():
+    from model.adapter import LoRALinear
+
+    cfg = TrainConfig(block_size=4)
+    items = [([1, 2, 3], [10, 11, 12, 2])]
+    batch = make_batch(items, cfg, MASK, torch.Generator().manual_seed(0))
+    assert batch.to(torch.device("cpu")) is batch  # already there: no copy per step
+    moved = batch.to(torch.device("meta"))  # every tensor goes, the counts stay
+    tensors = {k: v for k, v in vars(moved).items() if isinstance(v, torch.Tensor)}
+    assert len(tensors) == 6 and all(v.is_meta for v in tensors.values())
+    assert (moved.n_positions, moved.n_tokens) == (batch.n_positions, batch.n_tokens)
+    lora = LoRALinear(torch.nn.Linear(4, 6, bias=False, device="meta"), 2, 4.0)
+    assert lora.lora_A.is_meta and lora.lora_B.is_meta  # created beside the base weight
