@@ -154,15 +154,20 @@ def sha256_file(path: str | Path) -> str:
 
 def base_manifest() -> dict[str, Any]:
     """Which base weights the adapter belongs to: package, version, GGUF sha256."""
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
     from model.gguf import SMOLLM2_FILE, SMOLLM2_PACKAGE, find_smollm2_gguf
 
+    package = SMOLLM2_PACKAGE.replace("_", "-")
+    try:
+        installed: str | None = version(package)
+    except PackageNotFoundError:  # the GGUF came from $QUICKSILVER_SMOLLM2_GGUF
+        installed = None
     return {
         "base": {
-            "package": SMOLLM2_PACKAGE.replace("_", "-"),
-            "version": version(SMOLLM2_PACKAGE.replace("_", "-")),
+            "package": package,
+            "version": installed,
             "file": SMOLLM2_FILE,
-            "sha256": sha256_file(find_smollm2_gguf()),
+            "sha256": sha256_file(find_smollm2_gguf()),  # what identifies the weights
         }
     }

