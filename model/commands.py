@@ -154,7 +154,11 @@ def _train(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"quicksilver train: {exc}", file=sys.stderr)
         return 2
-    run_training(cfg, ship=args.ship)
+    try:
+        run_training(cfg, ship=args.ship)
+    except FileNotFoundError as exc:  # the base GGUF, the data folder, an init adapter
+        print(f"quicksilver train: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -300,6 +300,15 @@ def test_train_command_refuses_a_missing_gpu_before_loading(tmp_path, capsys):
     assert main(["train", "--out", str(tmp_path / "run"), "--set", "max_step=3"]) == 2
 
 
+def test_train_command_names_a_missing_base_file(tmp_path, capsys, monkeypatch):
+    from model.gguf import GGUF_ENV
+    from server.cli import main
+
+    monkeypatch.setenv(GGUF_ENV, str(tmp_path / "none.gguf"))
+    assert main(["train", "--out", str(tmp_path / "run")]) == 1
+    assert f"{GGUF_ENV}={tmp_path / 'none.gguf'}: no such file" in capsys.readouterr().err
+
+
 def test_batches_and_lora_follow_the_device():
     from model.adapter import LoRALinear
 
