@@ -156,9 +156,9 @@ def base_manifest() -> dict[str, Any]:
     """Which base weights the adapter belongs to: package, version, GGUF sha256."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from model.gguf import SMOLLM2_FILE, SMOLLM2_PACKAGE, find_smollm2_gguf
+    from model.gguf import SMOLLM2_PACKAGE, find_smollm2_gguf
 
-    package = SMOLLM2_PACKAGE.replace("_", "-")
+    path, package = find_smollm2_gguf(), SMOLLM2_PACKAGE.replace("_", "-")
     try:
         installed: str | None = version(package)
     except PackageNotFoundError:  # the GGUF came from $QUICKSILVER_SMOLLM2_GGUF
@@ -167,7 +167,7 @@ def base_manifest() -> dict[str, Any]:
         "base": {
             "package": package,
             "version": installed,
-            "file": SMOLLM2_FILE,
-            "sha256": sha256_file(find_smollm2_gguf()),  # what identifies the weights
+            "file": path.name,
+            "sha256": sha256_file(path),  # what identifies the weights
         }
     }
