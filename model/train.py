@@ -157,8 +157,9 @@ class Batch:
         """The same batch on ``device`` (itself when it is there already)."""
         if self.idx.device == device:
             return self
-        move = ("idx", "pos", "attn", "rows", "targets", "weights")
-        return dataclasses.replace(self, **{k: getattr(self, k).to(device) for k in move})
+        tensors = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        moved = {k: v.to(device) for k, v in tensors.items() if isinstance(v, torch.Tensor)}
+        return dataclasses.replace(self, **moved)
 
 
 def predictor_rows(P: int, R: int, B: int) -> torch.Tensor:
