@@ -27,7 +27,7 @@ from typing import Any, Literal
 import onnxruntime as ort
 import torch
 
-from export.graph import DYNAMIC_AXES, INPUT_NAMES, OUTPUT_NAMES, StepGraph, example_inputs
+from export.graph import StepGraph, dynamic_axes, example_inputs, input_names, output_names
 from export.modeldir import FILES, FORMAT_VERSION, MANIFEST, TOKENIZER, Variant
 from export.parity import ParityReport, check_parity
 from model.llama import Llama
@@ -119,18 +119,21 @@ def with_mask_row(model: Llama) -> Llama:
 def export_onnx(model: Llama, path: Path) -> Path:
     """One step of ``model`` (its dtype: fp32 or fp16) as an ONNX graph."""
     graph = StepGraph(model).eval()
+    n_layer = model.config.n_layer
     with torch.no_grad(), warnings.catch_warnings():
         # The TorchScript exporter is deprecated in favour of dynamo; it traces this
-        # plain graph in seconds, exactly, with the dynamic axes we name.
+        # plain graph in seconds, exactly, with the dynamic axes we name, and emits the
+        # fused attention node from GroupQueryAttention.symbolic.
         warnings.simplefilter("ignore")
         torch.onnx.export(
             graph,
             example_inputs(model),
             str(path),
-            input_names=INPUT_NAMES,
-            output_names=OUTPUT_NAMES,
-            dynamic_axes=DYNAMIC_AXES,
+            input_names=input_names(n_layer),
+            output_names=output_names(n_layer),
+            dynamic_axes=dynamic_axes(n_layer),
             opset_version=OPSET,
+            custom_opsets={"com.microsoft": 1},
             dynamo=False,
         )
     return path
@@ -295,7 +298,11 @@ def _manifest(
     }
     return {
         "format_version": FORMAT_VERSION,
-        "graph": {"inputs": INPUT_NAMES, "outputs": OUTPUT_NAMES, "opset": OPSET},
+        "graph": {
+            "inputs": input_names(cfg.n_layer),
+            "outputs": output_names(cfg.n_layer),
+            "opset": OPSET,
+        },
         "config": {
             "vocab_size": cfg.vocab_size,
             "mask_id": cfg.vocab_size,  # the extra embedding row (CONTRACT.md item 1)

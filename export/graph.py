@@ -7,25 +7,30 @@ computes one :class:`model.backend.StepBackend` step:
 
 inputs
     ``input_ids`` (T,) int64: the chunk's tokens.
-    ``positions`` (T,) int64: their positions (RoPE). Right after the committed prefix
-    (P..P+T-1) except in a draft step (``model/backend.py``), which feeds only some of a
-    block and reads the rest from keys and values placed after the prefix.
-    ``past_keys``, ``past_values`` (P, L, n_kv, hd): the committed prefix's keys and
-    values, position-major so that a runtime's preallocated cache passes its first P
-    positions as one contiguous slice, without a copy.
+    ``positions`` (T,) int64: their positions (RoPE). Right after the cache's entries
+    (S..S+T-1) except in a draft step (``model/backend.py``), which feeds only some of a
+    block and reads the rest from keys and values placed after the committed prefix.
+    ``past_length`` () int64: S, the cache entries the chunk attends to.
     ``block`` () bool: False = causal ("causal" attend), True = every chunk token sees
     the whole chunk (a block-diffusion block, BD3-LM / Fast-dLLM v2). One graph serves
     the autoregressive baseline and the diffusion sampler, so their comparison is fair.
     ``logit_rows`` (K,) int64: which chunk rows get logits (``[T-1]``: the last only,
     so a prefill does not pay the 49152-wide head for every prompt token).
+    ``past_key_<l>``, ``past_value_<l>`` (1, n_kv, C, hd) per layer: the runtime's cache
+    buffers, head-major, C >= S + T their capacity; only the first S entries are read.
 outputs
-    ``logits`` (K, V) float32, ``keys``, ``values`` (T, L, n_kv, hd): the chunk's own
-    keys and values, which the runtime appends to its cache when it commits.
+    ``logits`` (K, V) float32.
+    ``present_key_<l>``, ``present_value_<l>``: the same buffers with the chunk's keys and
+    values written at S..S+T-1. The runtime binds each to its input's memory, so ONNX
+    Runtime writes the chunk in place: nothing is copied, split or concatenated per step.
 
-The attention pattern follows chunk order, not ``positions``: causal is chunk token i
-seeing every past entry and chunk tokens up to i. The mask-token embedding row
-(CONTRACT.md item 1) is part of the table: ids up to V (inclusive) embed; logits keep
-width V.
+Attention is ONNX Runtime's fused ``GroupQueryAttention`` (com.microsoft), which reads
+the buffers in place; before it (format v3) the graph took the cache as one tensor and
+split and concatenated it every step, a quarter of a block pass and 43% of an AR step
+at 1900 cached positions (docs/export.md). The attention pattern follows chunk order,
+not ``positions``: causal is chunk token i seeing every past entry and chunk tokens up
+to i. The mask-token embedding row (CONTRACT.md item 1) is part of the table: ids up to
+V (inclusive) embed; logits keep width V.
 """
 
 from __future__ import annotations
@@ -35,20 +40,34 @@ from typing import Any
 import torch
 from torch import nn
 
-from model.llama import Llama, apply_rope, rope_cos_sin
+from model.llama import Llama, LlamaConfig, apply_rope, rope_cos_sin
 
-INPUT_NAMES = ["input_ids", "positions", "past_keys", "past_values", "block", "logit_rows"]
-OUTPUT_NAMES = ["logits", "keys", "values"]
-DYNAMIC_AXES = {
-    "input_ids": {0: "T"},
-    "positions": {0: "T"},
-    "past_keys": {0: "P"},
-    "past_values": {0: "P"},
-    "logit_rows": {0: "K"},
-    "logits": {0: "K"},
-    "keys": {0: "T"},
-    "values": {0: "T"},
-}
+FIXED_INPUTS = ["input_ids", "positions", "past_length", "block", "logit_rows"]
+
+
+def cache_names(n_layer: int, prefix: str) -> list[str]:
+    """``<prefix>_key_0, <prefix>_value_0, <prefix>_key_1, ...``: the per-layer buffers."""
+    return [f"{prefix}_{kv}_{layer}" for layer in range(n_layer) for kv in ("key", "value")]
+
+
+def input_names(n_layer: int) -> list[str]:
+    return [*FIXED_INPUTS, *cache_names(n_layer, "past")]
+
+
+def output_names(n_layer: int) -> list[str]:
+    return ["logits", *cache_names(n_layer, "present")]
+
+
+def dynamic_axes(n_layer: int) -> dict[str, dict[int, str]]:
+    axes = {
+        "input_ids": {0: "T"},
+        "positions": {0: "T"},
+        "logit_rows": {0: "K"},
+        "logits": {0: "K"},
+    }
+    for name in cache_names(n_layer, "past") + cache_names(n_layer, "present"):
+        axes[name] = {2: "C"}
+    return axes
 
 
 def mean_mask_row(model: Llama) -> torch.Tensor:
@@ -85,77 +104,131 @@ class StepGraph(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        past_keys: torch.Tensor,
-        past_values: torch.Tensor,
+        past_length: torch.Tensor,
         block: torch.Tensor,
         logit_rows: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        *past: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
         cfg = self.cfg
-        T, P = input_ids.shape[0], past_keys.shape[0]
+        T = input_ids.shape[0]
         x = self.embed_t.index_select(1, input_ids).t()[None]  # (1, T, C)
         rope = rope_cos_sin(positions[None], cfg.head_dim, cfg.rope_theta, x.dtype)  # (1,1,T,hd)
+        total = past_length + T
         i = torch.arange(T, device=x.device)[:, None]
-        j = torch.arange(P + T, device=x.device)[None, :]
-        allowed = (j <= i + P) | block  # (T, S): causal with an offset, or all
-        bias = torch.zeros(allowed.shape, dtype=torch.float32).masked_fill(~allowed, float("-inf"))
-        pk = past_keys.permute(1, 2, 0, 3)  # (L, n_kv, P, hd)
-        pv = past_values.permute(1, 2, 0, 3)
-        new_k: list[torch.Tensor] = []
-        new_v: list[torch.Tensor] = []
+        j = torch.arange(total, device=x.device)[None, :]  # type: ignore[call-overload]
+        allowed = (j <= i + past_length) | block  # (T, S+T): causal with an offset, or all
+        bias = torch.zeros(allowed.shape, dtype=x.dtype).masked_fill(~allowed, float("-inf"))
+        lengths = (total.to(torch.int32) - 1).reshape(1), total.to(torch.int32)
+        present: list[torch.Tensor] = []
         blocks: list[Any] = list(self.blocks)
         for layer, blk in enumerate(blocks):
-            h, k, v = _attention(blk.attn, blk.attn_norm(x), rope, pk[layer], pv[layer], bias)
-            new_k.append(k)
-            new_v.append(v)
-            x = x + h
+            a = blk.attn
+            h = blk.attn_norm(x)
+            q = apply_rope(a.q_proj(h).view(1, T, a.nh, a.hd).transpose(1, 2), *rope)
+            k = apply_rope(a.k_proj(h).view(1, T, a.nkv, a.hd).transpose(1, 2), *rope)
+            y, pk, pv = GroupQueryAttention.apply(  # type: ignore[no-untyped-call]
+                q.transpose(1, 2).reshape(1, T, a.nh * a.hd),
+                k.transpose(1, 2).reshape(1, T, a.nkv * a.hd),
+                a.v_proj(h),
+                past[2 * layer],
+                past[2 * layer + 1],
+                *lengths,
+                bias[None, None],
+                a.nh,
+                a.nkv,
+            )
+            present += [pk, pv]
+            x = x + a.o_proj(y)
             x = x + blk.mlp(blk.mlp_norm(x))
         y = self.norm(x[0].index_select(0, logit_rows))  # (K, C)
         logits = (y @ self.embed_t)[:, : cfg.vocab_size] if self.head is None else self.head(y)
-        keys = torch.stack(new_k).permute(2, 0, 1, 3)  # (T, L, n_kv, hd)
-        values = torch.stack(new_v).permute(2, 0, 1, 3)
-        return logits.float(), keys, values
+        return (logits.float(), *present)
 
 
-def _attention(
-    a: Any,
-    x: torch.Tensor,
-    rope: tuple[torch.Tensor, torch.Tensor],
-    past_k: torch.Tensor,
-    past_v: torch.Tensor,
-    bias: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Grouped-query attention written out (no SDPA), so every exporter and EP takes it.
+class GroupQueryAttention(torch.autograd.Function):
+    """ONNX Runtime's ``com.microsoft::GroupQueryAttention`` in a shared buffer: the
+    chunk's keys and values go to ``S..S+T-1`` of the past buffers (S = ``total - T``),
+    and the chunk attends to the first ``total`` entries, masked by ``bias``.
 
-    Returns the output ``(1, T, C)`` and the chunk's keys and values ``(n_kv, T, hd)``.
+    ``forward`` is the same computation in PyTorch (for tracing and for a reader); the
+    exporter emits ``symbolic``. Queries are grouped, not keys repeated (HF repeat_kv
+    order: query head h reads kv head h // g), and the softmax runs in fp32.
     """
-    nh, nkv, hd = a.nh, a.nkv, a.hd
-    g = nh // nkv
-    T = x.shape[1]
-    q = a.q_proj(x).view(1, T, nh, hd).transpose(1, 2)  # (1, nh, T, hd)
-    k = a.k_proj(x).view(1, T, nkv, hd).transpose(1, 2)  # (1, n_kv, T, hd)
-    v = a.v_proj(x).view(1, T, nkv, hd).transpose(1, 2)
-    q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-    k, v = k[0], v[0]  # (n_kv, T, hd)
-    K = torch.cat((past_k, k), dim=1)  # (n_kv, S, hd)
-    Vv = torch.cat((past_v, v), dim=1)
-    # query head h reads kv head h // g (HF repeat_kv order): group the queries instead
-    # of repeating the keys
-    qg = q[0].reshape(nkv, g * T, hd)  # (n_kv, g*T, hd)
-    att = (qg @ K.transpose(1, 2)).float() * hd**-0.5  # (n_kv, g*T, S)
-    att = att.view(nkv, g, T, -1) + bias  # softmax in fp32 even for an fp16 graph
-    p = att.softmax(-1).to(Vv.dtype).view(nkv, g * T, -1)
-    y = (p @ Vv).view(nh, T, hd).transpose(0, 1).reshape(1, T, nh * hd)
-    return a.o_proj(y), k, v
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        q: torch.Tensor,  # (1, T, nh*hd), after RoPE
+        k: torch.Tensor,  # (1, T, n_kv*hd), after RoPE
+        v: torch.Tensor,  # (1, T, n_kv*hd)
+        past_k: torch.Tensor,  # (1, n_kv, C, hd)
+        past_v: torch.Tensor,
+        seqlens_k: torch.Tensor,  # (1,) int32: total - 1
+        total: torch.Tensor,  # () int32
+        bias: torch.Tensor,  # (1, 1, T, total)
+        n_head: int,
+        n_kv: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        T, nkv, hd = q.shape[1], n_kv, past_k.shape[-1]
+        S = int(total) - T
+        present_k, present_v = past_k.clone(), past_v.clone()
+        present_k[0, :, S : S + T] = k[0].view(T, nkv, hd).transpose(0, 1)
+        present_v[0, :, S : S + T] = v[0].view(T, nkv, hd).transpose(0, 1)
+        keys, values = present_k[0, :, : S + T], present_v[0, :, : S + T]
+        g = n_head // nkv
+        qg = q[0].view(T, n_head, hd).transpose(0, 1).reshape(nkv, g * T, hd)
+        att = (qg @ keys.transpose(1, 2)).float() * hd**-0.5  # (n_kv, g*T, S+T)
+        att = att.view(nkv, g, T, -1) + bias[0].float()
+        p = att.softmax(-1).to(values.dtype).view(nkv, g * T, -1)
+        y = (p @ values).view(n_head, T, hd).transpose(0, 1).reshape(1, T, n_head * hd)
+        return y, present_k, present_v
+
+    @staticmethod
+    def symbolic(
+        g: Any,
+        q: Any,
+        k: Any,
+        v: Any,
+        past_k: Any,
+        past_v: Any,
+        seqlens_k: Any,
+        total: Any,
+        bias: Any,
+        n_head: int,
+        n_kv: int,
+    ) -> Any:
+        none = g.op("prim::Constant")  # an absent optional input ("" in the ONNX node)
+        none.setType(torch._C.OptionalType.ofTensor())
+        y, present_k, present_v = g.op(
+            "com.microsoft::GroupQueryAttention",
+            *(q, k, v, past_k, past_v, seqlens_k, total),
+            *(none, none, none),  # cos_cache, sin_cache, position_ids: RoPE is applied above
+            bias,
+            num_heads_i=n_head,
+            kv_num_heads_i=n_kv,
+            causal_i=0,  # the pattern is all in `bias`
+            outputs=3,
+        )
+        y.setType(q.type())
+        present_k.setType(past_k.type())
+        present_v.setType(past_v.type())
+        return y, present_k, present_v
 
 
-def example_inputs(model: Llama, T: int = 3, P: int = 2) -> tuple[torch.Tensor, ...]:
+def cache_buffer_shape(cfg: LlamaConfig, capacity: int) -> tuple[int, int, int, int]:
+    return (1, cfg.n_kv_head, capacity, cfg.head_dim)
+
+
+def example_inputs(model: Llama, T: int = 3, P: int = 2, C: int = 8) -> tuple[torch.Tensor, ...]:
     cfg = model.config
-    shape = (P, cfg.n_layer, cfg.n_kv_head, cfg.head_dim)
+    buffers = [
+        torch.zeros(cache_buffer_shape(cfg, C), dtype=model.dtype) for _ in range(2 * cfg.n_layer)
+    ]
     return (
         torch.zeros(T, dtype=torch.long),
         torch.arange(P, P + T),
-        torch.zeros(shape, dtype=model.dtype),
-        torch.zeros(shape, dtype=model.dtype),
+        torch.tensor(P),
         torch.tensor(False),
         torch.arange(T),
+        *buffers,
     )

@@ -30,8 +30,9 @@ MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer.json"
 # Bump when the graph's inputs or outputs or a file's format change: cached
 # directories are rebuilt. 2: blockwise int8 (export/build.py); 3: a ``positions`` input
-# (export/graph.py), for the sampler's approximate cache.
-FORMAT_VERSION = 3
+# (export/graph.py), for the sampler's approximate cache; 4: per-layer cache buffers
+# written in place by a fused GroupQueryAttention.
+FORMAT_VERSION = 4
 DEFAULT_NAME = f"smollm2-135m-instruct-onnx-v{FORMAT_VERSION}"
 
 
@@ -40,7 +41,7 @@ def default_cache_dir() -> Path:
 
 
 def default_model_dir(cache_dir: Path | None = None, adapter: Path | None = None) -> Path:
-    """``<cache>/models/smollm2-135m-instruct-onnx-v3``: the serving default's home; with
+    """``<cache>/models/smollm2-135m-instruct-onnx-v4``: the serving default's home; with
     an adapter, a directory named after the adapter's weights (a retrained adapter is
     built afresh, never mistaken for an older one)."""
     root = cache_dir.expanduser() if cache_dir is not None else default_cache_dir()

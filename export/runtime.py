@@ -72,21 +72,47 @@ class RuntimeConfig:
     max_len: int = 2048  # positions one reply's cache holds
 
 
-class OrtCache:
-    """Committed keys and values, preallocated and position-major ``(S, L, n_kv, hd)``.
+# The buffers grow in steps of this many positions (up to max_len): on a CPU untouched
+# pages cost nothing, but an execution provider on a GPU copies a host-bound buffer
+# whole, so it is kept near the length in use.
+GROW = 256
 
-    Position-major so that the prefix ``keys[:length]`` is one contiguous slice that
-    ONNX Runtime reads in place.
+
+class OrtCache:
+    """Keys and values in per-layer buffers ``(L, 2, 1, n_kv, C, hd)``, head-major, each
+    layer's keys and values bound to the graph's past and present of that layer, so ONNX
+    Runtime reads them in place and writes a step's chunk right after its ``S`` entries.
+
+    The first ``length`` positions are the committed prefix. A step writes its chunk past
+    them (and past the draft entries it reads), so an uncommitted step changes nothing
+    committed, and a commit only moves ``length``.
     """
 
-    def __init__(self, shape: tuple[int, int, int, int], dtype: np.dtype[Any]) -> None:
-        # empty, not zeros: only the first `length` positions are ever read
-        self.keys: NDArray[Any] = np.empty(shape, dtype)
-        self.values: NDArray[Any] = np.empty(shape, dtype)
+    def __init__(self, backend: OrtBackend) -> None:
+        self._backend = backend
+        L, n_kv, hd = backend.dims
+        self.buffers: NDArray[Any] = np.empty((L, 2, 1, n_kv, 0, hd), backend.dtype)
+        self.binding: Any = None
         self.length = 0
         # offset after the prefix -> (keys, values) (L, n_kv, hd): an uncommitted block's
         # draft (model/backend.py), copied after the prefix for the steps that read it
         self.draft: dict[int, tuple[NDArray[Any], NDArray[Any]]] = {}
+
+    @property
+    def capacity(self) -> int:
+        return int(self.buffers.shape[4])
+
+    def reserve(self, n: int) -> None:
+        """Room for ``n`` positions: a larger buffer, the prefix copied, bound afresh."""
+        if n <= self.capacity:
+            return
+        b = self._backend
+        capacity = min(b.max_len, -(-n // GROW) * GROW)
+        L, n_kv, hd = b.dims
+        grown = np.empty((L, 2, 1, n_kv, capacity, hd), b.dtype)
+        grown[..., : self.length, :] = self.buffers[..., : self.length, :]
+        self.buffers = grown
+        self.binding = b.bind(grown)
 
 
 class OrtBackend:
@@ -105,10 +131,16 @@ class OrtBackend:
             str(self.path), options, providers=choose_providers(config.device)
         )
         inputs = {i.name: i for i in self.session.get_inputs()}
-        _, n_layer, n_kv, head_dim = inputs["past_keys"].shape
-        self._cache_shape = (config.max_len, int(n_layer), int(n_kv), int(head_dim))
-        is_fp16 = inputs["past_keys"].type == "tensor(float16)"
-        self._dtype = np.dtype(np.float16 if is_fp16 else np.float32)
+        if "past_key_0" not in inputs:
+            raise ValueError(
+                f"{self.path} is an older step graph (no per-layer cache buffers): rebuild "
+                "its model directory with `quicksilver export` (format v4)"
+            )
+        _, n_kv, _, head_dim = inputs["past_key_0"].shape
+        n_layer = sum(name.startswith("past_key_") for name in inputs)
+        self.dims = (n_layer, int(n_kv), int(head_dim))
+        is_fp16 = inputs["past_key_0"].type == "tensor(float16)"
+        self.dtype = np.dtype(np.float16 if is_fp16 else np.float32)
         vocab = self.session.get_outputs()[0].shape[1]
         self.vocab_size = int(vocab) if isinstance(vocab, int) else _manifest_vocab(self.path)
         self.max_len = config.max_len
@@ -118,8 +150,20 @@ class OrtBackend:
     def providers(self) -> list[str]:
         return list(self.session.get_providers())
 
+    def bind(self, buffers: NDArray[Any]) -> Any:
+        """An IO binding with each layer's past and present on the same memory."""
+        binding = self.session.io_binding()
+        binding.bind_output("logits")  # first: its index in get_outputs() stays 0
+        for layer in range(self.dims[0]):
+            for j, kv in enumerate(("key", "value")):
+                a = buffers[layer, j]
+                args = ("cpu", 0, self.dtype.type, list(a.shape), a.ctypes.data)
+                binding.bind_input(f"past_{kv}_{layer}", *args)
+                binding.bind_output(f"present_{kv}_{layer}", *args)
+        return binding
+
     def new_cache(self) -> OrtCache:
-        return OrtCache(self._cache_shape, self._dtype)
+        return OrtCache(self)
 
     def cache_length(self, cache: OrtCache) -> int:
         return cache.length
@@ -145,28 +189,29 @@ class OrtBackend:
         if commit:
             cache.draft.clear()  # the commit pass recomputes the block exactly
         old = unfed_draft(cache.draft, offsets)  # placed right after the prefix
-        if self.max_len < P + len(old) + (T if commit else 0):
-            raise ValueError(f"KV cache full: {P} + {len(old)} + {T} > {self.max_len}")
-        for n, o in enumerate(old):
-            cache.keys[P + n], cache.values[P + n] = cache.draft[o]
         S = P + len(old)
-        feeds = {
-            "input_ids": np.ascontiguousarray(ids, dtype=np.int64),
-            "positions": P + offsets,
-            "past_keys": cache.keys[:S],
-            "past_values": cache.values[:S],
-            "block": np.array(attend == "block"),
-            "logit_rows": np.arange(T) if rows is None else np.asarray(rows, np.int64),
-        }
-        logits, keys, values = self.session.run(None, feeds)
+        if self.max_len < S + T:
+            raise ValueError(f"KV cache full: {P} + {len(old)} + {T} > {self.max_len}")
+        cache.reserve(S + T)
+        for n, o in enumerate(old):
+            cache.buffers[:, 0, 0, :, P + n], cache.buffers[:, 1, 0, :, P + n] = cache.draft[o]
+        io = cache.binding
+        io.bind_cpu_input("input_ids", np.ascontiguousarray(ids, dtype=np.int64))
+        io.bind_cpu_input("positions", P + offsets)
+        io.bind_cpu_input("past_length", np.array(S, np.int64))
+        io.bind_cpu_input("block", np.array(attend == "block"))
+        rows_ = np.arange(T) if rows is None else np.asarray(rows, np.int64)
+        io.bind_cpu_input("logit_rows", rows_)
+        io.bind_output("logits")  # afresh: ONNX Runtime sizes it for this step's rows
+        self.session.run_with_iobinding(io)
+        logits: Logits = io.get_outputs()[0].numpy()
         if commit:
-            cache.keys[P : P + T] = keys
-            cache.values[P : P + T] = values
-            cache.length = P + T
+            cache.length = P + T  # the chunk is already in place at P..P+T-1
         for c in np.asarray([] if keep is None else keep, np.int64).tolist():
-            cache.draft[int(offsets[c])] = (keys[c].copy(), values[c].copy())
-        out: Logits = logits
-        return out
+            at_ = S + c
+            k, v = cache.buffers[:, 0, 0, :, at_], cache.buffers[:, 1, 0, :, at_]
+            cache.draft[int(offsets[c])] = (k.copy(), v.copy())
+        return logits
 
 
 def _manifest_vocab(model_path: Path) -> int:

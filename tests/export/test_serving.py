@@ -67,8 +67,10 @@ def test_tensorrt_says_plainly_that_it_is_not_installed(tiny_dir: Path, tmp_path
 
 def test_tensorrt_profile_covers_empty_and_full_caches() -> None:
     shapes = tensorrt.profile_shapes(30, 3, 64, max_len=2048)
-    assert shapes["past_keys"]["min"] == [0, 30, 3, 64]
-    assert shapes["past_keys"]["max"] == [2048, 30, 3, 64]
+    assert len(shapes) == 3 + 2 * 30  # every layer's key and value buffer
+    assert shapes["past_value_29"]["min"] == [1, 3, 1, 64]
+    assert shapes["past_key_0"]["max"] == [1, 3, 2048, 64]
+    assert shapes["input_ids"]["max"] == [512]
     opts = tensorrt.trt_provider_options(Path("/x"), shapes)
-    assert "past_keys:0x30x3x64" in opts["trt_profile_min_shapes"]
+    assert "past_key_0:1x3x1x64" in opts["trt_profile_min_shapes"]
     assert opts["trt_fp16_enable"] is True
