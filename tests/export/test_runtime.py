@@ -11,7 +11,7 @@ from export.runtime import ProviderUnavailableError, choose_providers
 from model.backend import StepBackend
 from model.generate import greedy
 from model.sampler import Rule
-from tests.export.conftest import ort_backend, torch_backend
+from tests.export.conftest import TINY, ort_backend, torch_backend
 
 
 @pytest.fixture(params=["torch", "onnx"])
@@ -135,6 +135,65 @@ def test_the_approximate_cache_samples_the_same_tokens_on_both(
     a = list(sample(torch_backend(tiny_ref), prompt, model, s, np.random.default_rng(0), 24))
     b = list(sample(ort_backend(tiny_dir), prompt, model, s, np.random.default_rng(0), 24))
     assert a == b and len(a) > 0
+
+
+def test_the_cache_buffers_grow_past_their_first_size_and_keep_the_prefix(
+    tiny_dir: Path, tiny_ref
+) -> None:
+    from export.runtime import GROW
+
+    t, o = torch_backend(tiny_ref, 600), ort_backend(tiny_dir, max_len=600)
+    tc, oc = t.new_cache(), o.new_cache()
+    ids = np.random.default_rng(0).integers(0, 300, 600)
+    np.testing.assert_allclose(
+        o.step(oc, ids[:250], "causal", commit=True, rows=[249]),
+        t.step(tc, ids[:250], "causal", commit=True, rows=[249]),
+        atol=1e-4,
+    )
+    assert oc.capacity == GROW
+    for lo in range(250, 250 + 16 * 18, 16):  # committed blocks across 256 and 512
+        block = ids[lo : lo + 16]
+        for b, c in ((t, tc), (o, oc)):
+            b.step(c, block, "block", commit=False)  # written past the prefix, not kept
+        np.testing.assert_allclose(
+            o.step(oc, block, "block", commit=True),
+            t.step(tc, block, "block", commit=True),
+            atol=1e-4,
+        )
+    assert o.cache_length(oc) == 538 and oc.capacity == 600  # max_len caps the last growth
+
+
+def test_an_older_step_graph_is_refused_by_name(tmp_path: Path) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    from export.runtime import OrtBackend, RuntimeConfig
+
+    x = helper.make_tensor_value_info("past_keys", TensorProto.FLOAT, ["P", 2, 2, 8])
+    y = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["P", 2, 2, 8])
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["past_keys"], ["logits"])], "v3", [x], [y]
+    )
+    onnx.save(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx"
+    )
+    with pytest.raises(ValueError, match=r"older step graph.*quicksilver export"):
+        OrtBackend(tmp_path / "m.onnx", RuntimeConfig(device="cpu"))
+
+
+def test_every_layer_attends_through_one_fused_node_on_its_own_buffers(tiny_dir: Path) -> None:
+    import onnx
+
+    graph = onnx.load(str(tiny_dir / "model.onnx")).graph
+    fused = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(fused) == TINY.n_layer
+    for layer, node in enumerate(fused):
+        assert node.domain == "com.microsoft"
+        assert list(node.input[3:5]) == [f"past_key_{layer}", f"past_value_{layer}"]
+        assert list(node.output[1:]) == [f"present_key_{layer}", f"present_value_{layer}"]
+    # the buffers go nowhere else: nothing splits, concatenates or copies them
+    buffers = {i.name for i in graph.input if i.name.startswith(("past_key_", "past_value_"))}
+    assert [n for n in graph.node if buffers & set(n.input)] == fused
 
 
 def test_providers_by_availability_and_configuration() -> None:
