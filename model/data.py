@@ -291,9 +291,14 @@ def make_dataset(
     model = model.to(getattr(torch, cfg.train_dtype))
     questions = training_questions(model, tok, cfg, log)
     answered: list[Example] = []
-    replies = answer_all(model, tok, questions, cfg, log)
-    kept = (e for e in replies if not answered.append(e) and e.ended)  # type: ignore[func-returns-value]
-    train = write_jsonl(out / "train.jsonl", kept)
+
+    def kept() -> Iterator[Example]:  # the ended replies, streamed; `answered` counts all
+        for e in answer_all(model, tok, questions, cfg, log):
+            answered.append(e)
+            if e.ended:
+                yield e
+
+    train = write_jsonl(out / "train.jsonl", kept())
     recipe = {
         "config": asdict(cfg),
         "replies": "greedy SmolLM2-135M-Instruct (batched, model.data.decode_batch), "
@@ -330,7 +335,7 @@ def own_replies(
     from model.sampler import SamplerSettings, sample
 
     recipe = json.loads((source / "recipe.json").read_text())
-    budget = reply_budget(source)
+    budget = int(recipe["config"]["max_reply_tokens"])  # as reply_budget(source) reads it
     questions = [(e.question, e.source) for e in read_jsonl(source / "train.jsonl")]
     random.Random(seed).shuffle(questions)
     questions = questions[:limit]

@@ -348,6 +348,8 @@ def train_device(name: str) -> torch.device:
             f"--set device={name}: PyTorch {torch.__version__} sees no CUDA GPU here "
             "(a CPU build, or no device); train with device=cpu or auto"
         )
+    if device.type == "cuda" and (device.index or 0) >= (count := torch.cuda.device_count()):
+        raise ValueError(f"--set device={name}: PyTorch sees {count} GPU(s) here, cuda:0 up")
     return device
 
 
@@ -433,6 +435,7 @@ def train(model: Llama, tok: Tokenizer, train_ex, held_ex, cfg: TrainConfig, log
     items = encode_examples(tok, train_ex, cfg.block_size)
     held = heldout_batches(encode_examples(tok, held_ex, cfg.block_size), cfg, mask_id)
     params, mask_emb, opt = build(cfg, model)
+    held = [b.to(mask_emb.device) for b in held]  # once, not at every eval
     state: dict[str, Any] = {"step": 0, "tokens": 0, "wall_s": 0.0, "curve": [], "losses": []}
     ckpt = out / "ckpt.pt"
     if cfg.resume and ckpt.exists():

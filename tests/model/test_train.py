@@ -289,6 +289,17 @@ def test_train_device_says_plainly_when_there_is_no_gpu():
             train_device(bad)
 
 
+def test_train_device_refuses_a_gpu_index_past_the_last(monkeypatch):
+    from model.train import train_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert train_device("cuda:0") == torch.device("cuda", 0)
+    assert train_device("cuda") == torch.device("cuda")
+    with pytest.raises(ValueError, match=r"device=cuda:1: PyTorch sees 1 GPU\(s\) here"):
+        train_device("cuda:1")
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a host without a GPU")
 def test_train_command_refuses_a_missing_gpu_before_loading(tmp_path, capsys):
     from server.cli import main
