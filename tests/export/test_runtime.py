@@ -196,6 +196,19 @@ def test_every_layer_attends_through_one_fused_node_on_its_own_buffers(tiny_dir:
     assert [n for n in graph.node if buffers & set(n.input)] == fused
 
 
+def test_replies_on_one_session_in_parallel_threads_keep_their_own_buffers(
+    tiny_dir: Path,
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    b = ort_backend(tiny_dir, max_len=300)  # one session; a binding per reply's cache
+    prompts = [[5, 17, 42, 7], [99, 3, 1], [250, 251, 252, 253, 254], [8] * 40]
+    alone = [list(greedy(b, p, 250, ())) for p in prompts]  # 40 + 250 > 256: growth too
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(lambda p: list(greedy(b, p, 250, ())), prompts * 3))
+    assert together == alone * 3
+
+
 def test_providers_by_availability_and_configuration() -> None:
     gpu = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
     assert choose_providers("auto", gpu) == gpu
