@@ -55,6 +55,7 @@ class BenchOptions:
     # also time the diffusion sampler with the approximate in-block cache (model/sampler.py
     # approx_cache), as the "diffusion-approx" engine, ONNX Runtime only
     approx_cache: bool = False
+    rounds: int = 1  # every prompt this many times per engine (ONNX Runtime), interleaved
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,58 @@ def diffusion_decoder(tok: Tokenizer, approx_cache: bool | None = None) -> Decod
     return run
 
 
+@dataclass
+class _Tally:
+    """One engine's replies so far: times, sizes and the roofline floor of its passes."""
+
+    times: list[float] = dataclasses.field(default_factory=list)
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    passes: list[int] = dataclasses.field(default_factory=list)
+    compute: float = 0.0
+    memory: float = 0.0
+    floor: float = 0.0
+    replies: list[list[int]] = dataclasses.field(default_factory=list)
+
+    def reply(
+        self,
+        counter: CountingBackend,
+        decode: Decoder,
+        prompt: list[int],
+        budget: int,
+        roof: Roofline,
+        dims: Dims,
+    ) -> None:
+        counter.steps.clear()
+        t0 = time.perf_counter()
+        out, stats = drain(decode(counter, prompt, budget))
+        self.times.append(time.perf_counter() - t0)
+        self.tokens.append(stats.tokens)
+        self.passes.append(stats.forward_passes)
+        for step in counter.steps:
+            c, m = roof.step_s(dims, *step)
+            self.compute, self.memory = self.compute + c, self.memory + m
+            self.floor += max(c, m)
+        self.replies.append(out)
+
+    def summary(self) -> dict[str, Any]:
+        total, n = sum(self.times), len(self.times)
+        return {
+            "replies": n,
+            "p50_s": statistics.median(self.times),
+            "p95_s": float(np.percentile(self.times, 95)),
+            "mean_s": total / n,
+            "tokens_per_s": sum(self.tokens) / total,
+            "tokens_per_reply": sum(self.tokens) / n,
+            "passes_per_reply": sum(self.passes) / n,
+            "floor_compute_s_per_reply": self.compute / n,
+            "floor_memory_s_per_reply": self.memory / n,
+            "floor_s_per_reply": self.floor / n,  # the roofline: the longer of the two per pass
+            "fraction_of_peak": self.compute / total,
+            "fraction_of_floor": self.floor / total,
+            "_replies": self.replies,
+        }
+
+
 def time_engine(
     backend: StepBackend,
     decode: Decoder,
@@ -175,41 +228,43 @@ def time_engine(
     roof: Roofline,
     dims: Dims,
 ) -> dict[str, Any]:
+    """One engine's replies to ``prompts``, after one warm-up reply."""
+    return time_engines(backend, {"engine": decode}, prompts, budget, roof, dims)["engine"]
+
+
+def time_engines(
+    backend: StepBackend,
+    decoders: dict[str, Decoder],
+    prompts: list[list[int]],
+    budget: int,
+    roof: Roofline,
+    dims: Dims,
+    rounds: int = 1,
+) -> dict[str, dict[str, Any]]:
+    """Every engine's replies to every prompt, ``rounds`` times, interleaved: for each
+    prompt the engines take turns, the first one rotating, so a machine that speeds up
+    or slows down during the run (a shared VM does, by a quarter) weighs on all of them
+    alike instead of on whichever ran in that stretch. ``rounds_tokens_per_s`` holds each
+    round's own figure, for the spread."""
     counter = CountingBackend(backend)
-    drain(decode(counter, prompts[0], budget))  # warm-up (allocations, first-run costs)
-    times: list[float] = []
-    tokens: list[int] = []
-    passes: list[int] = []
-    compute = memory = floor = 0.0
-    replies: list[list[int]] = []
-    for p in prompts:
-        counter.steps.clear()
-        t0 = time.perf_counter()
-        out, stats = drain(decode(counter, p, budget))
-        times.append(time.perf_counter() - t0)
-        tokens.append(stats.tokens)
-        passes.append(stats.forward_passes)
-        for step in counter.steps:
-            c, m = roof.step_s(dims, *step)
-            compute, memory, floor = compute + c, memory + m, floor + max(c, m)
-        replies.append(out)
-    total = sum(times)
-    n = len(prompts)
-    return {
-        "replies": len(prompts),
-        "p50_s": statistics.median(times),
-        "p95_s": float(np.percentile(times, 95)),
-        "mean_s": total / len(times),
-        "tokens_per_s": sum(tokens) / total,
-        "tokens_per_reply": sum(tokens) / len(tokens),
-        "passes_per_reply": sum(passes) / len(passes),
-        "floor_compute_s_per_reply": compute / n,
-        "floor_memory_s_per_reply": memory / n,
-        "floor_s_per_reply": floor / n,  # the roofline: the longer of the two per pass
-        "fraction_of_peak": compute / total,
-        "fraction_of_floor": floor / total,
-        "_replies": replies,
-    }
+    names = list(decoders)
+    for name in names:  # warm-up (allocations, first-run costs)
+        drain(decoders[name](counter, prompts[0], budget))
+    tallies = {name: _Tally() for name in names}
+    per_round: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        start = {name: (len(t.times), sum(t.times), sum(t.tokens)) for name, t in tallies.items()}
+        for i, prompt in enumerate(prompts):
+            k = (i + r) % len(names)
+            for name in names[k:] + names[:k]:
+                tallies[name].reply(counter, decoders[name], prompt, budget, roof, dims)
+        for name, t in tallies.items():
+            _, s0, n0 = start[name]
+            per_round[name].append((sum(t.tokens) - n0) / (sum(t.times) - s0))
+    out = {}
+    for name, t in tallies.items():
+        out[name] = {**t.summary(), "rounds_tokens_per_s": per_round[name]}
+    return out
 
 
 def _int8_matmul(k: int, n: int, method: str) -> Callable[[NDArray[np.float32]], object]:
@@ -328,12 +383,21 @@ def run_llm_bench(options: BenchOptions) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     for budget in options.budgets:
         for runtime, backend in backends.items():
-            for engine, decode in decoders.items():
-                if engine == "diffusion-approx" and runtime != "onnx-int8":
-                    continue
-                log.info("bench: %s on %s, budget %d ...", engine, runtime, budget)
-                n = options.torch_prompts if runtime.startswith("torch") else None
-                r = time_engine(backend, decode, prompts[:n], budget, roofs[runtime], dims)
+            torch = runtime.startswith("torch")
+            engines = {e: d for e, d in decoders.items() if e != "diffusion-approx" or not torch}
+            rounds = 1 if torch else options.rounds
+            log.info(
+                "bench: %s on %s, budget %d, %d round(s) ...",
+                ", ".join(engines),
+                runtime,
+                budget,
+                rounds,
+            )
+            n = options.torch_prompts if torch else None
+            timed = time_engines(
+                backend, engines, prompts[:n], budget, roofs[runtime], dims, rounds
+            )
+            for engine, r in timed.items():
                 rows.append({"engine": engine, "runtime": runtime, "budget": budget, **r})
     results = _results(rows, options, roofs, dims, missing, manifest, questions)
     results["int8_kernel_peak_flops"] = kernel_peaks
@@ -371,15 +435,29 @@ def _results(
 ) -> dict[str, Any]:
     top = max(options.budgets)
 
+    def row(engine: str) -> dict[str, Any] | None:
+        return next(
+            (
+                x
+                for x in rows
+                if x["engine"] == engine and x["runtime"] == "onnx-int8" and x["budget"] == top
+            ),
+            None,
+        )
+
     def tps(engine: str) -> float | None:
-        r = [x for x in rows if x["engine"] == engine and x["runtime"] == "onnx-int8"]
-        r = [x for x in r if x["budget"] == top]
-        return r[0]["tokens_per_s"] if r else None
+        return r["tokens_per_s"] if (r := row(engine)) else None
 
     ar, diff, approx = tps("ar"), tps("diffusion"), tps("diffusion-approx")
+    a, d = row("ar"), row("diffusion")
+    rounds = (
+        [x / y for x, y in zip(d["rounds_tokens_per_s"], a["rounds_tokens_per_s"], strict=True)]
+        if a and d
+        else []
+    )
     # Same words? Diffusion and AR replies differ by design; int8 vs fp32 per engine.
-    for row in rows:
-        row.pop("_replies")
+    for x in rows:
+        x.pop("_replies")
     return {
         "machine_peak_flops": {k: r.flops for k, r in roofs.items()},
         "machine_bandwidth_bytes_per_s": {k: r.bandwidth for k, r in roofs.items()},
@@ -395,6 +473,7 @@ def _results(
         "prompts": list(questions),
         "rows": rows,
         "speedup": (diff / ar) if (ar and diff) else None,
+        "speedup_per_round": rounds,
         "speedup_approx_cache": (approx / ar) if (ar and approx) else None,
         "speedup_budget": top,
         "diffusion_missing": missing,
@@ -425,6 +504,8 @@ def print_table(results: dict[str, Any]) -> None:
     if results["speedup"] is not None:
         at, x = results["speedup_budget"], results["speedup"]
         print(f"speedup (diffusion / AR tokens/s at {at} tokens): {x:.2f}")
+        if len(each := results.get("speedup_per_round") or []) > 1:
+            print(f"  per round: {', '.join(f'{v:.2f}' for v in each)}")
     if (x := results.get("speedup_approx_cache")) is not None:
         print(f"speedup with the approximate in-block cache: {x:.2f}")
     if results["diffusion_missing"]:

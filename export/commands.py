@@ -46,7 +46,9 @@ def register(sub: Any) -> None:
     llm.add_argument("--json", type=Path, default=None, help="write the results here")
     llm.add_argument("--model-dir", type=Path, default=None, help="exported model directory")
     llm.add_argument("--cache-dir", type=Path, default=None)
-    llm.add_argument("--prompts", type=int, default=20, help="how many of the fixed questions")
+    llm.add_argument(
+        "--prompts", type=_at_least_one, default=20, help="how many of the fixed questions"
+    )
     llm.add_argument("--budgets", type=int, nargs="+", default=[32, 64])
     llm.add_argument("--no-torch", action="store_true", help="skip the PyTorch reference")
     llm.add_argument(
@@ -59,6 +61,13 @@ def register(sub: Any) -> None:
         "--approx-cache",
         action="store_true",
         help="also time diffusion with the approximate in-block cache (diffusion-approx)",
+    )
+    llm.add_argument(
+        "--rounds",
+        type=_at_least_one,
+        default=1,
+        help="answer every prompt this many times per ONNX engine (interleaved; the "
+        "speedup of each round is printed)",
     )
     llm.set_defaults(run=run_bench)
     llm.add_argument("--log-level", default="INFO")
@@ -92,6 +101,13 @@ def run_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _at_least_one(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"needs 1 or more, got {n}")
+    return n
+
+
 def run_bench(args: argparse.Namespace) -> int:
     from export.bench import BenchOptions, print_table, run_llm_bench
 
@@ -103,6 +119,7 @@ def run_bench(args: argparse.Namespace) -> int:
         torch_reference=not args.no_torch and args.torch_prompts != 0,
         torch_prompts=args.torch_prompts,
         approx_cache=args.approx_cache,
+        rounds=args.rounds,
     )
     results = run_llm_bench(options)
     print_table(results)

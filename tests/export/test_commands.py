@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-
 import json
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 import export.build
 from export.bench import (
     CountingBackend,
+    Decoder,
     Dims,
     Roofline,
     ar_decoder,
@@ -193,3 +193,57 @@ def test_bench_times_the_approximate_cache_beside_the_default(tiny_dir: Path) ->
     engines = [row["engine"] for row in r["rows"]]
     assert engines == ["ar", "diffusion", "diffusion-approx"]
     assert r["speedup"] > 0 and r["speedup_approx_cache"] > 0
+
+
+def test_bench_interleaves_the_engines_per_prompt_and_rotates_who_goes_first(
+    tiny_dir: Path,
+) -> None:
+    from export.bench import diffusion_decoder, time_engines
+
+    tok = load_tokenizer(tiny_dir)
+    order: list[str] = []
+
+    def logged(name: str, decode: Decoder) -> Decoder:
+        def run(b, prompt, n):  # type: ignore[no-untyped-def]
+            order.append(name)
+            return decode(b, prompt, n)
+
+        return run
+
+    decoders = {
+        "ar": logged("ar", ar_decoder(tok)),
+        "diffusion": logged("d", diffusion_decoder(tok)),
+    }
+    roof = Roofline(flops=1e9, bandwidth=1e9, weight_bytes=1.0)
+    dims = Dims(
+        *(getattr(TINY, k) for k in ("n_layer", "n_embd", "n_head", "n_kv_head")),
+        TINY.head_dim,
+        TINY.ffn_hidden,
+        TINY.vocab_size,
+    )
+    b = ort_backend(tiny_dir, "model.int8.onnx")
+    out = time_engines(b, decoders, [[1, 5, 6], [1, 7, 8, 9], [1, 3]], 6, roof, dims, rounds=2)
+    warm, timed = order[:2], order[2:]
+    assert warm == ["ar", "d"]
+    firsts = timed[::2]  # who went first for each (round, prompt)
+    assert firsts == ["ar", "d", "ar", "d", "ar", "d"]  # rotates with prompt + round
+    assert sorted(timed) == ["ar"] * 6 + ["d"] * 6
+    for r in out.values():
+        assert r["replies"] == 6 and len(r["rounds_tokens_per_s"]) == 2
+        assert all(x > 0 for x in r["rounds_tokens_per_s"])
+
+
+def test_bench_reports_the_speedup_of_every_round(
+    tiny_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from export.bench import BenchOptions, print_table, run_llm_bench
+
+    r = run_llm_bench(
+        BenchOptions(tiny_dir, prompts=2, budgets=(8,), torch_reference=False, rounds=2)
+    )
+    assert len(r["speedup_per_round"]) == 2 and all(x > 0 for x in r["speedup_per_round"])
+    print_table(r)
+    assert "per round: " in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["bench", "llm", "--rounds", "0"])
+    assert "needs 1 or more, got 0" in capsys.readouterr().err
