@@ -253,14 +253,13 @@ def time_engines(
     tallies = {name: _Tally() for name in names}
     per_round: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
-        start = {name: (len(t.times), sum(t.times), sum(t.tokens)) for name, t in tallies.items()}
         for i, prompt in enumerate(prompts):
             k = (i + r) % len(names)
             for name in names[k:] + names[:k]:
                 tallies[name].reply(counter, decoders[name], prompt, budget, roof, dims)
+        n = len(prompts)  # this round's replies are each tally's last n
         for name, t in tallies.items():
-            _, s0, n0 = start[name]
-            per_round[name].append((sum(t.tokens) - n0) / (sum(t.times) - s0))
+            per_round[name].append(sum(t.tokens[-n:]) / sum(t.times[-n:]))
     out = {}
     for name, t in tallies.items():
         out[name] = {**t.summary(), "rounds_tokens_per_s": per_round[name]}
