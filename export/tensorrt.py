@@ -35,18 +35,21 @@ def unavailable_reason() -> str | None:
     providers = ort.get_available_providers()
     if TRT_PROVIDER in providers:
         return None
-    package = importlib.util.find_spec("tensorrt") is not None
-    return (
-        "TensorRT is not installed on this host: onnxruntime offers only "
-        f"{', '.join(providers)}"
-        + (
-            " (the `tensorrt` Python package is here, but its ONNX parser cannot read the "
-            "step graph's GroupQueryAttention node, so the engine is built through "
-            "onnxruntime-gpu's TensorRT execution provider). "
-            if package
-            else " and the `tensorrt` Python package is missing. "
+    offered = ", ".join(providers)
+    if importlib.util.find_spec("tensorrt") is not None:
+        head = (
+            f"onnxruntime here has no TensorRT execution provider (it offers only {offered}); "
+            "the `tensorrt` Python package is installed, but its ONNX parser cannot read "
+            "the step graph's GroupQueryAttention node, so the engine is built through "
+            "that provider. "
         )
-        + "On an NVIDIA GPU host install the gpu extra (pip install 'quicksilver[gpu]', "
+    else:
+        head = (
+            f"TensorRT is not installed on this host: onnxruntime offers only {offered} "
+            "and the `tensorrt` Python package is missing. "
+        )
+    return (
+        head + "On an NVIDIA GPU host install the gpu extra (pip install 'quicksilver[gpu]', "
         "onnxruntime-gpu instead of onnxruntime, built with TensorRT) and TensorRT "
         "(pip install tensorrt), then rerun `quicksilver export --tensorrt`. The int8 CPU "
         "and fp16 models do not need it."

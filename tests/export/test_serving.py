@@ -65,6 +65,21 @@ def test_tensorrt_says_plainly_that_it_is_not_installed(tiny_dir: Path, tmp_path
         choose_providers("tensorrt")
 
 
+def test_tensorrt_without_the_provider_says_why_the_package_alone_is_not_enough(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib.util
+
+    monkeypatch.setattr(tensorrt.ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "tensorrt" else real(name)
+    )
+    reason = tensorrt.unavailable_reason()
+    assert reason is not None and "no TensorRT execution provider" in reason
+    assert "cannot read the step graph's GroupQueryAttention node" in reason
+
+
 def test_tensorrt_profile_covers_empty_and_full_caches() -> None:
     shapes = tensorrt.profile_shapes(30, 3, 64, max_len=2048)
     assert len(shapes) == 3 + 2 * 30  # every layer's key and value buffer
