@@ -51,3 +51,36 @@ def test_int8_greedy_agreement_is_reported(tiny_dir: Path, tiny_ref) -> None:
     assert set(parity) == {"fp32", "int8", "fp16"}
     assert parity["fp32"]["token_agreement"] == 1.0
     assert parity["fp32"]["prefill_max_abs"] < 1e-5
+
+
+@pytest.mark.parametrize("fmt", ["llada", "dream"])
+def test_llada_and_dream_checkpoints_export_to_the_same_step_graph(
+    tmp_path: Path, fmt: str
+) -> None:
+    """Their layouts (LLaDA's names, Dream's q/k/v biases) go through the fused attention."""
+    import torch
+
+    from export.build import export_onnx
+    from export.runtime import OrtBackend, RuntimeConfig
+    from model.backend import TorchBackend
+    from model.hf_formats import load_hf_diffusion
+    from tests.model import test_hf_formats as hf
+
+    config, tensors = (
+        (hf.LLADA_CONFIG, hf.llada_tensors)
+        if fmt == "llada"
+        else (hf.DREAM_CONFIG, hf.dream_tensors)
+    )
+    torch.manual_seed(0)
+    hf.write_checkpoint(tmp_path, config, tensors())
+    model, _ = load_hf_diffusion(tmp_path, dtype=torch.float32)
+    t = TorchBackend(model, 64)
+    o = OrtBackend(export_onnx(model, tmp_path / "m.onnx"), RuntimeConfig(device="cpu", max_len=64))
+    ids = np.array([3, 17, hf.MASK_ID, hf.MASK_ID, 42, 5, hf.MASK_ID])
+    full = [b.step(b.new_cache(), ids, "block", commit=False) for b in (t, o)]
+    np.testing.assert_allclose(full[1], full[0], atol=1e-4)
+    caches = [t.new_cache(), o.new_cache()]
+    for b, c in zip((t, o), caches, strict=True):
+        b.step(c, ids[:4], "causal", commit=True)
+    after = [b.step(c, ids[4:], "block", commit=False) for b, c in zip((t, o), caches, strict=True)]
+    np.testing.assert_allclose(after[1], after[0], atol=1e-4)
