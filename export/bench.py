@@ -220,18 +220,6 @@ class _Tally:
         }
 
 
-def time_engine(
-    backend: StepBackend,
-    decode: Decoder,
-    prompts: list[list[int]],
-    budget: int,
-    roof: Roofline,
-    dims: Dims,
-) -> dict[str, Any]:
-    """One engine's replies to ``prompts``, after one warm-up reply."""
-    return time_engines(backend, {"engine": decode}, prompts, budget, roof, dims)["engine"]
-
-
 def time_engines(
     backend: StepBackend,
     decoders: dict[str, Decoder],

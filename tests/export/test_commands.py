@@ -19,7 +19,7 @@ from export.bench import (
     int8_bytes_per_weight,
     step_bytes,
     step_flops,
-    time_engine,
+    time_engines,
 )
 from export.modeldir import (
     DEFAULT_NAME,
@@ -30,6 +30,16 @@ from export.modeldir import (
 )
 from server.cli import main
 from tests.export.conftest import TINY, ort_backend, tiny_source
+
+TINY_DIMS = Dims(
+    TINY.n_layer,
+    TINY.n_embd,
+    TINY.n_head,
+    TINY.n_kv_head,
+    TINY.head_dim,
+    TINY.ffn_hidden,
+    TINY.vocab_size,
+)
 
 
 def test_quicksilver_export_builds_a_model_directory(
@@ -163,17 +173,9 @@ def test_the_floor_is_the_slower_of_compute_and_memory_per_pass() -> None:
 def test_bench_times_the_ar_decoder_and_counts_its_passes(tiny_dir: Path) -> None:
     tok = load_tokenizer(tiny_dir)
     b = ort_backend(tiny_dir, "model.int8.onnx")
-    d = Dims(
-        TINY.n_layer,
-        TINY.n_embd,
-        TINY.n_head,
-        TINY.n_kv_head,
-        TINY.head_dim,
-        TINY.ffn_hidden,
-        TINY.vocab_size,
-    )
     roof = Roofline(flops=1e9, bandwidth=1e9, weight_bytes=1.0)
-    r = time_engine(b, ar_decoder(tok), [[1, 5, 6], [1, 7, 8, 9]], 8, roof, d)
+    prompts = [[1, 5, 6], [1, 7, 8, 9]]
+    r = time_engines(b, {"ar": ar_decoder(tok)}, prompts, 8, roof, TINY_DIMS)["ar"]
     assert r["replies"] == 2 and r["p50_s"] > 0 and r["p95_s"] >= r["p50_s"]
     assert r["floor_s_per_reply"] >= max(
         r["floor_compute_s_per_reply"], r["floor_memory_s_per_reply"]
@@ -198,7 +200,7 @@ def test_bench_times_the_approximate_cache_beside_the_default(tiny_dir: Path) ->
 def test_bench_interleaves_the_engines_per_prompt_and_rotates_who_goes_first(
     tiny_dir: Path,
 ) -> None:
-    from export.bench import diffusion_decoder, time_engines
+    from export.bench import diffusion_decoder
 
     tok = load_tokenizer(tiny_dir)
     order: list[str] = []
@@ -215,14 +217,8 @@ def test_bench_interleaves_the_engines_per_prompt_and_rotates_who_goes_first(
         "diffusion": logged("d", diffusion_decoder(tok)),
     }
     roof = Roofline(flops=1e9, bandwidth=1e9, weight_bytes=1.0)
-    dims = Dims(
-        *(getattr(TINY, k) for k in ("n_layer", "n_embd", "n_head", "n_kv_head")),
-        TINY.head_dim,
-        TINY.ffn_hidden,
-        TINY.vocab_size,
-    )
     b = ort_backend(tiny_dir, "model.int8.onnx")
-    out = time_engines(b, decoders, [[1, 5, 6], [1, 7, 8, 9], [1, 3]], 6, roof, dims, rounds=2)
+    out = time_engines(b, decoders, [[1, 5, 6], [1, 7, 8, 9], [1, 3]], 6, roof, TINY_DIMS, rounds=2)
     warm, timed = order[:2], order[2:]
     assert warm == ["ar", "d"]
     firsts = timed[::2]  # who went first for each (round, prompt)
