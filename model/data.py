@@ -265,7 +265,12 @@ def corpus_counts(train: list[Example], asked: int) -> dict[str, Any]:
 
 def reply_budget(source: Path) -> int:
     """The reply budget a corpus was written with (its recipe's ``max_reply_tokens``)."""
-    return int(json.loads((source / "recipe.json").read_text())["config"]["max_reply_tokens"])
+    return recipe_budget(json.loads((source / "recipe.json").read_text()))
+
+
+def recipe_budget(recipe: dict) -> int:
+    """The reply budget in an already read ``recipe.json``."""
+    return int(recipe["config"]["max_reply_tokens"])
 
 
 def make_dataset(
@@ -335,7 +340,7 @@ def own_replies(
     from model.sampler import SamplerSettings, sample
 
     recipe = json.loads((source / "recipe.json").read_text())
-    budget = int(recipe["config"]["max_reply_tokens"])  # as reply_budget(source) reads it
+    budget = recipe_budget(recipe)
     questions = [(e.question, e.source) for e in read_jsonl(source / "train.jsonl")]
     random.Random(seed).shuffle(questions)
     questions = questions[:limit]
