@@ -90,8 +90,7 @@ class OrtCache:
 
     def __init__(self, backend: OrtBackend) -> None:
         self._backend = backend
-        L, n_kv, hd = backend.dims
-        self.buffers: NDArray[Any] = np.empty((L, 2, 1, n_kv, 0, hd), backend.dtype)
+        self.buffers: NDArray[Any] = self._empty(0)
         self.binding: Any = None
         self.length = 0
         # offset after the prefix -> (keys, values) (L, n_kv, hd): an uncommitted block's
@@ -106,13 +105,14 @@ class OrtCache:
         """Room for ``n`` positions: a larger buffer, the prefix copied, bound afresh."""
         if n <= self.capacity:
             return
-        b = self._backend
-        capacity = min(b.max_len, -(-n // GROW) * GROW)
-        L, n_kv, hd = b.dims
-        grown = np.empty((L, 2, 1, n_kv, capacity, hd), b.dtype)
+        grown = self._empty(min(self._backend.max_len, -(-n // GROW) * GROW))
         grown[..., : self.length, :] = self.buffers[..., : self.length, :]
         self.buffers = grown
-        self.binding = b.bind(grown)
+        self.binding = self._backend.bind(grown)
+
+    def _empty(self, capacity: int) -> NDArray[Any]:
+        L, n_kv, hd = self._backend.dims
+        return np.empty((L, 2, 1, n_kv, capacity, hd), self._backend.dtype)
 
 
 class OrtBackend:
