@@ -128,17 +128,66 @@ class SentenceSplitter:
 _DONE = object()
 
 
+class PassGate:
+    """Holds the reply model between forward passes while urgent work has the CPU.
+
+    On a CPU host the reply model and Piper each spread over every core; run at the
+    same time, each goes at less than half its speed (docs/latency.md, "Speech first"),
+    so the first sentence's audio would wait on the model writing the later ones. While
+    :meth:`hold` is held the model finishes its current pass and waits before the next.
+    A disabled gate (a GPU host: the model does not need the cores) never waits.
+    """
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self._lock = threading.Lock()
+        self._holders = 0
+        self._open = threading.Event()
+        self._open.set()
+
+    @property
+    def held(self) -> bool:
+        return not self._open.is_set()
+
+    @contextlib.contextmanager
+    def hold(self) -> Generator[None, None, None]:
+        if not self.enabled:
+            yield
+            return
+        with self._lock:
+            self._holders += 1
+            self._open.clear()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._holders -= 1
+                if not self._holders:
+                    self._open.set()
+
+    def wait(self, stop: Callable[[], bool], poll_s: float = 0.02) -> None:
+        """Return once nothing holds the gate, or as soon as ``stop()`` is true (a
+        cancelled reply must not wait for someone else's speech)."""
+        while not self._open.wait(poll_s):
+            if stop():
+                return
+
+
 class ThreadedReplyEngine:
     """Runs a blocking :class:`TextGenerator` off the event loop, sentence by sentence.
 
     Cancellation (the consuming task cancelled, or the iterator closed early) sets the
     generator's stop flag and waits for the worker thread to return, so a cancelled
-    turn never keeps the model busy behind the next one.
+    turn never keeps the model busy behind the next one. The generator also waits at
+    ``gate`` before each forward pass (:class:`PassGate`).
     """
 
-    def __init__(self, generator: TextGenerator, executor: Executor) -> None:
+    def __init__(
+        self, generator: TextGenerator, executor: Executor, gate: PassGate | None = None
+    ) -> None:
         self._generator = generator
         self._executor = executor
+        self.gate = gate or PassGate(enabled=False)
         self.name = generator.name
 
     async def stream(
@@ -151,9 +200,13 @@ class ThreadedReplyEngine:
         def put(item: object) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, item)
 
+        def should_stop() -> bool:  # called before every forward pass
+            self.gate.wait(stop.is_set)
+            return stop.is_set()
+
         def work() -> None:
             splitter = SentenceSplitter()
-            it = self._generator.generate(conversation, max_tokens, stop.is_set)
+            it = self._generator.generate(conversation, max_tokens, should_stop)
             try:
                 while True:
                     try:

@@ -13,6 +13,7 @@ from model.ar import ARGenerator, load_ar_generator
 from model.engine import (
     ChatMessage,
     GenerationStats,
+    PassGate,
     ReplyEnd,
     Sentence,
     TextGenerator,
@@ -33,18 +34,24 @@ def ar(smollm2_gguf) -> ARGenerator:
 
 
 class Recording:
-    """Wraps a real generator and records when and how its reply ended."""
+    """Wraps a real generator and records its stop checks (one before each forward
+    pass) and when and how its reply ended."""
 
     def __init__(self, inner: TextGenerator) -> None:
         self.inner, self.name = inner, inner.name
         self.finished = threading.Event()
         self.stats: GenerationStats | None = None
+        self.checks = 0
 
     def generate(
         self, conversation: Sequence[ChatMessage], max_tokens: int, should_stop: Callable[[], bool]
     ) -> Generator[str, None, GenerationStats]:
+        def counted() -> bool:
+            self.checks += 1
+            return should_stop()
+
         try:
-            self.stats = yield from self.inner.generate(conversation, max_tokens, should_stop)
+            self.stats = yield from self.inner.generate(conversation, max_tokens, counted)
             return self.stats
         finally:
             self.finished.set()
@@ -113,3 +120,42 @@ async def test_engine_cancelled_mid_reply_frees_the_worker(ar: ARGenerator) -> N
     assert recording.stats is not None and recording.stats.stopped_by == "cancel"
     assert recording.stats.tokens < 120
     assert all(isinstance(c, Sentence) for c in chunks)  # no ReplyEnd after a cancel
+
+
+async def test_engine_pauses_at_a_held_gate(ar: ARGenerator) -> None:
+    expected = "".join(drain(ar.generate(FRANCE, 32, lambda: False))[0])
+    recording, gate = Recording(ar), PassGate()
+    with ThreadPoolExecutor(1) as pool:
+        engine = ThreadedReplyEngine(recording, pool, gate)
+
+        async def consume() -> list[object]:
+            return [c async for c in engine.stream(FRANCE, 32)]
+
+        with gate.hold():
+            task = asyncio.create_task(consume())
+            await asyncio.sleep(0.3)
+            # held at its first check: not one forward pass, not one sentence
+            assert recording.checks == 1 and not task.done()
+        chunks = await task
+    *sentences, end = chunks
+    assert isinstance(end, ReplyEnd) and end.stats.stopped_by == "end"
+    assert " ".join(s.text for s in sentences if isinstance(s, Sentence)) == expected.strip()
+
+
+async def test_engine_cancelled_at_a_held_gate_returns(ar: ARGenerator) -> None:
+    recording, gate = Recording(ar), PassGate()
+    with ThreadPoolExecutor(1) as pool:
+        engine = ThreadedReplyEngine(recording, pool, gate)
+
+        async def consume() -> None:
+            async for _ in engine.stream(LONG, 64):
+                pass
+
+        with gate.hold():
+            task = asyncio.create_task(consume())
+            await asyncio.sleep(0.1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert recording.finished.is_set()  # without waiting for the gate
+    assert recording.stats is not None and recording.stats.stopped_by == "cancel"
