@@ -10,13 +10,12 @@ in it), so the two engines differ only in their decoder.
 
 from __future__ import annotations
 
-from concurrent.futures import Executor
 from pathlib import Path
 
 from export.modeldir import FILES, Variant, load_tokenizer, read_manifest
 from export.runtime import OrtBackend, RuntimeConfig
 from model.ar import ARGenerator, AROptions
-from model.engine import TextGenerator, ThreadedReplyEngine
+from model.engine import TextGenerator
 
 AR_ONNX = "smollm2-ar-onnx"
 DIFFUSION_ONNX = "diffusion-onnx"
@@ -59,12 +58,3 @@ def load_onnx_diffusion_generator(
     tok = load_tokenizer(model_dir)
     model = smollm2_diffusion_config(tok)
     return DiffusionGenerator(backend, tok, model, options, name=DIFFUSION_ONNX)
-
-
-def load_onnx_engine(name: str, executor: Executor, model_dir: Path) -> ThreadedReplyEngine:
-    """ "smollm2-ar-onnx" or "diffusion-onnx" on the int8 model in ``model_dir``."""
-    if name == AR_ONNX:
-        return ThreadedReplyEngine(load_onnx_ar_generator(model_dir), executor)
-    if name == DIFFUSION_ONNX:
-        return ThreadedReplyEngine(load_onnx_diffusion_generator(model_dir), executor)
-    raise ValueError(f"unknown ONNX engine {name!r}")

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator, Sequence
-from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt
-from model.engine import ChatMessage, GenerationStats, ThreadedReplyEngine
+from model.engine import ChatMessage, GenerationStats
 from model.generate import greedy
 from model.tokenizer import Tokenizer
 
@@ -98,15 +97,6 @@ def load_ar_generator(
     config = f.llama_config()
     model = Llama.from_state_dict(config, f.state_dict(config), getattr(torch, options.dtype))
     return ARGenerator(model, Tokenizer(f.tokenizer_data()), options)
-
-
-def load_ar_engine(
-    executor: Executor,
-    source: GGUFFile | str | Path | None = None,
-    options: AROptions | None = None,
-) -> ThreadedReplyEngine:
-    """The async reply engine the server uses: ``engine.stream(conversation, max_tokens)``."""
-    return ThreadedReplyEngine(load_ar_generator(source, options), executor)
 
 
 def _demo() -> None:  # python -m model.ar "question"

@@ -38,6 +38,13 @@ def _parser() -> argparse.ArgumentParser:
         help="where prepared models go (~/.cache/quicksilver)",
     )
     serve.add_argument(
+        "--speech-first",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="pause the reply model while a reply's first sentence is synthesized "
+        "(auto: when the reply model runs on the CPU, as Piper does)",
+    )
+    serve.add_argument(
         "--resume-ttl",
         type=float,
         default=120.0,
@@ -70,6 +77,7 @@ def _serve(args: argparse.Namespace) -> int:
         engine=args.engine,
         cache_dir=args.cache_dir,
         max_reply_tokens=args.max_reply_tokens,
+        speech_first={"auto": None, "on": True, "off": False}[args.speech_first],
     )
     try:
         rt = load_runtime(options)

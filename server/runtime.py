@@ -20,7 +20,7 @@ from typing import ParamSpec, TypeVar
 from audio.asr import Transcriber, load_transcriber
 from audio.tts import Synthesizer
 from audio.vad import SileroVad
-from model.engine import ReplyEngine
+from model.engine import PassGate, ReplyEngine, TextGenerator, ThreadedReplyEngine
 
 log = logging.getLogger("quicksilver")
 
@@ -32,6 +32,7 @@ T = TypeVar("T")
 # of base + shipped adapter, built into the cache on first start (docs/export.md): its
 # held-out replies meet the quality bar as served (docs/training.md, "Quality").
 ENGINES = ("diffusion-onnx", "diffusion", "smollm2-ar-onnx", "smollm2-ar")
+ONNX_ENGINES = ("smollm2-ar-onnx", "diffusion-onnx")
 DEFAULT_ENGINE = "diffusion-onnx"
 DEFAULT_ASR = "tiny.en"  # chosen by measured accuracy and latency: docs/audio.md
 
@@ -64,6 +65,8 @@ class Runtime:
     asr_name: str
     max_reply_tokens: int = 64
     workers: dict[str, Worker] = field(default_factory=dict)
+    # held while the first sentence of a reply is synthesized (server/turn.py)
+    gate: PassGate = field(default_factory=lambda: PassGate(enabled=False))
 
     def worker(self, name: str) -> Worker:
         return self.workers[name]
@@ -79,6 +82,7 @@ class RuntimeOptions:
     engine: str = DEFAULT_ENGINE
     cache_dir: Path | None = None
     max_reply_tokens: int = 64
+    speech_first: bool | None = None  # None: when the reply model is on the CPU
 
 
 def _timed(what: str, fn: Callable[[], T]) -> T:
@@ -95,30 +99,56 @@ def load_runtime(options: RuntimeOptions) -> Runtime:
     vad = _timed("Silero VAD", SileroVad)
     asr = _timed(f"Whisper {options.asr}", lambda: load_transcriber(options.asr, options.cache_dir))
     tts = _timed("Piper voice en_US-joe-medium", Synthesizer)
+    speech_first = options.speech_first
+    if speech_first is None:
+        speech_first = reply_on_cpu(options.engine)
+    gate = PassGate(enabled=speech_first)
+    log.info(
+        "speech first (the reply model pauses for a reply's first sentence): %s",
+        "on" if speech_first else "off",
+    )
     reply = _timed(
         f"reply engine {options.engine}",
-        lambda: load_engine(options.engine, workers["reply"], options.cache_dir),
+        lambda: load_engine(options.engine, workers["reply"], options.cache_dir, gate),
     )
-    return Runtime(vad, asr, tts, reply, options.asr, options.max_reply_tokens, workers)
+    return Runtime(vad, asr, tts, reply, options.asr, options.max_reply_tokens, workers, gate)
 
 
-def load_engine(name: str, worker: Worker, cache_dir: Path | None = None) -> ReplyEngine:
-    """The reply engine ``name``; only the PyTorch engines import torch."""
+def reply_on_cpu(engine: str) -> bool:
+    """Whether the reply model ``engine`` shares the CPU with Piper: the PyTorch engines
+    run on it here, the ONNX ones unless ONNX Runtime offers a GPU provider."""
+    if engine not in ONNX_ENGINES:
+        return True
+    from export.runtime import choose_providers
+
+    return bool(choose_providers("auto")[0] == "CPUExecutionProvider")
+
+
+def load_engine(
+    name: str, worker: Worker, cache_dir: Path | None = None, gate: PassGate | None = None
+) -> ReplyEngine:
+    """The reply engine ``name`` on ``worker``'s thread, waiting at ``gate`` between
+    forward passes."""
+    return ThreadedReplyEngine(load_generator(name, cache_dir), worker.executor, gate)
+
+
+def load_generator(name: str, cache_dir: Path | None = None) -> TextGenerator:
+    """The blocking generator of engine ``name``; only the PyTorch engines import torch."""
     if name == "smollm2-ar":
-        from model.ar import load_ar_engine
+        from model.ar import load_ar_generator
 
-        return load_ar_engine(worker.executor)
+        return load_ar_generator()
     if name == "diffusion":
-        from model.diffusion_engine import load_diffusion_engine, shipped_adapter
+        from model.diffusion_engine import load_diffusion_generator, shipped_adapter
 
-        engine: ReplyEngine = load_diffusion_engine(worker.executor, adapter=shipped_adapter())
-        return engine
-    if name in ("smollm2-ar-onnx", "diffusion-onnx"):
-        from export.engine import load_onnx_engine
+        return load_diffusion_generator(adapter=shipped_adapter())
+    if name in ONNX_ENGINES:
+        from export.engine import load_onnx_ar_generator, load_onnx_diffusion_generator
         from export.modeldir import ensure_model_dir
         from model.diffusion_engine import shipped_adapter
 
         # the diffusion engine serves base + shipped adapter, built into its own directory
-        adapter = shipped_adapter() if name == "diffusion-onnx" else None
-        return load_onnx_engine(name, worker.executor, ensure_model_dir(cache_dir, adapter=adapter))
+        if name == "smollm2-ar-onnx":
+            return load_onnx_ar_generator(ensure_model_dir(cache_dir))
+        return load_onnx_diffusion_generator(ensure_model_dir(cache_dir, adapter=shipped_adapter()))
     raise ValueError(f"unknown reply engine {name!r}; choose one of {', '.join(ENGINES)}")

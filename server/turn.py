@@ -11,6 +11,7 @@ part that was sent.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -49,9 +50,12 @@ class _Chunk:
     tts_ms: float
 
 
-def synthesize(rt: Runtime, text: str, out_rate: int) -> bytes:
-    """Blocking: one sentence to PCM16 at the client's rate."""
-    parts = [int16_to_float32(c) for c in rt.tts.synthesize(text)]
+def synthesize(rt: Runtime, text: str, out_rate: int, first: bool = False) -> bytes:
+    """Blocking: one sentence to PCM16 at the client's rate. A reply's ``first``
+    sentence is what the user is waiting for: the reply model pauses between its
+    passes while it is synthesized (``rt.gate``, docs/latency.md "Speech first")."""
+    with rt.gate.hold() if first else contextlib.nullcontext():
+        parts = [int16_to_float32(c) for c in rt.tts.synthesize(text)]
     audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
     return float32_to_pcm16(resample(audio, rt.tts.sample_rate, out_rate))
 
@@ -107,7 +111,9 @@ async def _produce(
                 case Sentence(text=text, index=index):
                     await deliver(ReplySentence(start.turn_id, index, text, _ms(t0, loop.time())))
                     t1 = loop.time()
-                    pcm = await rt.worker("tts").run(synthesize, rt, text, start.output_rate)
+                    pcm = await rt.worker("tts").run(
+                        synthesize, rt, text, start.output_rate, index == 0
+                    )
                     chunks.put_nowait(_Chunk(index, pcm, _ms(t1, loop.time())))
                 case ReplyEnd(stats=s):
                     stats = s

@@ -17,12 +17,21 @@ from tests.serverproc import ROOT, start_server
 pytestmark = [pytest.mark.e2e, pytest.mark.models]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+# The SIGINT server also checks --speech-first: "auto" is on here (a CPU host).
+@pytest.mark.parametrize(
+    ("sig", "args", "speech_first"),
+    [(signal.SIGTERM, (), "on"), (signal.SIGINT, ("--speech-first", "off"), "off")],
+    ids=["SIGTERM", "SIGINT"],
+)
 async def test_signal_closes_every_session_with_1001_and_exits_0(
-    tmp_path_factory: pytest.TempPathFactory, sig: signal.Signals
+    tmp_path_factory: pytest.TempPathFactory,
+    sig: signal.Signals,
+    args: tuple[str, ...],
+    speech_first: str,
 ) -> None:
-    srv = start_server(tmp_path_factory.mktemp("cli") / "server.log")
+    srv = start_server(tmp_path_factory.mktemp("cli") / "server.log", *args)
     try:
+        assert f"first sentence): {speech_first}" in srv.log.read_text()
         async with connect(srv.url) as a, connect(srv.url) as b:
             for ws in (a, b):
                 await ws.send(p.encode(p.Start(sample_rate=16000)))

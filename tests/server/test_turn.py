@@ -1,0 +1,67 @@
+"""Speech first: the reply model pauses while a reply's first sentence is synthesized."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from audio.tts import Synthesizer
+from model.engine import PassGate
+from server.runtime import reply_on_cpu
+from server.turn import synthesize
+
+
+class GateWatch:
+    """The real Piper voice, noting whether the gate was held at every chunk."""
+
+    def __init__(self, tts: Synthesizer, gate: PassGate) -> None:
+        self.tts, self.gate = tts, gate
+        self.sample_rate = tts.sample_rate
+        self.held: list[bool] = []
+
+    def synthesize(self, text: str) -> Iterator[np.ndarray]:
+        for chunk in self.tts.synthesize(text):
+            self.held.append(self.gate.held)
+            yield chunk
+
+
+@pytest.fixture(scope="module")
+def tts() -> Synthesizer:
+    return Synthesizer()
+
+
+def _runtime(tts: Synthesizer) -> Any:
+    gate = PassGate()
+    return SimpleNamespace(tts=GateWatch(tts, gate), gate=gate)
+
+
+@pytest.mark.models
+def test_the_first_sentence_is_synthesized_with_the_model_held(tts: Synthesizer) -> None:
+    rt = _runtime(tts)
+    pcm = synthesize(rt, "The capital of Italy is Rome.", 16_000, first=True)
+    assert rt.tts.held == [True] and not rt.gate.held  # held throughout, then let go
+    assert 0.5 * 16_000 < len(pcm) // 2 < 4 * 16_000
+
+
+@pytest.mark.models
+def test_later_sentences_leave_the_model_running(tts: Synthesizer) -> None:
+    rt = _runtime(tts)
+    synthesize(rt, "It is also the largest city in Italy.", 16_000)
+    assert rt.tts.held == [False]
+
+
+def test_speech_first_is_on_when_the_reply_model_shares_the_cpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert reply_on_cpu("diffusion") and reply_on_cpu("smollm2-ar")  # PyTorch: the CPU
+    cpu_only = ["CPUExecutionProvider"]
+    monkeypatch.setattr(ort, "get_available_providers", lambda: cpu_only)
+    assert reply_on_cpu("diffusion-onnx") and reply_on_cpu("smollm2-ar-onnx")
+    gpu = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    monkeypatch.setattr(ort, "get_available_providers", lambda: gpu)
+    assert not reply_on_cpu("diffusion-onnx")
