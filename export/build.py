@@ -27,8 +27,15 @@ from typing import Any, Literal
 import onnxruntime as ort
 import torch
 
-from export.graph import StepGraph, dynamic_axes, example_inputs, input_names, output_names
-from export.modeldir import FILES, FORMAT_VERSION, MANIFEST, TOKENIZER, Variant
+from export.graph import (
+    Attention,
+    StepGraph,
+    dynamic_axes,
+    example_inputs,
+    input_names,
+    output_names,
+)
+from export.modeldir import ATTENTION, FILES, FORMAT_VERSION, MANIFEST, TOKENIZER, Variant
 from export.parity import ParityReport, check_parity
 from model.llama import Llama
 from model.tokenizer import Tokenizer, TokenizerData
@@ -48,7 +55,7 @@ class BuildOptions:
     int8: bool = True
     fp16: bool = False
     tensorrt: bool = False
-    keep_fp32: bool = True  # the int8 and fp16 files are made from it
+    keep_fp32: bool = True  # the int8 file is made from it
     check: bool = True  # parity figures in the manifest
     check_prompts: int = 3  # greedy replies compared with PyTorch's, per format
     check_tokens: int = 32
@@ -116,14 +123,14 @@ def with_mask_row(model: Llama) -> Llama:
     return Llama.from_state_dict(bigger, state, model.dtype)
 
 
-def export_onnx(model: Llama, path: Path) -> Path:
+def export_onnx(model: Llama, path: Path, attention: Attention = "fused") -> Path:
     """One step of ``model`` (its dtype: fp32 or fp16) as an ONNX graph."""
-    graph = StepGraph(model).eval()
+    graph = StepGraph(model, attention).eval()
     n_layer = model.config.n_layer
     with torch.no_grad(), warnings.catch_warnings():
         # The TorchScript exporter is deprecated in favour of dynamo; it traces this
-        # plain graph in seconds, exactly, with the dynamic axes we name, and emits the
-        # fused attention node from GroupQueryAttention.symbolic.
+        # graph in seconds, exactly, with the dynamic axes we name, and emits the fused
+        # attention node from GroupQueryAttention.symbolic.
         warnings.simplefilter("ignore")
         torch.onnx.export(
             graph,
@@ -216,7 +223,10 @@ def build(out: Path, options: BuildOptions, source: Source | None = None) -> dic
         )
     if options.fp16:
         half = copy.deepcopy(model).half()
-        built["fp16"] = _timed("exporting fp16", lambda: export_onnx(half, out / FILES["fp16"]))
+        built["fp16"] = _timed(
+            "exporting fp16 (plain attention, for GPUs)",
+            lambda: export_onnx(half, out / FILES["fp16"], ATTENTION["fp16"]),
+        )
     tok = Tokenizer(src.tokenizer)
     parity: dict[str, Any] = {}
     memo: dict[tuple[int, ...], list[int]] = {}  # PyTorch's replies, computed once
@@ -264,9 +274,9 @@ def _tensorrt(out: Path, built: dict[Variant, Path], model: Llama, options: Buil
         return None
     from export.tensorrt import build_engine
 
-    src = built.get("fp16") or built.get("fp32")
+    src = built.get("fp16")  # plain attention: the fused kernel has no TensorRT or CUDA form
     if src is None:
-        raise RuntimeError("--tensorrt needs the fp16 or fp32 ONNX file (add --fp16)")
+        raise RuntimeError("--tensorrt builds from the fp16 ONNX file (add --fp16)")
     cfg = model.config
     engine = build_engine(src, out, (cfg.n_layer, cfg.n_kv_head, cfg.head_dim))
     return str(engine.relative_to(out))
@@ -289,7 +299,12 @@ def _manifest(
 ) -> dict[str, Any]:
     cfg = model.config
     files = {
-        p.name: {"variant": v, "bytes": p.stat().st_size, "sha256": sha256(p)}
+        p.name: {
+            "variant": v,
+            "attention": ATTENTION[v],
+            "bytes": p.stat().st_size,
+            "sha256": sha256(p),
+        }
         for v, p in built.items()
     }
     files[TOKENIZER] = {

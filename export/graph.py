@@ -24,10 +24,21 @@ outputs
     values written at S..S+T-1. The runtime binds each to its input's memory, so ONNX
     Runtime writes the chunk in place: nothing is copied, split or concatenated per step.
 
-Attention is ONNX Runtime's fused ``GroupQueryAttention`` (com.microsoft), which reads
-the buffers in place; before it (format v3) the graph took the cache as one tensor and
-split and concatenated it every step, a quarter of a block pass and 43% of an AR step
-at 1900 cached positions (docs/export.md). The attention pattern follows chunk order,
+Attention comes in two forms with the same inputs and outputs (``StepGraph(attention=)``):
+
+- ``"fused"`` (the CPU files, fp32 and int8): ONNX Runtime's ``GroupQueryAttention``
+  (com.microsoft), which reads the buffers in place; before it (format v3) the graph
+  took the cache as one tensor and split and concatenated it every step, a quarter of a
+  block pass and 43% of an AR step at 1900 cached positions (docs/export.md). Its CUDA
+  kernel, though, is causal only and refuses an ``attention_bias``, so a block pass
+  cannot run there.
+- ``"plain"`` (the GPU file, fp16): standard ONNX operators that CUDA and TensorRT run.
+  ``ScatterElements`` writes the chunk into the buffer (in place when the runtime binds
+  the present to the past, as ONNX Runtime's kernels skip the copy when input and
+  output are one), and the chunk attends over the buffer's whole capacity, the unused
+  positions masked.
+
+The attention pattern follows chunk order,
 not ``positions``: causal is chunk token i seeing every past entry and chunk tokens up
 to i. The mask-token embedding row (CONTRACT.md item 1) is part of the table: ids up to
 V (inclusive) embed; logits keep width V.
@@ -35,7 +46,7 @@ V (inclusive) embed; logits keep width V.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -84,11 +95,15 @@ def embedding_with_mask_row(model: Llama) -> torch.Tensor:
     return torch.cat((w, mean_mask_row(model)[None]), dim=0)
 
 
+Attention = Literal["fused", "plain"]
+
+
 class StepGraph(nn.Module):
-    def __init__(self, model: Llama) -> None:
+    def __init__(self, model: Llama, attention: Attention = "fused") -> None:
         super().__init__()
         cfg = model.config
         self.cfg = cfg
+        self.attention = attention
         self.blocks = model.blocks
         self.norm = model.norm
         # The table is stored transposed, (C, V+1): a tied head multiplies by it as is
@@ -114,9 +129,13 @@ class StepGraph(nn.Module):
         x = self.embed_t.index_select(1, input_ids).t()[None]  # (1, T, C)
         rope = rope_cos_sin(positions[None], cfg.head_dim, cfg.rope_theta, x.dtype)  # (1,1,T,hd)
         total = past_length + T
+        # fused: the first S+T entries; plain: the whole capacity C, past S+T masked
+        span = total if self.attention == "fused" else past[0].shape[2]
         i = torch.arange(T, device=x.device)[:, None]
-        j = torch.arange(total, device=x.device)[None, :]  # type: ignore[call-overload]
-        allowed = (j <= i + past_length) | block  # (T, S+T): causal with an offset, or all
+        j = torch.arange(span, device=x.device)[None, :]  # type: ignore[call-overload]
+        allowed = (j <= i + past_length) | block  # (T, span): causal with an offset, or all
+        if self.attention == "plain":
+            allowed = allowed & (j < total)  # never the unused capacity
         bias = torch.zeros(allowed.shape, dtype=x.dtype).masked_fill(~allowed, float("-inf"))
         lengths = (total.to(torch.int32) - 1).reshape(1), total.to(torch.int32)
         present: list[torch.Tensor] = []
@@ -126,23 +145,55 @@ class StepGraph(nn.Module):
             h = blk.attn_norm(x)
             q = apply_rope(a.q_proj(h).view(1, T, a.nh, a.hd).transpose(1, 2), *rope)
             k = apply_rope(a.k_proj(h).view(1, T, a.nkv, a.hd).transpose(1, 2), *rope)
-            y, pk, pv = GroupQueryAttention.apply(  # type: ignore[no-untyped-call]
+            qkv = (
                 q.transpose(1, 2).reshape(1, T, a.nh * a.hd),
                 k.transpose(1, 2).reshape(1, T, a.nkv * a.hd),
                 a.v_proj(h),
-                past[2 * layer],
-                past[2 * layer + 1],
-                *lengths,
-                bias[None, None],
-                a.nh,
-                a.nkv,
             )
+            pk, pv = past[2 * layer], past[2 * layer + 1]
+            if self.attention == "fused":
+                y, pk, pv = GroupQueryAttention.apply(  # type: ignore[no-untyped-call]
+                    *qkv, pk, pv, *lengths, bias[None, None], a.nh, a.nkv
+                )
+            else:
+                y, pk, pv = plain_attention(*qkv, pk, pv, past_length, bias, a.nh, a.nkv)
             present += [pk, pv]
             x = x + a.o_proj(y)
             x = x + blk.mlp(blk.mlp_norm(x))
         y = self.norm(x[0].index_select(0, logit_rows))  # (K, C)
         logits = (y @ self.embed_t)[:, : cfg.vocab_size] if self.head is None else self.head(y)
         return (logits.float(), *present)
+
+
+def plain_attention(
+    q: torch.Tensor,  # (1, T, nh*hd), after RoPE
+    k: torch.Tensor,  # (1, T, n_kv*hd), after RoPE
+    v: torch.Tensor,  # (1, T, n_kv*hd)
+    past_k: torch.Tensor,  # (1, n_kv, C, hd)
+    past_v: torch.Tensor,
+    past_length: torch.Tensor,  # () int64: S
+    bias: torch.Tensor,  # (T, C): 0 where attended, -inf elsewhere (past S+T included)
+    n_head: int,
+    n_kv: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The chunk's keys and values scattered into ``S..S+T-1`` of the buffers, and
+    attention over all ``C`` positions with ``bias`` masking what it must not see, in
+    operators every execution provider has (traced, no Python ints of tensors)."""
+    T, hd = q.shape[1], past_k.shape[-1]
+    at = (past_length + torch.arange(T, device=q.device)).view(1, 1, T, 1).expand(1, n_kv, T, hd)
+
+    def heads(x: torch.Tensor) -> torch.Tensor:  # (1, T, n_kv*hd) -> (1, n_kv, T, hd)
+        return x.view(1, T, n_kv, hd).transpose(1, 2)
+
+    present_k = past_k.scatter(2, at, heads(k))
+    present_v = past_v.scatter(2, at, heads(v))
+    g = n_head // n_kv  # query head h reads kv head h // g (HF repeat_kv order)
+    qg = q[0].view(T, n_head, hd).transpose(0, 1).reshape(n_kv, g * T, hd)
+    att = (qg @ present_k[0].transpose(1, 2)).float() * hd**-0.5  # (n_kv, g*T, C)
+    att = att.view(n_kv, g, T, -1) + bias.float()
+    p = att.softmax(-1).to(present_v.dtype).view(n_kv, g * T, -1)
+    y = (p @ present_v[0]).view(n_head, T, hd).transpose(0, 1).reshape(1, T, n_head * hd)
+    return y, present_k, present_v
 
 
 class GroupQueryAttention(torch.autograd.Function):

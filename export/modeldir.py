@@ -26,6 +26,14 @@ FILES: dict[Variant, str] = {
     "int8": "model.int8.onnx",
     "fp16": "model.fp16.onnx",
 }
+# The attention form of each file (export/graph.py): the CPU files read the cache with
+# ONNX Runtime's fused kernel, the GPU file with standard operators its CUDA and
+# TensorRT providers run. A cached fp16 file of the fused form is rebuilt.
+ATTENTION: dict[Variant, Literal["fused", "plain"]] = {
+    "fp32": "fused",
+    "int8": "fused",
+    "fp16": "plain",
+}
 MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer.json"
 # Bump when the graph's inputs or outputs or a file's format change: cached
@@ -73,9 +81,11 @@ def is_complete(model_dir: Path, variant: Variant = "int8") -> bool:
     except (FileNotFoundError, json.JSONDecodeError):
         return False
     name = FILES[variant]
+    entry = manifest.get("files", {}).get(name)
     return (
         manifest.get("format_version") == FORMAT_VERSION
-        and name in manifest.get("files", {})
+        and entry is not None
+        and entry.get("attention", "fused") == ATTENTION[variant]
         and (model_dir / name).is_file()
     )
 

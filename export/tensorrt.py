@@ -3,10 +3,12 @@
 The route is ONNX Runtime's TensorRT execution provider (``onnxruntime-gpu`` built with
 it): a session with the engine cache on builds the engine once and stores it in the
 model directory; :class:`export.runtime.OrtBackend` with ``device="tensorrt"`` reuses
-it. The step graph's attention is ONNX Runtime's own ``GroupQueryAttention``
-(``export/graph.py``), which the provider hands to CUDA while TensorRT takes the rest;
-the ``tensorrt`` package's ONNX parser cannot read that node, so a plan file built by
-the TensorRT API alone (format v3's second route) is no longer offered.
+it. The engine is built from the fp16 file, whose attention is standard operators
+(``export/graph.py``, the "plain" form): the fused ``GroupQueryAttention`` of the CPU
+files has no TensorRT form, and its CUDA kernel refuses the block pattern. Serving
+goes through ONNX Runtime, whose IO binding keeps each reply's cache buffers in place;
+a plan file built by the TensorRT API alone (format v3's second route) would need a
+runtime of its own, so it is not offered.
 
 Where the provider is missing (every CPU-only host, including the development
 machines) :func:`build_engine` raises :class:`TensorRTUnavailableError` with a message
@@ -39,9 +41,9 @@ def unavailable_reason() -> str | None:
     if importlib.util.find_spec("tensorrt") is not None:
         head = (
             f"onnxruntime here has no TensorRT execution provider (it offers only {offered}); "
-            "the `tensorrt` Python package is installed, but its ONNX parser cannot read "
-            "the step graph's GroupQueryAttention node, so the engine is built through "
-            "that provider. "
+            "the `tensorrt` Python package is installed, but the engine is built and served "
+            "through that provider (ONNX Runtime binds each reply's cache buffers in "
+            "place), not as a plan file of its own. "
         )
     else:
         head = (

@@ -34,6 +34,15 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_plain(tmp_path_factory: pytest.TempPathFactory, tiny_ref: Llama) -> Path:
+    """The tiny model's fp32 step graph with plain attention (the GPU form), beside
+    ``tiny_dir``'s fused one; ``ort_backend(tiny_plain.parent, tiny_plain.name)``."""
+    from export.build import export_onnx
+
+    return export_onnx(tiny_ref, tmp_path_factory.mktemp("tiny-plain") / "plain.onnx", "plain")
+
+
+@pytest.fixture(scope="session")
 def tiny_ref() -> Llama:
     """The exported model in PyTorch: the tiny Llama with the mask row added."""
     return with_mask_row(tiny_model())

@@ -62,6 +62,19 @@ def test_quicksilver_export_builds_a_model_directory(
     assert is_complete(out) and load_tokenizer(out).im_end_id == 2
     assert "exported to" in capsys.readouterr().out
     assert not list(tmp_path.glob(".model.*"))  # the temporary build directory is gone
+    # the GPU file reads the cache with standard operators, the CPU files with the fused
+    # kernel; an fp16 file of the fused form (built before) counts as missing
+    attention = {name: f.get("attention") for name, f in manifest["files"].items()}
+    assert attention == {
+        "model.onnx": "fused",
+        "model.int8.onnx": "fused",
+        "model.fp16.onnx": "plain",
+        "tokenizer.json": None,
+    }
+    assert is_complete(out, "fp16")
+    manifest["files"]["model.fp16.onnx"]["attention"] = "fused"
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert not is_complete(out, "fp16") and is_complete(out, "int8")
 
 
 def test_an_adapter_gets_its_own_cached_model_directory(
