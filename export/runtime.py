@@ -72,16 +72,26 @@ class RuntimeConfig:
     max_len: int = 2048  # positions one reply's cache holds
 
 
-# The buffers grow in steps of this many positions (up to max_len): on a CPU untouched
-# pages cost nothing, but an execution provider on a GPU copies a host-bound buffer
-# whole, so it is kept near the length in use.
+# The buffers grow in steps of this many positions (up to max_len), the prefix copied once
+# per growth: a reply's cache holds about what it uses, and the 32 conversations the
+# diffusion engine keeps (model/diffusion_engine.py) cost what they hold, not max_len each.
 GROW = 256
+_DEVICE_OF = {"CUDAExecutionProvider": "cuda", "TensorrtExecutionProvider": "cuda"}
+
+
+def cache_device(providers: list[str]) -> str:
+    """Where the cache buffers live: "cuda" when the session runs on a GPU provider."""
+    return _DEVICE_OF.get(providers[0], "cpu") if providers else "cpu"
 
 
 class OrtCache:
     """Keys and values in per-layer buffers ``(L, 2, 1, n_kv, C, hd)``, head-major, each
     layer's keys and values bound to the graph's past and present of that layer, so ONNX
     Runtime reads them in place and writes a step's chunk right after its ``S`` entries.
+
+    The buffers are one OrtValue on the session's device (``OrtBackend.device``): host
+    memory on the CPU, GPU memory under CUDA or TensorRT, where a step then moves only
+    its ids in and its logits out.
 
     The first ``length`` positions are the committed prefix. A step writes its chunk past
     them (and past the draft entries it reads), so an uncommitted step changes nothing
@@ -90,7 +100,7 @@ class OrtCache:
 
     def __init__(self, backend: OrtBackend) -> None:
         self._backend = backend
-        self.buffers: NDArray[Any] = self._empty(0)
+        self.buffers: ort.OrtValue = backend.to_device(self._empty(0))
         self.binding: Any = None
         self.length = 0
         # offset after the prefix -> (keys, values) (L, n_kv, hd): an uncommitted block's
@@ -99,20 +109,36 @@ class OrtCache:
 
     @property
     def capacity(self) -> int:
-        return int(self.buffers.shape[4])
+        return int(self.buffers.shape()[4])
+
+    def host(self) -> NDArray[Any]:
+        """The buffers as a numpy array on their memory (host memory only)."""
+        if self._backend.device != "cpu":
+            raise ValueError(
+                "the approximate in-block cache (draft entries) needs the KV cache in host "
+                f"memory, and on {self._backend.device} it stays on the device: decode with "
+                "the exact cache (SamplerSettings(approx_cache=False), the default)"
+            )
+        array: NDArray[Any] = self.buffers.numpy()
+        return array
 
     def reserve(self, n: int) -> None:
-        """Room for ``n`` positions: a larger buffer, the prefix copied, bound afresh."""
+        """Room for ``n`` positions: a larger buffer, the prefix copied, bound afresh.
+        On a GPU the old buffer passes through the host once per growth: ONNX Runtime's
+        Python API copies whole tensors only."""
         if n <= self.capacity:
             return
         grown = self._empty(min(self._backend.max_len, -(-n // GROW) * GROW))
-        grown[..., : self.length, :] = self.buffers[..., : self.length, :]
-        self.buffers = grown
-        self.binding = self._backend.bind(grown)
+        if self.length:
+            grown[..., : self.length, :] = self.buffers.numpy()[..., : self.length, :]
+        self.buffers = self._backend.to_device(grown)
+        self.binding = self._backend.bind(self.buffers)
 
     def _empty(self, capacity: int) -> NDArray[Any]:
         L, n_kv, hd = self._backend.dims
-        return np.empty((L, 2, 1, n_kv, capacity, hd), self._backend.dtype)
+        # zeros, not garbage: the plain graph reads all C positions (masked, but a NaN
+        # pattern times a zero weight is still NaN); on a CPU the pages are free anyway
+        return np.zeros((L, 2, 1, n_kv, capacity, hd), self._backend.dtype)
 
 
 class OrtBackend:
@@ -145,19 +171,27 @@ class OrtBackend:
         self.vocab_size = int(vocab) if isinstance(vocab, int) else _manifest_vocab(self.path)
         self.max_len = config.max_len
         self.name = name
+        self.device = cache_device(self.providers)
 
     @property
     def providers(self) -> list[str]:
         return list(self.session.get_providers())
 
-    def bind(self, buffers: NDArray[Any]) -> Any:
+    def to_device(self, array: NDArray[Any]) -> ort.OrtValue:
+        """``array`` as an OrtValue on the cache device (on the CPU: the same memory)."""
+        return ort.OrtValue.ortvalue_from_numpy(array, self.device, 0)
+
+    def bind(self, buffers: ort.OrtValue) -> Any:
         """An IO binding with each layer's past and present on the same memory."""
+        L, n_kv, hd = self.dims
+        shape = [1, n_kv, buffers.shape()[4], hd]
+        layer_bytes = int(np.prod(shape)) * self.dtype.itemsize
         binding = self.session.io_binding()
         binding.bind_output("logits")  # first: its index in get_outputs() stays 0
-        for layer in range(self.dims[0]):
+        for layer in range(L):
             for j, kv in enumerate(("key", "value")):
-                a = buffers[layer, j]
-                args = ("cpu", 0, self.dtype.type, list(a.shape), a.ctypes.data)
+                ptr = buffers.data_ptr() + (2 * layer + j) * layer_bytes
+                args = (self.device, 0, self.dtype.type, shape, ptr)
                 binding.bind_input(f"past_{kv}_{layer}", *args)
                 binding.bind_output(f"present_{kv}_{layer}", *args)
         return binding
@@ -193,8 +227,11 @@ class OrtBackend:
         if self.max_len < S + T:
             raise ValueError(f"KV cache full: {P} + {len(old)} + {T} > {self.max_len}")
         cache.reserve(S + T)
-        for n, o in enumerate(old):
-            cache.buffers[:, 0, 0, :, P + n], cache.buffers[:, 1, 0, :, P + n] = cache.draft[o]
+        kept = np.asarray([] if keep is None else keep, np.int64).tolist()
+        if old or kept:
+            host = cache.host()  # before running: a cache on the GPU refuses drafts
+            for n, o in enumerate(old):
+                host[:, 0, 0, :, P + n], host[:, 1, 0, :, P + n] = cache.draft[o]
         io = cache.binding
         io.bind_cpu_input("input_ids", np.ascontiguousarray(ids, dtype=np.int64))
         io.bind_cpu_input("positions", P + offsets)
@@ -207,9 +244,8 @@ class OrtBackend:
         logits: Logits = io.get_outputs()[0].numpy()
         if commit:
             cache.length = P + T  # the chunk is already in place at P..P+T-1
-        for c in np.asarray([] if keep is None else keep, np.int64).tolist():
-            at_ = S + c
-            k, v = cache.buffers[:, 0, 0, :, at_], cache.buffers[:, 1, 0, :, at_]
+        for c in kept:
+            k, v = host[:, 0, 0, :, S + c], host[:, 1, 0, :, S + c]
             cache.draft[int(offsets[c])] = (k.copy(), v.copy())
         return logits
 

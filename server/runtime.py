@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ParamSpec, TypeVar
+from typing import Literal, ParamSpec, TypeVar
 
 from audio.asr import Transcriber, load_transcriber
 from audio.tts import Synthesizer
@@ -124,6 +124,12 @@ def reply_on_cpu(engine: str) -> bool:
     return bool(choose_providers("auto")[0] == "CPUExecutionProvider")
 
 
+def serving_variant(engine: str) -> Literal["int8", "fp16"]:
+    """The graph an ONNX engine serves: int8 on the CPU (its quality is validated as
+    served, docs/training.md), fp16 on a GPU, whose fused attention takes fp16 only."""
+    return "int8" if reply_on_cpu(engine) else "fp16"
+
+
 def load_engine(
     name: str, worker: Worker, cache_dir: Path | None = None, gate: PassGate | None = None
 ) -> ReplyEngine:
@@ -147,8 +153,12 @@ def load_generator(name: str, cache_dir: Path | None = None) -> TextGenerator:
         from export.modeldir import ensure_model_dir
         from model.diffusion_engine import shipped_adapter
 
+        variant = serving_variant(name)
         # the diffusion engine serves base + shipped adapter, built into its own directory
+        adapter = shipped_adapter() if name == "diffusion-onnx" else None
+        model_dir = ensure_model_dir(cache_dir, variant, adapter)
+        log.info("reply model: the %s graph in %s", variant, model_dir)
         if name == "smollm2-ar-onnx":
-            return load_onnx_ar_generator(ensure_model_dir(cache_dir))
-        return load_onnx_diffusion_generator(ensure_model_dir(cache_dir, adapter=shipped_adapter()))
+            return load_onnx_ar_generator(model_dir, variant)
+        return load_onnx_diffusion_generator(model_dir, variant)
     raise ValueError(f"unknown reply engine {name!r}; choose one of {', '.join(ENGINES)}")

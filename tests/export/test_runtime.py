@@ -7,18 +7,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from export.runtime import ProviderUnavailableError, choose_providers
+from export.runtime import ProviderUnavailableError, cache_device, choose_providers
 from model.backend import StepBackend
 from model.generate import greedy
 from model.sampler import Rule
 from tests.export.conftest import TINY, ort_backend, torch_backend
 
 
-@pytest.fixture(params=["torch", "onnx"])
+@pytest.fixture(params=["torch", "onnx", "onnx-plain"])
 def b(request: pytest.FixtureRequest, tiny_ref) -> StepBackend:
-    """The StepBackend contract tests, for TorchBackend and OrtBackend alike."""
+    """The StepBackend contract tests, for TorchBackend and OrtBackend alike, the latter
+    on both attention forms (export/graph.py)."""
     if request.param == "torch":
         return torch_backend(tiny_ref, 32)
+    if request.param == "onnx-plain":
+        plain = request.getfixturevalue("tiny_plain")
+        return ort_backend(plain.parent, plain.name, max_len=32)
     return ort_backend(request.getfixturevalue("tiny_dir"), max_len=32)
 
 
@@ -137,12 +141,21 @@ def test_the_approximate_cache_samples_the_same_tokens_on_both(
     assert a == b and len(a) > 0
 
 
+@pytest.fixture(params=["fused", "plain"])
+def graph(request: pytest.FixtureRequest) -> Path:
+    """The tiny model's fp32 step graph in each attention form (export/graph.py)."""
+    if request.param == "plain":
+        path: Path = request.getfixturevalue("tiny_plain")
+        return path
+    return Path(request.getfixturevalue("tiny_dir")) / "model.onnx"
+
+
 def test_the_cache_buffers_grow_past_their_first_size_and_keep_the_prefix(
-    tiny_dir: Path, tiny_ref
+    graph: Path, tiny_ref
 ) -> None:
     from export.runtime import GROW
 
-    t, o = torch_backend(tiny_ref, 600), ort_backend(tiny_dir, max_len=600)
+    t, o = torch_backend(tiny_ref, 600), ort_backend(graph.parent, graph.name, max_len=600)
     tc, oc = t.new_cache(), o.new_cache()
     ids = np.random.default_rng(0).integers(0, 300, 600)
     np.testing.assert_allclose(
@@ -161,6 +174,31 @@ def test_the_cache_buffers_grow_past_their_first_size_and_keep_the_prefix(
             atol=1e-4,
         )
     assert o.cache_length(oc) == 538 and oc.capacity == 600  # max_len caps the last growth
+
+
+def test_the_buffers_are_one_ortvalue_on_the_session_device(tiny_dir: Path) -> None:
+    o = ort_backend(tiny_dir, max_len=600)
+    oc = o.new_cache()
+    o.step(oc, np.arange(300, dtype=np.int64) % 250, "causal", commit=True)
+    assert o.device == "cpu" and oc.buffers.device_name() == "cpu"
+    # on the CPU the numpy view is the memory the graph reads and writes
+    assert oc.host().ctypes.data == oc.buffers.data_ptr()
+    assert cache_device(["CUDAExecutionProvider", "CPUExecutionProvider"]) == "cuda"
+    assert cache_device(["TensorrtExecutionProvider", "CUDAExecutionProvider"]) == "cuda"
+    assert cache_device(["CPUExecutionProvider"]) == cache_device([]) == "cpu"
+
+
+def test_a_cache_on_the_gpu_refuses_draft_entries_before_running(tiny_dir: Path) -> None:
+    o = ort_backend(tiny_dir, max_len=32)
+    oc = o.new_cache()
+    o.step(oc, np.array([1, 2, 3], np.int64), "causal", commit=True)  # buffers of 32
+    o.device = "cuda"  # what a GPU session has; this host cannot allocate there
+    block = np.array([5, 6, 7, 8], np.int64)
+    with pytest.raises(ValueError, match=r"approximate in-block cache .* on cuda"):
+        o.step(oc, block, "block", commit=False, keep=[0, 1])
+    assert o.cache_length(oc) == 3 and not oc.draft
+    o.step(oc, block, "block", commit=True)  # exact decoding reads nothing on the host
+    assert o.cache_length(oc) == 7
 
 
 def test_an_older_step_graph_is_refused_by_name(tmp_path: Path) -> None:
@@ -194,6 +232,22 @@ def test_every_layer_attends_through_one_fused_node_on_its_own_buffers(tiny_dir:
     # the buffers go nowhere else: nothing splits, concatenates or copies them
     buffers = {i.name for i in graph.input if i.name.startswith(("past_key_", "past_value_"))}
     assert [n for n in graph.node if buffers & set(n.input)] == fused
+
+
+def test_the_plain_graph_writes_each_buffer_with_one_scatter_and_no_fused_kernel(
+    tiny_plain: Path,
+) -> None:
+    """The GPU form: standard operators only, so CUDA and TensorRT can run all of it."""
+    import onnx
+
+    graph = onnx.load(str(tiny_plain)).graph
+    assert all(n.domain in ("", "ai.onnx") for n in graph.node)
+    for layer in range(TINY.n_layer):
+        for kv in ("key", "value"):
+            readers = [n for n in graph.node if f"past_{kv}_{layer}" in n.input]
+            writes = [n for n in readers if n.op_type != "Shape"]  # Shape: the capacity only
+            assert [n.op_type for n in writes] == ["ScatterElements"]
+            assert list(writes[0].output) == [f"present_{kv}_{layer}"]
 
 
 def test_replies_on_one_session_in_parallel_threads_keep_their_own_buffers(

@@ -7,12 +7,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 from audio.tts import Synthesizer
 from model.engine import PassGate
-from server.runtime import reply_on_cpu
 from server.turn import synthesize
 
 
@@ -53,15 +51,3 @@ def test_later_sentences_leave_the_model_running(tts: Synthesizer) -> None:
     rt = _runtime(tts)
     synthesize(rt, "It is also the largest city in Italy.", 16_000)
     assert rt.tts.held == [False]
-
-
-def test_speech_first_is_on_when_the_reply_model_shares_the_cpu(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    assert reply_on_cpu("diffusion") and reply_on_cpu("smollm2-ar")  # PyTorch: the CPU
-    cpu_only = ["CPUExecutionProvider"]
-    monkeypatch.setattr(ort, "get_available_providers", lambda: cpu_only)
-    assert reply_on_cpu("diffusion-onnx") and reply_on_cpu("smollm2-ar-onnx")
-    gpu = ["CUDAExecutionProvider", "CPUExecutionProvider"]
-    monkeypatch.setattr(ort, "get_available_providers", lambda: gpu)
-    assert not reply_on_cpu("diffusion-onnx")

@@ -1,0 +1,22 @@
+"""Where the reply model runs, and so which graph it serves and whether speech comes first."""
+
+from __future__ import annotations
+
+import onnxruntime as ort
+import pytest
+
+from server.runtime import reply_on_cpu, serving_variant
+
+
+def test_the_reply_model_shares_the_cpu_unless_onnx_runtime_offers_a_gpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert reply_on_cpu("diffusion") and reply_on_cpu("smollm2-ar")  # PyTorch: the CPU
+    cpu_only = ["CPUExecutionProvider"]
+    monkeypatch.setattr(ort, "get_available_providers", lambda: cpu_only)
+    assert reply_on_cpu("diffusion-onnx") and reply_on_cpu("smollm2-ar-onnx")
+    assert serving_variant("diffusion-onnx") == "int8"
+    gpu = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    monkeypatch.setattr(ort, "get_available_providers", lambda: gpu)
+    assert not reply_on_cpu("diffusion-onnx")
+    assert serving_variant("diffusion-onnx") == serving_variant("smollm2-ar-onnx") == "fp16"
