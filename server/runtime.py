@@ -126,7 +126,8 @@ def reply_on_cpu(engine: str) -> bool:
 
 def serving_variant(engine: str) -> Literal["int8", "fp16"]:
     """The graph an ONNX engine serves: int8 on the CPU (its quality is validated as
-    served, docs/training.md), fp16 on a GPU, whose fused attention takes fp16 only."""
+    served, docs/training.md), fp16 on a GPU (the file whose attention the CUDA and
+    TensorRT providers can run, docs/export.md)."""
     return "int8" if reply_on_cpu(engine) else "fp16"
 
 
