@@ -27,15 +27,16 @@ from typing import Any, Literal
 import onnxruntime as ort
 import torch
 
-from export.graph import (
+from export.graph import StepGraph, dynamic_axes, example_inputs, input_names, output_names
+from export.modeldir import (
+    ATTENTION,
+    FILES,
+    FORMAT_VERSION,
+    MANIFEST,
+    TOKENIZER,
     Attention,
-    StepGraph,
-    dynamic_axes,
-    example_inputs,
-    input_names,
-    output_names,
+    Variant,
 )
-from export.modeldir import ATTENTION, FILES, FORMAT_VERSION, MANIFEST, TOKENIZER, Variant
 from export.parity import ParityReport, check_parity
 from model.llama import Llama
 from model.tokenizer import Tokenizer, TokenizerData

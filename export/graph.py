@@ -38,19 +38,20 @@ Attention comes in two forms with the same inputs and outputs (``StepGraph(atten
   output are one), and the chunk attends over the buffer's whole capacity, the unused
   positions masked.
 
-The attention pattern follows chunk order,
-not ``positions``: causal is chunk token i seeing every past entry and chunk tokens up
-to i. The mask-token embedding row (CONTRACT.md item 1) is part of the table: ids up to
-V (inclusive) embed; logits keep width V.
+The attention pattern follows chunk order, not ``positions``: causal is chunk token i
+seeing every past entry and chunk tokens up to i. The mask-token embedding row
+(CONTRACT.md item 1) is part of the table: ids up to V (inclusive) embed; logits keep
+width V.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
 
+from export.modeldir import Attention
 from model.llama import Llama, LlamaConfig, apply_rope, rope_cos_sin
 
 FIXED_INPUTS = ["input_ids", "positions", "past_length", "block", "logit_rows"]
@@ -95,9 +96,6 @@ def embedding_with_mask_row(model: Llama) -> torch.Tensor:
     return torch.cat((w, mean_mask_row(model)[None]), dim=0)
 
 
-Attention = Literal["fused", "plain"]
-
-
 class StepGraph(nn.Module):
     def __init__(self, model: Llama, attention: Attention = "fused") -> None:
         super().__init__()
@@ -132,7 +130,7 @@ class StepGraph(nn.Module):
         # fused: the first S+T entries; plain: the whole capacity C, past S+T masked
         span = total if self.attention == "fused" else past[0].shape[2]
         i = torch.arange(T, device=x.device)[:, None]
-        j = torch.arange(span, device=x.device)[None, :]  # type: ignore[call-overload]
+        j = torch.arange(span, device=x.device)[None, :]  # type: ignore[arg-type]
         allowed = (j <= i + past_length) | block  # (T, span): causal with an offset, or all
         if self.attention == "plain":
             allowed = allowed & (j < total)  # never the unused capacity
@@ -187,13 +185,29 @@ def plain_attention(
 
     present_k = past_k.scatter(2, at, heads(k))
     present_v = past_v.scatter(2, at, heads(v))
-    g = n_head // n_kv  # query head h reads kv head h // g (HF repeat_kv order)
-    qg = q[0].view(T, n_head, hd).transpose(0, 1).reshape(n_kv, g * T, hd)
-    att = (qg @ present_k[0].transpose(1, 2)).float() * hd**-0.5  # (n_kv, g*T, C)
-    att = att.view(n_kv, g, T, -1) + bias.float()
-    p = att.softmax(-1).to(present_v.dtype).view(n_kv, g * T, -1)
-    y = (p @ present_v[0]).view(n_head, T, hd).transpose(0, 1).reshape(1, T, n_head * hd)
+    y = grouped_attention(q, present_k[0], present_v[0], bias, n_head, n_kv)
     return y, present_k, present_v
+
+
+def grouped_attention(
+    q: torch.Tensor,  # (1, T, nh*hd), after RoPE
+    keys: torch.Tensor,  # (n_kv, S, hd)
+    values: torch.Tensor,  # (n_kv, S, hd)
+    bias: torch.Tensor,  # broadcasts to (T, S): 0 where attended, -inf elsewhere
+    n_head: int,
+    n_kv: int,
+) -> torch.Tensor:
+    """Attention of the chunk's queries over ``S`` entries -> ``(1, T, nh*hd)``. Queries
+    are grouped, not keys repeated (HF repeat_kv order: query head h reads kv head
+    h // g), and the softmax runs in fp32 even in an fp16 graph."""
+    T, hd = q.shape[1], keys.shape[-1]
+    g = n_head // n_kv
+    qg = q[0].view(T, n_head, hd).transpose(0, 1).reshape(n_kv, g * T, hd)
+    att = (qg @ keys.transpose(1, 2)).float() * hd**-0.5  # (n_kv, g*T, S)
+    att = att.view(n_kv, g, T, -1) + bias.float()
+    p = att.softmax(-1).to(values.dtype).view(n_kv, g * T, -1)
+    y: torch.Tensor = (p @ values).view(n_head, T, hd).transpose(0, 1).reshape(1, T, n_head * hd)
+    return y
 
 
 class GroupQueryAttention(torch.autograd.Function):
@@ -202,8 +216,7 @@ class GroupQueryAttention(torch.autograd.Function):
     and the chunk attends to the first ``total`` entries, masked by ``bias``.
 
     ``forward`` is the same computation in PyTorch (for tracing and for a reader); the
-    exporter emits ``symbolic``. Queries are grouped, not keys repeated (HF repeat_kv
-    order: query head h reads kv head h // g), and the softmax runs in fp32.
+    exporter emits ``symbolic``.
     """
 
     @staticmethod
@@ -226,12 +239,7 @@ class GroupQueryAttention(torch.autograd.Function):
         present_k[0, :, S : S + T] = k[0].view(T, nkv, hd).transpose(0, 1)
         present_v[0, :, S : S + T] = v[0].view(T, nkv, hd).transpose(0, 1)
         keys, values = present_k[0, :, : S + T], present_v[0, :, : S + T]
-        g = n_head // nkv
-        qg = q[0].view(T, n_head, hd).transpose(0, 1).reshape(nkv, g * T, hd)
-        att = (qg @ keys.transpose(1, 2)).float() * hd**-0.5  # (n_kv, g*T, S+T)
-        att = att.view(nkv, g, T, -1) + bias[0].float()
-        p = att.softmax(-1).to(values.dtype).view(nkv, g * T, -1)
-        y = (p @ values).view(n_head, T, hd).transpose(0, 1).reshape(1, T, n_head * hd)
+        y = grouped_attention(q, keys, values, bias[0, 0], n_head, nkv)
         return y, present_k, present_v
 
     @staticmethod

@@ -29,7 +29,8 @@ FILES: dict[Variant, str] = {
 # The attention form of each file (export/graph.py): the CPU files read the cache with
 # ONNX Runtime's fused kernel, the GPU file with standard operators its CUDA and
 # TensorRT providers run. A cached fp16 file of the fused form is rebuilt.
-ATTENTION: dict[Variant, Literal["fused", "plain"]] = {
+Attention = Literal["fused", "plain"]
+ATTENTION: dict[Variant, Attention] = {
     "fp32": "fused",
     "int8": "fused",
     "fp16": "plain",
