@@ -85,6 +85,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="the in-block cache: exact, or Fast-dLLM's approximate one (repeatable; "
         "default: the engines')",
     )
+    llm.add_argument(
+        "--first-blocks",
+        action="append",
+        type=block_schedule,
+        help="sizes of a reply's first blocks, e.g. 8 or 4,8; 'none': all of --block-size "
+        "(repeatable; default: the engines')",
+    )
     llm.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
     llm.add_argument(
         "--history", type=int, default=0, help="earlier turns before each question (default 0)"
@@ -101,6 +108,18 @@ def _lookahead(text: str) -> int | None:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"expected a count >= 0 or 'any', not {text!r}")
     return int(text)
+
+
+def block_schedule(text: str) -> tuple[int, ...]:
+    """``--first-blocks``: "8", "4,8" or "none" (no first blocks of their own)."""
+    if text == "none":
+        return ()
+    sizes = text.split(",")
+    if not all(n.isdigit() and int(n) > 0 for n in sizes):
+        raise argparse.ArgumentTypeError(
+            f"expected block sizes >= 1 such as 8 or 4,8, or 'none', not {text!r}"
+        )
+    return tuple(int(n) for n in sizes)
 
 
 def _data(args: argparse.Namespace) -> int:
@@ -133,9 +152,8 @@ def _own_replies(args: argparse.Namespace) -> int:
     from model.sampler import SamplerSettings
     from model.tokenizer import Tokenizer
 
-    # the replies are decoded to the source corpus's budget, plus at most one block
-    block = SamplerSettings().block_size
-    max_len = PROMPT_BUDGET + reply_budget(args.source) + block
+    # the replies are decoded to the source corpus's budget, in whole blocks
+    max_len = PROMPT_BUDGET + SamplerSettings().blocks(reply_budget(args.source))[-1][1]
     cfg = RuntimeConfig(max_len=max_len, threads=args.threads)
     backend = load_onnx_backend(args.own_replies, "int8", cfg)
     teacher = f"{args.own_replies} int8"
@@ -177,6 +195,7 @@ def _eval_llm(args: argparse.Namespace) -> int:
         fallbacks=tuple(args.fallback or ()),
         end_lookaheads=tuple(args.end_lookahead or ()),
         caches=tuple(args.cache or ()),
+        schedules=tuple(args.first_blocks or ()),
         onnx=args.onnx,
         onnx_variant=args.onnx_variant,
         history=args.history,

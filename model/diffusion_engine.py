@@ -56,8 +56,7 @@ class DiffusionOptions:
     @property
     def cache_len(self) -> int:
         """Positions per KV cache: the prompt budget plus whole reply blocks."""
-        B = self.sampler.block_size
-        return self.prompt_budget + -(-self.max_reply_tokens // B) * B
+        return self.prompt_budget + self.sampler.blocks(self.max_reply_tokens)[-1][1]
 
 
 def smollm2_diffusion_config(tokenizer: Tokenizer) -> DiffusionConfig:
@@ -179,14 +178,15 @@ class DiffusionGenerator:
 
     def _room(self, prompt_len: int, max_tokens: int) -> int:
         """``max_tokens``, cut so that the prompt and the reply blocks fit in a cache."""
-        B = self.options.sampler.block_size
-        blocks = (self.backend.max_len - prompt_len) // B
-        if blocks < 1:
+        room = self.backend.max_len - prompt_len
+        fits = [hi for _, hi in self.options.sampler.blocks(max(max_tokens, 1)) if hi <= room]
+        if not fits:
+            first = self.options.sampler.blocks(1)[0][1]
             raise ValueError(
-                f"prompt of {prompt_len} tokens leaves no room for a {B}-token block in a "
+                f"prompt of {prompt_len} tokens leaves no room for a {first}-token block in a "
                 f"{self.backend.max_len}-position cache"
             )
-        return min(max_tokens, blocks * B)
+        return min(max_tokens, fits[-1])
 
 
 def load_diffusion_generator(

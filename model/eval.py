@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from export.modeldir import Variant
 from model.data import decode_batch, prompt_ids, read_heldout, read_jsonl
 from model.llama import Llama
-from model.sampler import SamplerSettings
+from model.sampler import SamplerSettings, schedule_label
 from model.tokenizer import Tokenizer
 
 GOALS = {"similarity_median": 0.6, "clean_end_rate": 0.95}
@@ -61,6 +61,9 @@ class EvalOptions:
     # the in-block cache (model/sampler.py approx_cache): "exact" and/or "approx"; each
     # is run at each other setting; () = the engines' default
     caches: tuple[str, ...] = ()
+    # the sizes of a reply's first blocks (model/sampler.py first_blocks); each is run
+    # at each other setting; () = the engines' default
+    schedules: tuple[tuple[int, ...], ...] = ()
     # an exported model directory (`quicksilver export --adapter ...`): the diffusion
     # replies come from one of its graphs in ONNX Runtime, as served, instead of PyTorch
     onnx: Path | None = None
@@ -266,6 +269,7 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
     config = f.llama_config()
     ar = Llama.from_state_dict(config, f.state_dict(config), torch.float32)
     B = opts.block_size or SamplerSettings().block_size  # the engines' default
+    widest = max([B, *(n for first in opts.schedules for n in first)])  # the cache's overshoot
     dtype = getattr(torch, opts.dtype)
     if opts.onnx:  # the adapter is already merged into the exported graph
         from export.modeldir import read_manifest
@@ -299,7 +303,7 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
 
     rows = [score("ar-greedy", greedy, False), score(f"ar-t{opts.ar_temperature}", sampled, True)]
     samples: dict[str, list[str]] = {"ar-greedy": ref_text, "ar-sampled": text(sampled)}
-    max_len = max(len(p) for p in prompts) + opts.max_tokens + B
+    max_len = max(len(p) for p in prompts) + opts.max_tokens + widest
     if opts.onnx:
         from export.engine import load_onnx_backend
         from export.runtime import RuntimeConfig
@@ -317,6 +321,8 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
         if (ahead := settings.end_lookahead) != SamplerSettings().end_lookahead:
             name += "-endany" if ahead is None else f"-end{ahead}"
         name += "-approx" if settings.approx_cache else ""
+        if (first := settings.first_blocks) != SamplerSettings().first_blocks:
+            name += f"-first{schedule_label(first)}"
         name += f"-h{opts.history}" if opts.history else ""
         name += f"-{runtime}" if opts.onnx else ""
         rows.append(score(name, r, True))
@@ -336,8 +342,8 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
 
 def sampler_settings(opts: EvalOptions) -> list[SamplerSettings]:
     """The settings to score: the engines' defaults (:class:`SamplerSettings`) with
-    the block size, thresholds, fallbacks, end lookaheads, in-block caches and steps
-    per block the options name."""
+    the block size, thresholds, fallbacks, end lookaheads, in-block caches, first blocks
+    and steps per block the options name."""
     default = SamplerSettings()
     approx = {"exact": False, "approx": True}
     return [
@@ -349,12 +355,14 @@ def sampler_settings(opts: EvalOptions) -> list[SamplerSettings]:
             steps_per_block=opts.steps_per_block or default.steps_per_block,
             end_lookahead=ahead,
             approx_cache=cache,
+            first_blocks=first,
         )
-        for fallback, th, ahead, cache in itertools.product(
+        for fallback, th, ahead, cache, first in itertools.product(
             opts.fallbacks or (default.fallback,),
             opts.thresholds or (default.threshold,),
             opts.end_lookaheads or (default.end_lookahead,),
             tuple(approx[c] for c in opts.caches) or (default.approx_cache,),
+            opts.schedules or (default.first_blocks,),
         )
     ]
 

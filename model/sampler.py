@@ -95,10 +95,17 @@ class SamplerSettings:
     # by the tokens committed after it. The block's commit pass recomputes it exactly,
     # so the conversation's cache stays exact.
     approx_cache: bool = False
+    # The sizes of a reply's first blocks; the later ones are block_size. A listener
+    # waits for the first sentence, and on a CPU a pass costs about its width (at 100
+    # cached positions: 1 position 10.8 ms, 8 20.7 ms, 16 31.7 ms) while the model
+    # commits about one token per pass at any width (docs/diffusion.md, "Block schedule")
+    first_blocks: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_steps < 1 or (self.max_steps or 1) < 1:
             raise ValueError(f"block_size, steps_per_block, max_steps must be >= 1: {self}")
+        if any(b < 1 for b in self.first_blocks):
+            raise ValueError(f"first_blocks must be >= 1: {self}")
         if self.rule not in ("threshold", "lowconf"):
             raise ValueError(f"unknown commit rule {self.rule!r}")
         if self.fallback not in ("confident", "leftmost"):
@@ -108,14 +115,38 @@ class SamplerSettings:
 
     @property
     def block_steps(self) -> int:
-        """The most denoising steps one block may take."""
-        return self.block_size if self.steps_per_block is None else self.steps_per_block
+        """The most denoising steps a block of ``block_size`` may take."""
+        return self.steps_for(self.block_size)
+
+    def steps_for(self, size: int) -> int:
+        """The most denoising steps a block of ``size`` positions may take."""
+        return size if self.steps_per_block is None else self.steps_per_block
+
+    def blocks(self, max_tokens: int) -> list[tuple[int, int]]:
+        """The reply's blocks ``[lo, hi)`` that cover ``max_tokens`` positions (the last
+        one whole, so it may reach past them): ``first_blocks``, then ``block_size``."""
+        out: list[tuple[int, int]] = []
+        lo = 0
+        while lo < max_tokens:
+            size = self.first_blocks[len(out)] if len(out) < len(self.first_blocks) else None
+            out.append((lo, lo + (size or self.block_size)))
+            lo = out[-1][1]
+        return out
 
     def step_budget(self, max_tokens: int) -> int:
         """Denoising steps a reply of at most ``max_tokens`` may take in all."""
         if self.max_steps is not None:
             return self.max_steps
-        return math.ceil(max(max_tokens, 0) / self.block_size) * self.block_steps
+        return sum(self.steps_for(hi - lo) for lo, hi in self.blocks(max_tokens))
+
+
+def schedule_label(first_blocks: tuple[int, ...]) -> str:
+    """``first_blocks`` for a report: "4.8", "1x16" for sixteen blocks of 1, "none"."""
+    if not first_blocks:
+        return "none"
+    if len(first_blocks) > 2 and len(set(first_blocks)) == 1:
+        return f"{first_blocks[0]}x{len(first_blocks)}"
+    return ".".join(map(str, first_blocks))
 
 
 @dataclass(frozen=True)
@@ -225,6 +256,7 @@ class _Reply:
     should_stop: Callable[[], bool]
     x: Ids  # (n_blocks * B,) reply tokens, mask where undecided
     limit: int  # positions that may be generated (max_tokens)
+    blocks: list[tuple[int, int]]  # [lo, hi) of each block (SamplerSettings.blocks)
     passes: int = 0  # model passes: prefill, denoising steps, block commits
     steps: int = 0  # denoising steps (what the step budget counts)
     done: int = 0  # reply tokens released
@@ -257,9 +289,9 @@ def sample(
     """
     if not prompt:
         raise ValueError("the prompt is empty")
-    n_blocks = math.ceil(max(max_tokens, 0) / settings.block_size)
-    x = np.full(n_blocks * settings.block_size, model.mask_id, dtype=np.int64)
-    r = _Reply(model, settings, rng, should_stop, x, max(max_tokens, 0))
+    blocks = settings.blocks(max_tokens)
+    x = np.full(blocks[-1][1] if blocks else 0, model.mask_id, dtype=np.int64)
+    r = _Reply(model, settings, rng, should_stop, x, max(max_tokens, 0), blocks)
     if r.limit == 0:
         return r.stats("budget")
     if model.attention == "full":
@@ -273,7 +305,6 @@ def _sample_blocks(
     backend: StepBackend, prompt: Ids, r: _Reply, prefix: Prefix | None
 ) -> Generator[int, None, GenerationStats]:
     """Block-causal decoding: causal prefill, then blocks committed to the KV cache."""
-    B = r.settings.block_size
     cache = prefix.cache if prefix is not None else backend.new_cache()
     start = 0 if prefix is None else min(prefix.length, prompt.size - 1)  # >= 1 new token
     backend.truncate(cache, start)
@@ -282,9 +313,9 @@ def _sample_blocks(
     chunk = prompt[start:]
     last = backend.step(cache, chunk, "causal", commit=True, rows=last_row(chunk))[-1]
     r.passes += 1
-    for lo in range(0, r.x.size, B):
-        block = r.x[lo : lo + B]  # a view: commits write into r.x
-        drafted = np.zeros(B, dtype=bool)  # block offsets held in the backend's draft
+    for lo, hi in r.blocks:
+        block = r.x[lo:hi]  # a view: commits write into r.x
+        drafted = np.zeros(block.size, dtype=bool)  # block offsets held in the draft
 
         def predict(
             want: Ids,
@@ -295,15 +326,20 @@ def _sample_blocks(
             rows = want - 1 if r.model.shift else want  # block row i predicts i + shift
             if r.settings.approx_cache:
                 logits = _draft_step(backend, cache, block, rows[rows >= 0], drafted, r)
-            else:
+                r.passes += 1
+            elif (rows >= 0).any():
                 logits = backend.step(cache, block, "block", commit=False, rows=rows[rows >= 0])
+                r.passes += 1
+            else:  # only the first position, from the pass before: no pass to run (a
+                # denoising step changes no cache), so a block of 1 costs one pass, as AR
+                logits = np.empty((0, last.size), last.dtype)
             if rows.size and rows[0] < 0:  # the block's first position: the pass before
                 logits = np.concatenate([last[None], logits])
             return logits
 
-        if not (yield from _denoise(r, lo, predict)):
+        if not (yield from _denoise(r, lo, hi, predict)):
             return r.stats("cancel")
-        if (stop := _finished(r, lo + B)) is not None:
+        if (stop := _finished(r, hi)) is not None:
             return r.stats(stop)
         if r.should_stop():
             return r.stats("cancel")
@@ -338,17 +374,18 @@ def _sample_full(
     backend: StepBackend, prompt: Ids, r: _Reply
 ) -> Generator[int, None, GenerationStats]:
     """LLaDA-style decoding: every step runs prompt + whole reply, bidirectionally."""
-    B, P, s = r.settings.block_size, prompt.size, int(r.model.shift)
+    P, s = prompt.size, int(r.model.shift)
     cache = backend.new_cache()  # stays empty: nothing is committed
-    for lo in range(0, r.x.size, B):
+    for lo, hi in r.blocks:
 
         def predict(want: Ids, lo: int = lo) -> NDArray[np.float32]:
             seq = np.concatenate([prompt, r.x])  # (P + N,)
+            r.passes += 1
             return backend.step(cache, seq, "block", commit=False, rows=P + lo - s + want)
 
-        if not (yield from _denoise(r, lo, predict)):
+        if not (yield from _denoise(r, lo, hi, predict)):
             return r.stats("cancel")
-        if (stop := _finished(r, lo + B)) is not None:
+        if (stop := _finished(r, hi)) is not None:
             return r.stats(stop)
     return r.stats("budget")
 
@@ -363,23 +400,24 @@ def _finished(r: _Reply, hi: int) -> Literal["end", "budget"] | None:
 
 
 def _denoise(
-    r: _Reply, lo: int, predict: Callable[[Ids], NDArray[np.float32]]
+    r: _Reply, lo: int, end: int, predict: Callable[[Ids], NDArray[np.float32]]
 ) -> Generator[int, None, bool]:
-    """Denoise the block at ``lo`` until none of its live positions is masked,
+    """Denoise the block ``[lo, end)`` until none of its live positions is masked,
     yielding tokens as they become final. ``predict(want)`` gives logits for the block
     positions ``want`` only (the masked ones: the only rows read, so the only ones the
-    model computes). Returns False if cancelled."""
-    hi = min(lo + r.settings.block_size, r.limit)  # live positions: [lo, hi)
+    model computes) and counts the model passes it runs. Returns False if cancelled."""
+    hi = min(end, r.limit)  # live positions: [lo, hi)
+    steps = r.settings.steps_for(end - lo)
     taken = 0  # steps spent on this block
     while (masked := r.x[lo:hi] == r.model.mask_id).any():
         if r.should_stop():
             return False
-        left = min(r.settings.block_steps - taken, r.settings.step_budget(r.limit) - r.steps)
+        left = min(steps - taken, r.settings.step_budget(r.limit) - r.steps)
         want = np.flatnonzero(masked)
         rows = predict(want)  # (M, V)
         logits = np.empty((masked.size, rows.shape[-1]), rows.dtype)  # (live, V)
         logits[want] = _no_mask(rows, r.model.mask_id)  # the other rows are never read
-        r.passes, r.steps, taken = r.passes + 1, r.steps + 1, taken + 1
+        r.steps, taken = r.steps + 1, taken + 1  # predict counts the passes it runs
         pos, tok = decide(logits, masked, r.settings, left, r.rng, r.model.end_ids)
         r.x[lo + pos] = tok
         if cut_at_end(r.x, lo, hi, r.model.end_ids) is not None:

@@ -49,9 +49,12 @@ class RecomputeBackend:
 
     name = "recompute"
 
-    def __init__(self, model: Llama, block_size: int, max_len: int = 256) -> None:
+    def __init__(
+        self, model: Llama, block_size: int, max_len: int = 256, first: tuple[int, ...] = ()
+    ) -> None:
         self.model, self.block_size, self.max_len = model, block_size, max_len
         self.vocab_size = model.config.vocab_size
+        self.blocks = SamplerSettings(block_size=block_size, first_blocks=first).blocks(max_len)
 
     def new_cache(self) -> dict[str, Any]:
         return {"ids": [], "prompt": 0}
@@ -67,6 +70,10 @@ class RecomputeBackend:
         seq = cache["ids"] + ids.tolist()
         n_prompt = len(seq) if attend == "causal" else cache["prompt"]
         mask = block_causal_mask(n_prompt, len(seq), self.block_size)
+        if self.blocks[0][1] != self.block_size:  # a schedule: each sees to its block's end
+            last = [n_prompt + hi - 1 for lo, hi in self.blocks for _ in range(lo, hi)]
+            last = list(range(n_prompt)) + last[: len(seq) - n_prompt]
+            mask = (torch.arange(len(seq))[None, :] <= torch.tensor(last)[:, None])[None, None]
         with torch.inference_mode():
             logits = self.model(torch.tensor([seq]), mask=mask)[0, len(cache["ids"]) :]
         if commit:
@@ -123,6 +130,7 @@ def test_attention_biases_are_used() -> None:
         SamplerSettings(block_size=4, rule="lowconf", steps_per_block=2),
         SamplerSettings(block_size=4, rule="threshold", threshold=0.02, steps_per_block=4),
         SamplerSettings(block_size=3, rule="lowconf", steps_per_block=3, temperature=1.0),
+        SamplerSettings(block_size=4, rule="threshold", threshold=0.02, first_blocks=(2, 3)),
     ],
 )
 def test_kv_cached_blocks_give_the_tokens_of_a_cache_free_recomputation(
@@ -132,7 +140,8 @@ def test_kv_cached_blocks_give_the_tokens_of_a_cache_free_recomputation(
     cfg = DiffusionConfig(mask_id=MASK, end_ids=frozenset({2}), attention="block", shift=shift)
     prompt = [1, 40, 41, 42, 43, 44, 2, 1, 50]
     runs = []
-    for backend in (TorchBackend(model, max_len=64), RecomputeBackend(model, settings.block_size)):
+    recompute = RecomputeBackend(model, settings.block_size, first=settings.first_blocks)
+    for backend in (TorchBackend(model, max_len=64), recompute):
         gen = sample(backend, prompt, cfg, settings, np.random.default_rng(3), max_tokens=11)
         runs.append(drain(gen))
     assert runs[0] == runs[1]
@@ -252,3 +261,17 @@ def test_smollm2_diffusion_engine_runs_and_stops(smollm2_gguf) -> None:  # type:
     assert 0 < stats.tokens <= 32 and stats.stopped_by in ("end", "budget")
     # prefill + at most 4 steps per block + one commit between the two blocks
     assert 2 <= stats.forward_passes <= 1 + 2 * 4 + 1
+
+
+def test_a_block_schedule_sizes_the_cache_and_the_room_for_a_reply() -> None:
+    first = SamplerSettings(block_size=16, first_blocks=(4,))
+    opts = DiffusionOptions(sampler=first, prompt_budget=10, max_reply_tokens=20)
+    assert opts.cache_len == 10 + 20  # blocks [0, 4) and [4, 20)
+    assert replace(opts, max_reply_tokens=21).cache_len == 10 + 36
+    gen, _ = tiny_generator()
+    gen.options = replace(gen.options, sampler=first)
+    room = gen.backend.max_len
+    assert gen._room(room - 20, 64) == 20 and gen._room(room - 19, 64) == 4
+    assert gen._room(room - 30, 3) == 3
+    with pytest.raises(ValueError, match="no room for a 4-token block"):
+        gen._room(room - 3, 64)

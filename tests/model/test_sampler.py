@@ -22,6 +22,7 @@ from model.sampler import (
     decide,
     propose,
     sample,
+    schedule_label,
 )
 
 V, MASK, END = 32, 31, 2
@@ -201,6 +202,42 @@ def test_blocks_left_to_right_with_one_commit_pass_between() -> None:
     assert tokens == list(range(10, 18)) and stats == GenerationStats(8, 4, "budget")
 
 
+def test_first_blocks_set_the_first_block_sizes_then_block_size() -> None:
+    b = ScriptBackend(list(range(10, 20)), [0.99] * 10, len(PROMPT))
+    s = SamplerSettings(block_size=4, first_blocks=(2,))
+    assert s.blocks(8) == [(0, 2), (2, 6), (6, 10)]
+    tokens, stats = drain(sample(b, PROMPT, MODEL, s, RNG(0), max_tokens=8))
+    assert [len(ids) for _, _, ids in b.calls] == [3, 2, 2, 4, 4, 4]
+    assert [(a, c) for a, c, _ in b.calls] == [("causal", True)] + [
+        ("block", False),
+        ("block", True),
+    ] * 2 + [("block", False)]
+    assert b.calls[2][2] == [10, 11] and b.calls[4][2] == [12, 13, 14, 15]
+    assert b.denoise_inputs()[-1] == [MASK] * 4  # the last block keeps its size ...
+    assert tokens == list(range(10, 18)) and stats == GenerationStats(8, 6, "budget")  # ... 8
+
+
+def test_each_block_of_a_schedule_may_take_its_own_steps() -> None:
+    s = SamplerSettings(block_size=4, first_blocks=(2, 1))
+    assert s.blocks(8) == [(0, 2), (2, 3), (3, 7), (7, 11)] and s.blocks(0) == []
+    assert s.step_budget(8) == 2 + 1 + 4 + 4
+    assert SamplerSettings(block_size=4, first_blocks=(2, 1), steps_per_block=2).step_budget(8) == 8
+    # an unsure schedule is written one position per step, each block to its own size
+    b = ScriptBackend(list(range(10, 18)), [0.1] * 8, len(PROMPT))
+    tokens, stats = drain(sample(b, PROMPT, MODEL, s, RNG(0), max_tokens=8))
+    assert [len(ids) for ids in b.denoise_inputs()] == [2, 2, 1, 4, 4, 4, 4, 4]
+    assert tokens == list(range(10, 18)) and stats == GenerationStats(8, 1 + 8 + 3, "budget")
+    with pytest.raises(ValueError, match="first_blocks"):
+        SamplerSettings(first_blocks=(8, 0))
+    assert [schedule_label(f) for f in ((), (8,), (4, 8), (1, 1), (1,) * 16)] == [
+        "none",
+        "8",
+        "4.8",
+        "1.1",
+        "1x16",
+    ]
+
+
 def test_end_token_stops_the_reply_and_nothing_after_it_is_generated() -> None:
     # The end token at 2 is the most confident: it commits first, 3 is never generated,
     # and no second block starts although max_tokens allows three.
@@ -332,6 +369,25 @@ def test_a_denoising_step_asks_only_for_the_rows_before_its_masked_positions() -
     assert tokens == [10, 11, 12, 13]
     # masked 0-3, 1-3, 2-3, 3: position 0 comes from the prefill's last row
     assert b.asked == [[0, 1, 2], [0, 1, 2], [1, 2], [2]]
+
+
+def test_a_step_that_reads_only_the_pass_before_runs_no_pass() -> None:
+    """With the shift a block's first position comes from the pass before: a block of 1
+    is one commit pass per token (AR's cost), and a block whose other positions all
+    committed first finishes without a pass."""
+    model = DiffusionConfig(MASK, frozenset({END}), "block", shift=True)
+    b = Shifted(list(range(10, 16)), [0.1] * 6, len(PROMPT))
+    s = SamplerSettings(block_size=4, first_blocks=(1, 1))
+    tokens, stats = drain(sample(b, PROMPT, model, s, RNG(0), 6))
+    assert tokens == list(range(10, 16))
+    assert b.asked == [[0, 1, 2], [0, 1, 2], [1, 2], [2]]  # only the block of 4 asks
+    assert [len(ids) for a, c, ids in b.calls if c] == [3, 1, 1]  # prefill, two commits
+    assert stats == GenerationStats(6, 3 + 4, "budget")
+    # position 0 unsure, 1-3 sure: the second step needs only the pass before's row
+    b = Shifted([10, 11, 12, 13], [0.1, 0.99, 0.99, 0.99], len(PROMPT))
+    tokens, stats = drain(sample(b, PROMPT, model, SamplerSettings(block_size=4), RNG(0), 4))
+    assert tokens == [10, 11, 12, 13] and b.asked == [[0, 1, 2]]
+    assert stats == GenerationStats(4, 1 + 1, "budget")
 
 
 class Drafting(ScriptBackend):
