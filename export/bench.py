@@ -37,7 +37,7 @@ from export.prompts import QUESTIONS
 from export.runtime import OrtBackend, RuntimeConfig
 from model.backend import Attend, Offsets, Rows, StepBackend
 from model.chat import build_prompt
-from model.engine import ChatMessage, GenerationStats, drain
+from model.engine import ChatMessage, GenerationStats, SentenceSplitter, drain
 from model.generate import greedy
 from model.tokenizer import Tokenizer
 
@@ -55,6 +55,9 @@ class BenchOptions:
     # also time the diffusion sampler with the approximate in-block cache (model/sampler.py
     # approx_cache), as the "diffusion-approx" engine, ONNX Runtime only
     approx_cache: bool = False
+    # also time the diffusion sampler with these first blocks (model/sampler.py
+    # first_blocks) as "diffusion-first<sizes>", ONNX Runtime only; None: not
+    first_blocks: tuple[int, ...] | None = None
     rounds: int = 1  # every prompt this many times per engine (ONNX Runtime), interleaved
 
 
@@ -151,15 +154,13 @@ def ar_decoder(tok: Tokenizer) -> Decoder:
     return run
 
 
-def diffusion_decoder(tok: Tokenizer, approx_cache: bool | None = None) -> Decoder:
+def diffusion_decoder(tok: Tokenizer, **changes: Any) -> Decoder:
     """DIFFUSION's sampler with its engine's default settings, seed 0 for every reply;
-    ``approx_cache``: the in-block cache, if not the default."""
+    ``changes``: SamplerSettings fields that differ from them."""
     from model.diffusion_engine import DiffusionOptions, smollm2_diffusion_config
     from model.sampler import sample
 
-    settings = DiffusionOptions().sampler
-    if approx_cache is not None:
-        settings = dataclasses.replace(settings, approx_cache=approx_cache)
+    settings = dataclasses.replace(DiffusionOptions().sampler, **changes)
     config = smollm2_diffusion_config(tok)
 
     def run(b: StepBackend, prompt: list[int], n: int) -> Generator[int, None, GenerationStats]:
@@ -179,6 +180,7 @@ class _Tally:
     memory: float = 0.0
     floor: float = 0.0
     replies: list[list[int]] = dataclasses.field(default_factory=list)
+    first: list[float] = dataclasses.field(default_factory=list)  # to the first sentence
 
     def reply(
         self,
@@ -188,11 +190,23 @@ class _Tally:
         budget: int,
         roof: Roofline,
         dims: Dims,
+        first_sentence: Callable[[list[int]], int],
     ) -> None:
         counter.steps.clear()
+        out: list[int] = []
+        at: list[float] = []  # when each token came out
+        tokens = decode(counter, prompt, budget)
         t0 = time.perf_counter()
-        out, stats = drain(decode(counter, prompt, budget))
+        while True:
+            try:
+                out.append(next(tokens))
+            except StopIteration as done:
+                stats: GenerationStats = done.value
+                break
+            at.append(time.perf_counter() - t0)
         self.times.append(time.perf_counter() - t0)
+        k = first_sentence(out)  # the voice loop speaks it once it has k tokens
+        self.first.append(at[k - 1] if k < len(out) else self.times[-1])
         self.tokens.append(stats.tokens)
         self.passes.append(stats.forward_passes)
         for step in counter.steps:
@@ -208,6 +222,10 @@ class _Tally:
             "p50_s": statistics.median(self.times),
             "p95_s": float(np.percentile(self.times, 95)),
             "mean_s": total / n,
+            # what a listener waits for: the reply's first sentence (model.engine's
+            # SentenceSplitter: its end mark and the space after it), or the whole reply
+            "first_sentence_p50_s": statistics.median(self.first),
+            "first_sentence_p95_s": float(np.percentile(self.first, 95)),
             "tokens_per_s": sum(self.tokens) / total,
             "tokens_per_reply": sum(self.tokens) / n,
             "passes_per_reply": sum(self.passes) / n,
@@ -220,6 +238,21 @@ class _Tally:
         }
 
 
+def first_sentence_tokens(tok: Tokenizer) -> Callable[[list[int]], int]:
+    """How many of a reply's tokens the voice loop needs before it can synthesize the
+    first sentence (the server's decoder and splitter); the length of the reply when it
+    is one sentence, which is released at the end."""
+
+    def count(ids: list[int]) -> int:
+        decoder, splitter = tok.stream_decoder(), SentenceSplitter()
+        for k, token in enumerate(ids, 1):
+            if splitter.feed(decoder.push(token)):
+                return k
+        return len(ids)
+
+    return count
+
+
 def time_engines(
     backend: StepBackend,
     decoders: dict[str, Decoder],
@@ -228,12 +261,14 @@ def time_engines(
     roof: Roofline,
     dims: Dims,
     rounds: int = 1,
+    first_sentence: Callable[[list[int]], int] = len,
 ) -> dict[str, dict[str, Any]]:
     """Every engine's replies to every prompt, ``rounds`` times, interleaved: for each
     prompt the engines take turns, the first one rotating, so a machine that speeds up
     or slows down during the run (a shared VM does, by a quarter) weighs on all of them
     alike instead of on whichever ran in that stretch. ``rounds_tokens_per_s`` holds each
-    round's own figure, for the spread."""
+    round's own figure, for the spread. ``first_sentence(ids)``: how many tokens of a
+    reply its first sentence needs (:func:`first_sentence_tokens`; default: all)."""
     counter = CountingBackend(backend)
     names = list(decoders)
     for name in names:  # warm-up (allocations, first-run costs)
@@ -244,7 +279,9 @@ def time_engines(
         for i, prompt in enumerate(prompts):
             k = (i + r) % len(names)
             for name in names[k:] + names[:k]:
-                tallies[name].reply(counter, decoders[name], prompt, budget, roof, dims)
+                tallies[name].reply(
+                    counter, decoders[name], prompt, budget, roof, dims, first_sentence
+                )
         n = len(prompts)  # this round's replies are each tally's last n
         for name, t in tallies.items():
             per_round[name].append(sum(t.tokens[-n:]) / sum(t.times[-n:]))
@@ -365,13 +402,21 @@ def run_llm_bench(options: BenchOptions) -> dict[str, Any]:
         decoders["diffusion"] = diffusion_decoder(tok)
         if options.approx_cache:
             decoders["diffusion-approx"] = diffusion_decoder(tok, approx_cache=True)
+        if (first := options.first_blocks) is not None:
+            from model.sampler import schedule_label
+
+            decoders[f"diffusion-first{schedule_label(first)}"] = diffusion_decoder(
+                tok, first_blocks=first
+            )
     except ImportError as exc:
         missing = f"DIFFUSION's model/diffusion_engine.py or model/sampler.py is missing: {exc}"
+    sentence = first_sentence_tokens(tok)
     rows: list[dict[str, Any]] = []
     for budget in options.budgets:
         for runtime, backend in backends.items():
             torch = runtime.startswith("torch")
-            engines = {e: d for e, d in decoders.items() if e != "diffusion-approx" or not torch}
+            # the variants of the diffusion sampler are timed in ONNX Runtime only
+            engines = {e: d for e, d in decoders.items() if e in ("ar", "diffusion") or not torch}
             rounds = 1 if torch else options.rounds
             log.info(
                 "bench: %s on %s, budget %d, %d round(s) ...",
@@ -382,7 +427,7 @@ def run_llm_bench(options: BenchOptions) -> dict[str, Any]:
             )
             n = options.torch_prompts if torch else None
             timed = time_engines(
-                backend, engines, prompts[:n], budget, roofs[runtime], dims, rounds
+                backend, engines, prompts[:n], budget, roofs[runtime], dims, rounds, sentence
             )
             for engine, r in timed.items():
                 rows.append({"engine": engine, "runtime": runtime, "budget": budget, **r})
@@ -462,6 +507,12 @@ def _results(
         "speedup": (diff / ar) if (ar and diff) else None,
         "speedup_per_round": rounds,
         "speedup_approx_cache": (approx / ar) if (ar and approx) else None,
+        # every diffusion engine's tokens/s over AR's (the variants too)
+        "speedup_by_engine": {
+            x["engine"]: x["tokens_per_s"] / ar
+            for x in rows
+            if ar and x["engine"] != "ar" and x["runtime"] == "onnx-int8" and x["budget"] == top
+        },
         "speedup_budget": top,
         "diffusion_missing": missing,
     }
@@ -469,14 +520,15 @@ def _results(
 
 def print_table(results: dict[str, Any]) -> None:
     print(
-        f"{'engine':16s} {'runtime':11s} {'budget':>6s} {'p50 s':>7s} {'p95 s':>7s} "
-        f"{'tok/s':>7s} {'tok':>6s} {'passes':>7s} {'floor s':>8s} {'%floor':>6s} "
-        f"{'%peak':>6s}"
+        f"{'engine':18s} {'runtime':11s} {'budget':>6s} {'p50 s':>7s} {'p95 s':>7s} "
+        f"{'1st s':>6s} {'tok/s':>7s} {'tok':>6s} {'passes':>7s} {'floor s':>8s} "
+        f"{'%floor':>6s} {'%peak':>6s}"
     )
     for r in results["rows"]:
         print(
-            f"{r['engine']:16s} {r['runtime']:11s} {r['budget']:6d} {r['p50_s']:7.3f} "
-            f"{r['p95_s']:7.3f} {r['tokens_per_s']:7.1f} {r['tokens_per_reply']:6.1f} "
+            f"{r['engine']:18s} {r['runtime']:11s} {r['budget']:6d} {r['p50_s']:7.3f} "
+            f"{r['p95_s']:7.3f} {r['first_sentence_p50_s']:6.3f} "
+            f"{r['tokens_per_s']:7.1f} {r['tokens_per_reply']:6.1f} "
             f"{r['passes_per_reply']:7.1f} {r['floor_s_per_reply']:8.4f} "
             f"{100 * r['fraction_of_floor']:6.1f} {100 * r['fraction_of_peak']:6.1f}"
         )
@@ -485,6 +537,7 @@ def print_table(results: dict[str, Any]) -> None:
         for k, v in results["machine_peak_flops"].items()
     )
     print(f"peak: {peaks} (floor: the longer of FLOPs/peak and bytes/bandwidth per pass)")
+    print("1st s: p50 time to the reply's first sentence, what a listener waits for")
     if kernels := results.get("int8_kernel_peak_flops"):
         rates = ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in kernels.items())
         print(f"int8 kernels: {rates}")
@@ -493,7 +546,8 @@ def print_table(results: dict[str, Any]) -> None:
         print(f"speedup (diffusion / AR tokens/s at {at} tokens): {x:.2f}")
         if len(each := results.get("speedup_per_round") or []) > 1:
             print(f"  per round: {', '.join(f'{v:.2f}' for v in each)}")
-    if (x := results.get("speedup_approx_cache")) is not None:
-        print(f"speedup with the approximate in-block cache: {x:.2f}")
+    for engine, x in (results.get("speedup_by_engine") or {}).items():
+        if engine != "diffusion":
+            print(f"speedup of {engine}: {x:.2f}")
     if results["diffusion_missing"]:
         print(f"diffusion not measured: {results['diffusion_missing']}")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from export.modeldir import default_model_dir
+from model.commands import block_schedule
 
 
 def register(sub: Any) -> None:
@@ -61,6 +62,12 @@ def register(sub: Any) -> None:
         "--approx-cache",
         action="store_true",
         help="also time diffusion with the approximate in-block cache (diffusion-approx)",
+    )
+    llm.add_argument(
+        "--first-blocks",
+        type=block_schedule,
+        default=None,
+        help="also time diffusion with these first blocks, e.g. 8 or 4,8 (diffusion-first...)",
     )
     llm.add_argument(
         "--rounds",
@@ -119,6 +126,7 @@ def run_bench(args: argparse.Namespace) -> int:
         torch_reference=not args.no_torch and args.torch_prompts != 0,
         torch_prompts=args.torch_prompts,
         approx_cache=args.approx_cache,
+        first_blocks=args.first_blocks,
         rounds=args.rounds,
     )
     results = run_llm_bench(options)

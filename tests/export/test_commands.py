@@ -208,6 +208,37 @@ def test_bench_times_the_approximate_cache_beside_the_default(tiny_dir: Path) ->
     engines = [row["engine"] for row in r["rows"]]
     assert engines == ["ar", "diffusion", "diffusion-approx"]
     assert r["speedup"] > 0 and r["speedup_approx_cache"] > 0
+    assert r["speedup_by_engine"] == {
+        "diffusion": r["speedup"],
+        "diffusion-approx": r["speedup_approx_cache"],
+    }
+
+
+def test_bench_times_a_block_schedule_and_the_first_sentence(
+    tiny_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from export.bench import BenchOptions, print_table, run_llm_bench
+
+    opts = BenchOptions(tiny_dir, prompts=2, budgets=(8,), torch_reference=False)
+    r = run_llm_bench(dataclasses.replace(opts, first_blocks=(2, 4)))
+    assert [row["engine"] for row in r["rows"]] == ["ar", "diffusion", "diffusion-first2.4"]
+    assert r["speedup_by_engine"]["diffusion-first2.4"] > 0
+    for row in r["rows"]:  # each reply's first sentence comes no later than its end
+        assert 0 < row["first_sentence_p50_s"] <= row["p50_s"]
+        assert row["first_sentence_p95_s"] <= row["p95_s"]
+    print_table(r)
+    assert "speedup of diffusion-first2.4: " in capsys.readouterr().out
+
+
+def test_the_first_sentence_needs_its_end_mark_and_the_space_after_it(tiny_dir: Path) -> None:
+    from export.bench import first_sentence_tokens
+
+    tok = load_tokenizer(tiny_dir)
+    count = first_sentence_tokens(tok)
+    one, two = tok.encode("The capital is Rome."), tok.encode(" It is old.")
+    assert count(one + two) == len(one) + 1  # released by the space that starts " It"
+    assert count(one) == len(one)  # one sentence: at the end of the reply
+    assert count([]) == 0
 
 
 def test_bench_interleaves_the_engines_per_prompt_and_rotates_who_goes_first(
