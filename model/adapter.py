@@ -27,7 +27,7 @@ from torch import nn
 
 from model.llama import Llama
 
-TARGETS = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj")
+TARGETS: tuple[str, ...] = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj")
 TARGETS += ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 WEIGHTS_FILE, MANIFEST_FILE = "adapter.safetensors", "manifest.json"
 
@@ -60,7 +60,8 @@ class LoRALinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         A, B = self.lora_A.to(x.dtype), self.lora_B.to(x.dtype)  # fp32 masters, bf16 base
-        return self.base(x) + self.scale * ((x @ A.t()) @ B.t())
+        out: torch.Tensor = self.base(x) + self.scale * ((x @ A.t()) @ B.t())
+        return out
 
 
 def _parent(model: nn.Module, name: str) -> tuple[nn.Module, str]:

@@ -144,7 +144,8 @@ class TorchBackend:
             x = torch.as_tensor(np.asarray(ids, dtype=np.int64), device=device)[None]  # (1, T)
             if not cache.draft and at is None and keep is None:
                 logits = self.model(x, cache=cache, mask=mask, commit=commit, rows=rows)
-                return logits[0].float().cpu().numpy()  # (K, V)
+                out: Logits = logits[0].float().cpu().numpy()  # (K, V)
+                return out
             # The draft entries this chunk does not feed go right after the prefix, the
             # chunk after them (its positions from `at`); the cache's length is put back.
             P = cache.length
@@ -163,4 +164,5 @@ class TorchBackend:
                     cache.k[:, :, :, start + c].clone(),
                     cache.v[:, :, :, start + c].clone(),
                 )
-            return logits[0].float().cpu().numpy()
+            res: Logits = logits[0].float().cpu().numpy()
+            return res

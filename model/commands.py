@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     data = sub.add_parser("data", help="regenerate the self-distillation corpus from a seed")
     data.add_argument("--seed", type=int, default=1234)
     data.add_argument("--n", type=int, default=400, help="training questions")

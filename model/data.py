@@ -79,7 +79,7 @@ def _norm(q: str) -> str:
     return " ".join(q.lower().split()).rstrip("?.! ")
 
 
-def template_questions(rng: random.Random, n: int, templates: dict) -> list[str]:
+def template_questions(rng: random.Random, n: int, templates: dict[str, Any]) -> list[str]:
     """``n`` distinct questions from the templates (fewer if the space runs out)."""
     out: dict[str, None] = {}
     for _ in range(n * 50):
@@ -268,7 +268,7 @@ def reply_budget(source: Path) -> int:
     return recipe_budget(json.loads((source / "recipe.json").read_text()))
 
 
-def recipe_budget(recipe: dict) -> int:
+def recipe_budget(recipe: dict[str, Any]) -> int:
     """The reply budget in an already read ``recipe.json``."""
     return int(recipe["config"]["max_reply_tokens"])
 
@@ -280,7 +280,7 @@ def make_dataset(
     out: Path,
     log: Callable[[str], None] = print,
     heldout: list[str] | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Write heldout.jsonl, train.jsonl (ended replies only) and recipe.json into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
@@ -324,7 +324,7 @@ def own_replies(
     limit: int,
     seed: int = 0,
     log: Callable[[str], None] = print,
-) -> dict:
+) -> dict[str, Any]:
     """A corpus of the diffusion model's own replies (dParallel's teacher trajectories).
 
     ``limit`` training questions of the corpus in ``source`` (a seeded draw) are answered

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -39,6 +39,9 @@ from model.data import decode_batch, prompt_ids, read_heldout, read_jsonl
 from model.llama import Llama
 from model.sampler import SamplerSettings, schedule_label
 from model.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from model.backend import StepBackend
 
 GOALS = {"similarity_median": 0.6, "clean_end_rate": 0.95}
 
@@ -153,7 +156,7 @@ def load_embedder() -> Any:
 
 
 def ar_replies(
-    model: Llama, tok: Tokenizer, prompts, opts: EvalOptions, temperature: float
+    model: Llama, tok: Tokenizer, prompts: list[list[int]], opts: EvalOptions, temperature: float
 ) -> Replies:
     gen = torch.Generator().manual_seed(opts.seed)
     ids, ended = [], []
@@ -165,7 +168,13 @@ def ar_replies(
     return Replies(ids, ended, [len(y) + int(e) for y, e in zip(ids, ended, strict=True)])
 
 
-def diffusion_replies(backend, tok: Tokenizer, prompts, settings, opts: EvalOptions) -> Replies:
+def diffusion_replies(
+    backend: StepBackend,
+    tok: Tokenizer,
+    prompts: list[list[int]],
+    settings: SamplerSettings,
+    opts: EvalOptions,
+) -> Replies:
     from model.diffusion_engine import smollm2_diffusion_config
     from model.engine import drain
     from model.sampler import sample
@@ -293,6 +302,7 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
     sampled = ar_replies(ar, tok, prompts, opts, opts.ar_temperature)
     log(f"AR replies in {time.perf_counter() - t0:.0f} s")
     embedder = opts.embedder or load_embedder()
+    text: Callable[[Replies], list[str]]
     text = lambda r: [tok.decode(y).strip() for y in r.ids]  # noqa: E731
     ref_text = text(greedy)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -75,7 +76,8 @@ class GGUFFile:
         self.path = Path(path)
         self.reader = gguf.GGUFReader(self.path)
 
-    def field(self, key: str, default: object = None) -> object:
+    def field(self, key: str, default: Any = None) -> Any:
+        """A metadata value (its type is the file's), or ``default`` when absent."""
         f = self.reader.fields.get(key)
         return default if f is None else f.contents()
 

@@ -40,7 +40,8 @@ from model.sampler import DiffusionConfig
 
 
 def read_config(folder: str | Path) -> dict[str, Any]:
-    return json.loads((Path(folder) / "config.json").read_text())
+    config: dict[str, Any] = json.loads((Path(folder) / "config.json").read_text())
+    return config
 
 
 def read_safetensors(folder: str | Path, device: str = "cpu") -> dict[str, torch.Tensor]:

