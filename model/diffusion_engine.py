@@ -56,7 +56,8 @@ class DiffusionOptions:
     @property
     def cache_len(self) -> int:
         """Positions per KV cache: the prompt budget plus whole reply blocks."""
-        return self.prompt_budget + self.sampler.blocks(self.max_reply_tokens)[-1][1]
+        blocks = self.sampler.blocks(self.max_reply_tokens)
+        return self.prompt_budget + (blocks[-1][1] if blocks else 0)
 
 
 def smollm2_diffusion_config(tokenizer: Tokenizer) -> DiffusionConfig:

@@ -268,6 +268,7 @@ def test_a_block_schedule_sizes_the_cache_and_the_room_for_a_reply() -> None:
     opts = DiffusionOptions(sampler=first, prompt_budget=10, max_reply_tokens=20)
     assert opts.cache_len == 10 + 20  # blocks [0, 4) and [4, 20)
     assert replace(opts, max_reply_tokens=21).cache_len == 10 + 36
+    assert replace(opts, max_reply_tokens=0).cache_len == 10
     gen, _ = tiny_generator()
     gen.options = replace(gen.options, sampler=first)
     room = gen.backend.max_len
