@@ -241,6 +241,18 @@ def test_the_first_sentence_needs_its_end_mark_and_the_space_after_it(tiny_dir: 
     assert count([]) == 0
 
 
+@pytest.mark.models
+def test_the_first_sentence_in_smollm2_tokens(smollm2_gguf) -> None:  # type: ignore[no-untyped-def]
+    from export.bench import first_sentence_tokens
+    from model.tokenizer import Tokenizer
+
+    tok = Tokenizer(smollm2_gguf.tokenizer_data())
+    one = tok.encode("The capital of Italy is Rome.")
+    ids = tok.encode("The capital of Italy is Rome. It is old.")
+    assert ids[: len(one)] == one and tok.decode(ids[len(one) : len(one) + 1]) == " It"
+    assert first_sentence_tokens(tok)(ids) == len(one) + 1  # " It" carries the space
+
+
 def test_bench_interleaves_the_engines_per_prompt_and_rotates_who_goes_first(
     tiny_dir: Path,
 ) -> None:
