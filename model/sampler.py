@@ -254,9 +254,10 @@ class _Reply:
     settings: SamplerSettings
     rng: np.random.Generator
     should_stop: Callable[[], bool]
-    x: Ids  # (n_blocks * B,) reply tokens, mask where undecided
+    x: Ids  # reply tokens up to the last block's end, mask where undecided
     limit: int  # positions that may be generated (max_tokens)
     blocks: list[tuple[int, int]]  # [lo, hi) of each block (SamplerSettings.blocks)
+    budget: int  # denoising steps the reply may take (SamplerSettings.step_budget)
     passes: int = 0  # model passes: prefill, denoising steps, block commits
     steps: int = 0  # denoising steps (what the step budget counts)
     done: int = 0  # reply tokens released
@@ -291,7 +292,8 @@ def sample(
         raise ValueError("the prompt is empty")
     blocks = settings.blocks(max_tokens)
     x = np.full(blocks[-1][1] if blocks else 0, model.mask_id, dtype=np.int64)
-    r = _Reply(model, settings, rng, should_stop, x, max(max_tokens, 0), blocks)
+    limit = max(max_tokens, 0)
+    r = _Reply(model, settings, rng, should_stop, x, limit, blocks, settings.step_budget(limit))
     if r.limit == 0:
         return r.stats("budget")
     if model.attention == "full":
@@ -394,7 +396,7 @@ def _finished(r: _Reply, hi: int) -> Literal["end", "budget"] | None:
     """Why the reply stops after the block ending at ``hi``, or None to go on."""
     if r.ended:
         return "end"
-    if hi >= r.limit or r.steps >= r.settings.step_budget(r.limit):
+    if hi >= r.limit or r.steps >= r.budget:
         return "budget"
     return None
 
@@ -412,7 +414,7 @@ def _denoise(
     while (masked := r.x[lo:hi] == r.model.mask_id).any():
         if r.should_stop():
             return False
-        left = min(steps - taken, r.settings.step_budget(r.limit) - r.steps)
+        left = min(steps - taken, r.budget - r.steps)
         want = np.flatnonzero(masked)
         rows = predict(want)  # (M, V)
         logits = np.empty((masked.size, rows.shape[-1]), rows.dtype)  # (live, V)
