@@ -54,6 +54,7 @@ class RecomputeBackend:
     ) -> None:
         self.model, self.block_size, self.max_len = model, block_size, max_len
         self.vocab_size = model.config.vocab_size
+        self.first = first
         self.blocks = SamplerSettings(block_size=block_size, first_blocks=first).blocks(max_len)
 
     def new_cache(self) -> dict[str, Any]:
@@ -70,7 +71,7 @@ class RecomputeBackend:
         seq = cache["ids"] + ids.tolist()
         n_prompt = len(seq) if attend == "causal" else cache["prompt"]
         mask = block_causal_mask(n_prompt, len(seq), self.block_size)
-        if self.blocks[0][1] != self.block_size:  # a schedule: each sees to its block's end
+        if self.first:  # a schedule: each position sees to its own block's end
             last = [n_prompt + hi - 1 for lo, hi in self.blocks for _ in range(lo, hi)]
             last = list(range(n_prompt)) + last[: len(seq) - n_prompt]
             mask = (torch.arange(len(seq))[None, :] <= torch.tensor(last)[:, None])[None, None]
