@@ -28,7 +28,6 @@ Invariants the server can rely on:
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
@@ -226,32 +225,3 @@ class Endpointer:
         self.phase, self.turn_start, self._silence_start = Phase.SILENCE, None, None
         self._clear_candidate()
         return events
-
-
-# Words after which an English sentence (almost) never ends: articles, possessives,
-# conjunctions, a few prepositions that are never particles ("turn it on" ends in one),
-# fillers. Deliberately short: a false "unfinished" costs
-# the session's incomplete_end_of_turn_ms of waiting, a false "finished" answers half a
-# question.
-_DANGLING = frozenset(
-    [
-        *("a", "an", "the", "my", "your", "our", "their", "its"),
-        *("and", "or", "but", "because", "if", "while", "than", "whether"),
-        *("of", "to", "at", "into"),
-        *("um", "uh", "er", "erm"),
-    ]
-)
-
-
-def looks_incomplete(text: str) -> bool:
-    """Heuristic on a (speculative) transcript: does it stop mid-sentence?
-
-    True when it is empty of words, ends with a comma, dash or ellipsis, or ends with a
-    word no English sentence ends with. The session (server/session.py) holds a turn
-    whose transcript looks incomplete open for longer before it answers.
-    """
-    t = text.strip()
-    if t.endswith((",", "-", "\u2014", "...", "\u2026", ";", ":")):
-        return True
-    words = re.findall(r"[a-z']+", t.lower())
-    return not words or words[-1] in _DANGLING

@@ -28,7 +28,9 @@ import onnxruntime as ort
 import torch
 
 from export.graph import StepGraph, dynamic_axes, example_inputs, input_names, output_names
-from export.modeldir import (
+from export.parity import ParityReport, check_parity
+from export.tensorrt import build_engine
+from model.modeldir import (
     ATTENTION,
     FILES,
     FORMAT_VERSION,
@@ -36,9 +38,14 @@ from export.modeldir import (
     TOKENIZER,
     Attention,
     Variant,
+    default_model_dir,
+    is_complete,
 )
-from export.parity import ParityReport, check_parity
-from model.llama import Llama
+from model.nn.adapter import apply_adapter, load_adapter
+from model.nn.diffusion import with_mask_row
+from model.nn.gguf import GGUFFile, find_smollm2_gguf
+from model.nn.llama import Llama
+from model.runtime import OrtBackend
 from model.tokenizer import Tokenizer, TokenizerData
 
 log = logging.getLogger("quicksilver")
@@ -78,8 +85,6 @@ class Source:
 
 def load_source(adapter: Path | None = None) -> Source:
     """The offline SmolLM2 (GGUF), with ``adapter`` merged when given."""
-    from model.gguf import GGUFFile, find_smollm2_gguf
-
     path = find_smollm2_gguf()
     f = GGUFFile(path)
     config = f.llama_config()
@@ -91,37 +96,13 @@ def load_source(adapter: Path | None = None) -> Source:
 
 
 def merge_adapter(model: Llama, path: Path) -> tuple[Llama, dict[str, Any]]:
-    """TRAINING's LoRA + mask row merged into a copy with the extra embedding row."""
-    try:
-        from model.adapter import apply_adapter, load_adapter
-    except ImportError as exc:
-        raise RuntimeError(
-            f"--adapter needs model/adapter.py (load_adapter, apply_adapter), "
-            f"which is not in this checkout: {exc}"
-        ) from exc
+    """The trained LoRA + mask row merged into a copy with the extra embedding row."""
     adapter = load_adapter(path)
     merged = apply_adapter(with_mask_row(model), adapter)
     merged = merged if isinstance(merged, Llama) else model
     manifest = path / "manifest.json" if path.is_dir() else path.with_name("manifest.json")
     info = json.loads(manifest.read_text()) if manifest.is_file() else {"path": str(path)}
     return merged, info
-
-
-def with_mask_row(model: Llama) -> Llama:
-    """The same Llama with one more embedding row, the mean-embedding mask token."""
-    from export.graph import embedding_with_mask_row
-
-    cfg = model.config
-    if model.tok_emb.weight.shape[0] > cfg.vocab_size:
-        return model
-    if not hasattr(cfg, "embedding_size"):
-        raise RuntimeError("model.llama.LlamaConfig has no embedding_size (mask row) yet")
-    state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
-    state["tok_emb.weight"] = embedding_with_mask_row(model)
-    if not cfg.tie_embeddings:
-        state["lm_head.weight"] = model.lm_head.weight
-    bigger = dataclasses.replace(cfg, embedding_size=cfg.vocab_size + 1)
-    return Llama.from_state_dict(bigger, state, model.dtype)
 
 
 def export_onnx(model: Llama, path: Path, attention: Attention = "fused") -> Path:
@@ -257,8 +238,6 @@ def _check(
     memo: dict[tuple[int, ...], list[int]],
     options: BuildOptions,
 ) -> ParityReport | None:
-    from export.runtime import OrtBackend
-
     try:
         backend = OrtBackend(path, name=path.name)
     except Exception as exc:  # an fp16 graph some CPU builds cannot run
@@ -273,8 +252,6 @@ def _check(
 def _tensorrt(out: Path, built: dict[Variant, Path], model: Llama, options: BuildOptions) -> Any:
     if not options.tensorrt:
         return None
-    from export.tensorrt import build_engine
-
     src = built.get("fp16")  # plain attention: the fused kernel has no TensorRT or CUDA form
     if src is None:
         raise RuntimeError("--tensorrt builds from the fp16 ONNX file (add --fp16)")
@@ -372,3 +349,36 @@ def _timed(what: str, fn: Any) -> Any:
     value = fn()
     log.info("export: %s done in %.1f s", what, time.perf_counter() - t0)
     return value
+
+
+def ensure_model_dir(
+    cache_dir: Path | None = None, variant: Variant = "int8", adapter: Path | None = None
+) -> Path:
+    """The default model directory (with ``adapter`` merged, its own directory), built
+    on first use (needs torch, about a minute).
+
+    Later calls find it complete and return at once, without importing torch.
+    """
+    model_dir = default_model_dir(cache_dir, adapter)
+    if is_complete(model_dir, variant):
+        return model_dir
+    log.info(
+        "building the %s ONNX reply model into %s (first start only: exports SmolLM2 with "
+        "PyTorch and quantises it; later starts load it without torch)",
+        variant,
+        model_dir,
+    )
+    t0 = time.perf_counter()
+    # A light parity check (one reply) keeps the first start short; `quicksilver
+    # export` checks more.
+    options = BuildOptions(
+        adapter=adapter,
+        int8=variant == "int8",
+        fp16=variant == "fp16",
+        keep_fp32=False,
+        check_prompts=1,
+        check_tokens=16,
+    )
+    build_atomic(model_dir, options)
+    log.info("built %s in %.0f s", model_dir, time.perf_counter() - t0)
+    return model_dir

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from export.modeldir import default_model_dir
-from model.commands import block_schedule
+from model.modeldir import default_model_dir
+from model.training.commands import block_schedule
 
 
 def register(sub: Any) -> None:
@@ -116,7 +116,7 @@ def _at_least_one(text: str) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from export.bench import BenchOptions, print_table, run_llm_bench
+    from export.bench.llm import BenchOptions, print_table, run_llm_bench
 
     model_dir = args.model_dir or default_model_dir(args.cache_dir)
     options = BenchOptions(

@@ -1,6 +1,6 @@
 """One step of the Llama as a pure function of tensors: the graph that goes to ONNX.
 
-:class:`model.llama.Llama` keeps its KV cache in a Python object and picks the attention
+:class:`model.nn.llama.Llama` keeps its KV cache in a Python object and picks the attention
 mask with Python ``if``s; an exported graph needs both as tensors. :class:`StepGraph`
 reuses the Llama's own modules (so its weights, biases and norms are the model's) and
 computes one :class:`model.backend.StepBackend` step:
@@ -51,8 +51,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from export.modeldir import Attention
-from model.llama import Llama, LlamaConfig, apply_rope, rope_cos_sin
+from model.modeldir import Attention
+from model.nn.diffusion import embedding_with_mask_row
+from model.nn.llama import Llama, LlamaConfig, apply_rope, rope_cos_sin
 
 FIXED_INPUTS = ["input_ids", "positions", "past_length", "block", "logit_rows"]
 
@@ -80,20 +81,6 @@ def dynamic_axes(n_layer: int) -> dict[str, dict[int, str]]:
     for name in cache_names(n_layer, "past") + cache_names(n_layer, "present"):
         axes[name] = {2: "C"}
     return axes
-
-
-def mean_mask_row(model: Llama) -> torch.Tensor:
-    """The untrained mask embedding: the mean of the vocabulary's rows (CONTRACT item 5)."""
-    V = model.config.vocab_size
-    return model.tok_emb.weight[:V].detach().float().mean(0).to(model.dtype)
-
-
-def embedding_with_mask_row(model: Llama) -> torch.Tensor:
-    """The model's token table with the mask row, adding the mean row if it has none."""
-    w = model.tok_emb.weight.detach()
-    if w.shape[0] > model.config.vocab_size:
-        return w
-    return torch.cat((w, mean_mask_row(model)[None]), dim=0)
 
 
 class StepGraph(nn.Module):

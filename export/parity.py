@@ -17,11 +17,13 @@ import numpy as np
 import torch
 
 from export.prompts import QUESTIONS
-from model.backend import StepBackend, TorchBackend
+from model.backend import StepBackend
 from model.chat import build_prompt
 from model.engine import ChatMessage
 from model.generate import greedy
-from model.llama import Llama
+from model.nn.backend import TorchBackend
+from model.nn.diffusion import with_mask_row
+from model.nn.llama import Llama
 from model.tokenizer import Tokenizer
 
 
@@ -44,13 +46,7 @@ class ParityReport:
 
 def reference_backend(model: Llama, max_len: int = 2048) -> TorchBackend:
     """The PyTorch model with the mask row the export adds, so block steps can use it."""
-    try:
-        from export.build import with_mask_row
-
-        model = with_mask_row(model)
-    except RuntimeError:
-        pass  # an older Llama without embedding rows beyond the vocabulary
-    return TorchBackend(model, max_len=max_len, name="torch")
+    return TorchBackend(with_mask_row(model), max_len=max_len, name="torch")
 
 
 def logit_diffs(

@@ -2,7 +2,7 @@
 
 The route is ONNX Runtime's TensorRT execution provider (``onnxruntime-gpu`` built with
 it): a session with the engine cache on builds the engine once and stores it in the
-model directory; :class:`export.runtime.OrtBackend` with ``device="tensorrt"`` reuses
+model directory; :class:`model.runtime.OrtBackend` with ``device="tensorrt"`` reuses
 it. The engine is built from the fp16 file, whose attention is standard operators
 (``export/graph.py``, the "plain" form): the fused ``GroupQueryAttention`` of the CPU
 files has no TensorRT form, and its CUDA kernel refuses the block pattern. Serving

@@ -3,7 +3,7 @@
 Greedy autoregressive decoding and the diffusion samplers are written against the
 small :class:`StepBackend` protocol, with numpy in and out, so the same decoding code
 runs on the PyTorch model (:class:`TorchBackend`: training, tests, the reference) and
-on exported models in ONNX Runtime (``export/runtime.py``: serving, no torch).
+on exported models in ONNX Runtime (``model/runtime.py``: serving, no torch).
 
 Positions are implicit: a step's tokens sit right after the cache's committed prefix.
 ``attend="causal"`` is ordinary left-to-right attention (prompt prefill, one AR
@@ -96,73 +96,3 @@ class StepBackend(Protocol):
         ``at``: the tokens' offsets after the committed prefix (None: 0..T-1); ``keep``:
         chunk indices whose keys and values go to the draft (see the module docstring)."""
         ...
-
-
-class TorchBackend:
-    """The PyTorch Llama behind the :class:`StepBackend` protocol (batch 1), on whatever
-    device its weights are (a CUDA host runs LLaDA / Dream checkpoints through it)."""
-
-    def __init__(self, model: Any, max_len: int = 2048, name: str = "torch") -> None:
-        import torch  # imported here: the serving path never loads this class
-
-        self._torch = torch
-        self.model = model
-        self.name = name
-        self.vocab_size = int(model.config.vocab_size)
-        self.max_len = max_len
-
-    def new_cache(self) -> Any:
-        with self._torch.inference_mode():
-            return self.model.new_cache(1, self.max_len)
-
-    def cache_length(self, cache: Any) -> int:
-        return int(cache.length)
-
-    def truncate(self, cache: Any, length: int) -> None:
-        if not 0 <= length <= cache.length:
-            raise ValueError(f"cannot truncate a cache of {cache.length} to {length}")
-        cache.length = length
-        cache.draft.clear()
-
-    def step(
-        self,
-        cache: Any,
-        ids: NDArray[np.int64],
-        attend: Attend,
-        commit: bool,
-        rows: Rows = None,
-        at: Offsets = None,
-        keep: Rows = None,
-    ) -> Logits:
-        torch = self._torch
-        mask = "causal" if attend == "causal" else "full"
-        offsets = check_draft_step(attend, commit, len(ids), at, keep, bool(cache.draft))
-        if commit:
-            cache.draft.clear()  # the commit pass recomputes the block exactly
-        device = self.model.tok_emb.weight.device
-        with torch.inference_mode():
-            x = torch.as_tensor(np.asarray(ids, dtype=np.int64), device=device)[None]  # (1, T)
-            if not cache.draft and at is None and keep is None:
-                logits = self.model(x, cache=cache, mask=mask, commit=commit, rows=rows)
-                out: Logits = logits[0].float().cpu().numpy()  # (K, V)
-                return out
-            # The draft entries this chunk does not feed go right after the prefix, the
-            # chunk after them (its positions from `at`); the cache's length is put back.
-            P = cache.length
-            old = unfed_draft(cache.draft, offsets)
-            for n, o in enumerate(old):
-                cache.k[:, :, :, P + n], cache.v[:, :, :, P + n] = cache.draft[o]
-            cache.length = P + len(old)
-            pos = torch.as_tensor(P + offsets, device=device)[None]  # (1, T)
-            try:
-                logits = self.model(x, pos=pos, cache=cache, mask="full", commit=True, rows=rows)
-            finally:
-                cache.length = P
-            start = P + len(old)
-            for c in np.asarray([] if keep is None else keep, np.int64).tolist():
-                cache.draft[int(offsets[c])] = (
-                    cache.k[:, :, :, start + c].clone(),
-                    cache.v[:, :, :, start + c].clone(),
-                )
-            res: Logits = logits[0].float().cpu().numpy()
-            return res

@@ -1,14 +1,14 @@
 """The diffusion reply engine ("diffusion"): conversation -> spoken reply, block by block.
 
 A :class:`DiffusionGenerator` runs :func:`model.sampler.sample` on any StepBackend
-(PyTorch here; ONNX Runtime in ``export/``). It keeps the KV cache of recent
-conversations in a :class:`PrefixCache`, so the next turn of a voice session prefills
-only what was added since (the last reply and the new question), never the earlier
-turns. Only the causally prefilled prompt is kept: the reply blocks in the cache were
-computed with block attention, while the next prompt reads the reply causally, so a
-warm turn computes exactly what a cold one would.
+(ONNX Runtime when serving, :mod:`model.assemble`; PyTorch in :mod:`model.nn.engines`).
+It keeps the KV cache of recent conversations in a :class:`PrefixCache`, so the next
+turn of a voice session prefills only what was added since (the last reply and the new
+question), never the earlier turns. Only the causally prefilled prompt is kept: the
+reply blocks in the cache were computed with block attention, while the next prompt
+reads the reply causally, so a warm turn computes exactly what a cold one would.
 
-This module imports torch only inside :func:`load_diffusion_generator`'s default path.
+This module imports no torch: :mod:`model.nn.engines` builds it on the PyTorch model.
 """
 
 from __future__ import annotations
@@ -16,31 +16,16 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Generator, Sequence
-from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from model.ar import decoded
 from model.backend import StepBackend
 from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt
-from model.engine import ChatMessage, GenerationStats, ThreadedReplyEngine
+from model.engine import ChatMessage, GenerationStats
 from model.sampler import DiffusionConfig, Prefix, SamplerSettings, sample
-from model.tokenizer import Tokenizer
-
-# The trained block-diffusion adapter shipped in the repository (docs/training.md).
-SHIPPED_ADAPTER = Path(__file__).resolve().parent.parent / "adapters"
-
-
-def shipped_adapter() -> Path | None:
-    """``adapters/`` when the repository holds a trained adapter."""
-    return SHIPPED_ADAPTER if (SHIPPED_ADAPTER / "manifest.json").is_file() else None
-
-
-if TYPE_CHECKING:
-    from model.gguf import GGUFFile
+from model.tokenizer import Tokenizer, decoded
 
 
 @dataclass(frozen=True)
@@ -188,46 +173,3 @@ class DiffusionGenerator:
                 f"{self.backend.max_len}-position cache"
             )
         return min(max_tokens, fits[-1])
-
-
-def load_diffusion_generator(
-    backend: StepBackend | None = None,
-    adapter: Any = None,
-    settings: DiffusionOptions | None = None,
-    tokenizer: Tokenizer | None = None,
-    source: GGUFFile | str | Path | None = None,
-) -> DiffusionGenerator:
-    """The "diffusion" generator. Default backend: the PyTorch SmolLM2 from the GGUF with
-    the mask row and ``adapter`` merged in (:func:`model.diffusion.load_smollm2_diffusion`).
-    Pass ``backend`` (e.g. ONNX Runtime) and ``tokenizer`` to run without torch."""
-    settings = settings or DiffusionOptions()
-    f = None
-    if tokenizer is None or backend is None:
-        from model.gguf import GGUFFile, find_smollm2_gguf
-
-        f = source if isinstance(source, GGUFFile) else GGUFFile(source or find_smollm2_gguf())
-    if tokenizer is None:
-        assert f is not None
-        tokenizer = Tokenizer(f.tokenizer_data())
-    if backend is None:
-        import torch
-
-        from model.adapter import load_adapter
-        from model.backend import TorchBackend
-        from model.diffusion import load_smollm2_diffusion
-
-        if isinstance(adapter, str | Path):
-            adapter = load_adapter(adapter)
-        model = load_smollm2_diffusion(f, adapter, getattr(torch, settings.dtype))
-        backend = TorchBackend(model, max_len=settings.cache_len)
-    return DiffusionGenerator(backend, tokenizer, smollm2_diffusion_config(tokenizer), settings)
-
-
-def load_diffusion_engine(
-    executor: Executor,
-    backend: StepBackend | None = None,
-    adapter: Any = None,
-    settings: DiffusionOptions | None = None,
-) -> ThreadedReplyEngine:
-    """The async reply engine the server uses: ``engine.stream(conversation, max_tokens)``."""
-    return ThreadedReplyEngine(load_diffusion_generator(backend, adapter, settings), executor)

@@ -1,8 +1,8 @@
 """Greedy autoregressive decoding with a KV cache, on any :class:`StepBackend`.
 
 The prompt is prefilled in one causal step; each further step feeds one token. The
-same code drives the PyTorch model (:class:`model.backend.TorchBackend`) and exported
-models in ONNX Runtime (``export.runtime.OrtBackend``), so the two are compared on
+same code drives the PyTorch model (:class:`model.nn.backend.TorchBackend`) and exported
+models in ONNX Runtime (``model.runtime.OrtBackend``), so the two are compared on
 exactly the same decoding loop. The stop flag is checked before every pass, so a
 cancelled reply costs at most the pass already running.
 
@@ -12,11 +12,10 @@ This module imports no torch: the serving path uses it with ONNX Runtime.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Generator, Sequence
-from typing import Any
 
 import numpy as np
 
-from model.backend import StepBackend, TorchBackend, last_row
+from model.backend import StepBackend, last_row
 from model.engine import GenerationStats
 
 
@@ -24,15 +23,8 @@ def _never() -> bool:
     return False
 
 
-def as_backend(model: Any, max_len: int) -> StepBackend:
-    """``model`` itself when it is a StepBackend; a PyTorch Llama wrapped in one."""
-    if hasattr(model, "step") and hasattr(model, "new_cache"):
-        return model  # type: ignore[no-any-return]
-    return TorchBackend(model, max_len=max_len)
-
-
 def greedy(
-    model: StepBackend | Any,
+    backend: StepBackend,
     prompt: Sequence[int],
     max_new_tokens: int,
     stop_ids: Collection[int],
@@ -40,15 +32,14 @@ def greedy(
 ) -> Generator[int, None, GenerationStats]:
     """Yield reply token ids (stop tokens excluded); return what the reply cost.
 
-    ``model`` is a StepBackend, or a PyTorch Llama (wrapped in a TorchBackend whose
-    cache holds just this prompt and reply). ``stopped_by`` is "end" on a stop token,
+    The reply needs ``len(prompt) + max_new_tokens`` positions of ``backend``'s cache.
+    ``stopped_by`` is "end" on a stop token,
     "budget" after ``max_new_tokens`` tokens, "cancel" when ``should_stop()`` turned
     true.
     """
     n_tokens = passes = 0
     if max_new_tokens <= 0:
         return GenerationStats(0, 0, "budget")
-    backend = as_backend(model, len(prompt) + max_new_tokens)
     cache = backend.new_cache()
     x = np.asarray(prompt, dtype=np.int64)  # (T,)
     while True:

@@ -365,7 +365,12 @@ def _draft_step(
     at = np.flatnonzero(feed)
     kept = ~masked[at] & (at < first)
     logits = backend.step(
-        cache, block[at], "block", commit=False, rows=np.searchsorted(at, rows), at=at,
+        cache,
+        block[at],
+        "block",
+        commit=False,
+        rows=np.searchsorted(at, rows),
+        at=at,
         keep=np.flatnonzero(kept),
     )
     drafted[at] = kept

@@ -9,17 +9,15 @@ every digit on its own, then applies the GPT-2 regex; that is HF's
 from __future__ import annotations
 
 import codecs
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from functools import cache
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-if TYPE_CHECKING:
-    from pathlib import Path
-
-    from model.gguf import GGUFFile  # model.gguf imports this module
+from model.engine import GenerationStats
 
 CONTROL = 3  # gguf.TokenType.CONTROL
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
@@ -89,13 +87,6 @@ class Tokenizer:
             for t, kind in zip(data.tokens, data.token_types, strict=True)
         ]
 
-    @classmethod
-    def from_gguf(cls, path: str | Path | GGUFFile | None = None) -> Tokenizer:
-        from model.gguf import GGUFFile, find_smollm2_gguf
-
-        f = path if isinstance(path, GGUFFile) else GGUFFile(path or find_smollm2_gguf())
-        return cls(f.tokenizer_data())
-
     @property
     def stop_ids(self) -> frozenset[int]:
         """Tokens that end an assistant turn (ChatML ``<|im_end|>`` and eos)."""
@@ -140,3 +131,20 @@ class StreamDecoder:
     def flush(self) -> str:
         """Whatever is left (an incomplete character becomes U+FFFD)."""
         return self._utf8.decode(b"", final=True)
+
+
+def decoded(
+    tokens: Generator[int, None, GenerationStats], push: Callable[[int], str]
+) -> Generator[str, None, GenerationStats]:
+    """Text pieces for token ids, skipping the empty ones (partial UTF-8, specials).
+
+    Every engine that decodes a token stream uses it; it returns the stream's stats.
+    """
+    while True:
+        try:
+            token = next(tokens)
+        except StopIteration as done:
+            stats: GenerationStats = done.value
+            return stats
+        if piece := push(token):
+            yield piece

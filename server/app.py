@@ -28,7 +28,7 @@ from websockets.http11 import Request, Response
 
 from . import protocol as p
 from .resume import ResumeStore
-from .runtime import Runtime
+from .runtime import Runtime, WorkerKind
 from .session import (
     AudioBytes,
     CancelTurn,
@@ -130,7 +130,7 @@ class Connection:
                 case SendAudio(turn_id=turn_id, seq=seq, pcm=pcm):
                     self.outbox.put_nowait(p.pack_audio(turn_id, seq, pcm))
                 case RunVad(samples=samples):
-                    probs = await self.rt.worker("vad").run(
+                    probs = await self.rt.worker(WorkerKind.VAD).run(
                         self.rt.vad.process, self.vad_state, samples
                     )
                     await self.deliver(VadResult(samples, probs))
@@ -172,7 +172,7 @@ class Connection:
 
     async def _partial(self, job: StartPartial) -> None:
         """At most one per session; skipped while the ASR worker has a queue."""
-        worker = self.rt.worker("asr")
+        worker = self.rt.worker(WorkerKind.ASR)
         text: str | None = None
         if worker.pending == 0:
             text = (await worker.run(self.rt.asr.transcribe, job.audio)).text

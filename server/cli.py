@@ -10,10 +10,20 @@ import sys
 from pathlib import Path
 
 from export.commands import register as register_export
-from model.commands import register as register_model_commands
+from model.assemble import (
+    DEFAULT_ENGINE,
+    ENGINES,
+    ONNX_ENGINES,
+    EngineName,
+    engine_adapter,
+    engine_model_dir,
+    serving_variant,
+)
+from model.modeldir import is_complete
+from model.training.commands import register as register_model_commands
 
 from . import protocol as p
-from .runtime import DEFAULT_ASR, DEFAULT_ENGINE, ENGINES, RuntimeOptions, load_runtime
+from .runtime import DEFAULT_ASR, RuntimeOptions, load_runtime
 
 log = logging.getLogger("quicksilver")
 
@@ -80,6 +90,7 @@ def _serve(args: argparse.Namespace) -> int:
         speech_first={"auto": None, "on": True, "off": False}[args.speech_first],
     )
     try:
+        prepare_model(options.engine, options.cache_dir)
         rt = load_runtime(options)
     except (FileNotFoundError, ValueError, RuntimeError) as exc:
         print(f"quicksilver: cannot load models: {exc}", file=sys.stderr)
@@ -108,6 +119,18 @@ def _serve(args: argparse.Namespace) -> int:
         rt.close()
     print("Quicksilver stopped.", flush=True)
     return 0
+
+
+def prepare_model(engine: EngineName, cache_dir: Path | None) -> None:
+    """Build an ONNX engine's model directory on first start (PyTorch, about a minute);
+    later starts find it complete and never import torch."""
+    if engine not in ONNX_ENGINES:
+        return
+    variant = serving_variant(engine)
+    if not is_complete(engine_model_dir(engine, cache_dir), variant):
+        from export.build import ensure_model_dir
+
+        ensure_model_dir(cache_dir, variant, engine_adapter(engine))
 
 
 if __name__ == "__main__":

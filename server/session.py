@@ -32,7 +32,6 @@ from audio.endpoint import (
     SpeechPaused,
     SpeechResumed,
     SpeechStarted,
-    looks_incomplete,
 )
 from audio.resample import Quality, StreamResampler, pcm16_to_float32
 from audio.ring import AudioRing
@@ -40,6 +39,7 @@ from model.engine import ChatMessage, GenerationStats
 
 from . import protocol as p
 from .resume import ResumeStore
+from .turn_end import looks_incomplete
 
 SAMPLE_RATE = 16_000  # everything inside the session runs at 16 kHz
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from audio.resample import float32_to_pcm16, int16_to_float32, resample
-from model.engine import ChatMessage, GenerationStats, ReplyEnd, Sentence
+from model.engine import ChatMessage, GenerationStats, ReplyEnd
 
-from .runtime import Runtime
+from .runtime import Runtime, WorkerKind
 from .session import (
     Event,
     FinalTranscript,
@@ -31,6 +31,7 @@ from .session import (
     StartTurn,
     TurnFailed,
 )
+from .speech import Sentence, sentences
 
 log = logging.getLogger("quicksilver")
 
@@ -79,7 +80,7 @@ async def _run(
     text = start.text or ""
     if start.audio is not None:
         t0 = loop.time()
-        transcript = await rt.worker("asr").run(rt.asr.transcribe, start.audio)
+        transcript = await rt.worker(WorkerKind.ASR).run(rt.asr.transcribe, start.audio)
         text = transcript.text
         await deliver(FinalTranscript(start.turn_id, text, _ms(t0, loop.time())))
     if not text.strip():
@@ -106,12 +107,12 @@ async def _produce(
     t0 = loop.time()
     stats: GenerationStats | None = None
     try:
-        async for chunk in rt.reply.stream(conversation, rt.max_reply_tokens):
+        async for chunk in sentences(rt.reply.stream(conversation, rt.max_reply_tokens)):
             match chunk:
                 case Sentence(text=text, index=index):
                     await deliver(ReplySentence(start.turn_id, index, text, _ms(t0, loop.time())))
                     t1 = loop.time()
-                    pcm = await rt.worker("tts").run(
+                    pcm = await rt.worker(WorkerKind.TTS).run(
                         synthesize, rt, text, start.output_rate, index == 0
                     )
                     chunks.put_nowait(_Chunk(index, pcm, _ms(t1, loop.time())))

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from audio.speech import SpeechFactory
 from tests.serverproc import ServerProcess, start_server
-from tests.speech import SpeechFactory
 
 if TYPE_CHECKING:
     from audio.asr import Transcriber

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from audio.asr import Transcriber, load_transcriber
-from tests.speech import SpeechFactory, have_espeak, word_error_rate
+from audio.speech import SpeechFactory, have_espeak, word_error_rate
 
 pytestmark = pytest.mark.models
 

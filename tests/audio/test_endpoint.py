@@ -13,7 +13,6 @@ from audio.endpoint import (
     SpeechPaused,
     SpeechResumed,
     SpeechStarted,
-    looks_incomplete,
 )
 
 F = FRAME_SAMPLES
@@ -162,23 +161,6 @@ def test_config_validation_and_pre_roll() -> None:
         EndpointConfig(pause_ms=500, end_of_turn_ms=400)
     assert CFG.asr_start(10 * F) == 10 * F - 1024
     assert CFG.asr_start(100) == 0
-
-
-@pytest.mark.parametrize(
-    ("text", "incomplete"),
-    [
-        ("Add milk, eggs, and", True),
-        ("If I leave now,", True),
-        ("Remind me to call my", True),
-        ("um", True),
-        ("", True),
-        ("What is the capital of Australia?", False),
-        ("Turn the lights on.", False),
-        ("Set a timer for twenty minutes", False),
-    ],
-)
-def test_looks_incomplete(text: str, incomplete: bool) -> None:
-    assert looks_incomplete(text) is incomplete
 
 
 def test_hearing_speech_includes_unconfirmed_speech() -> None:

@@ -12,8 +12,8 @@ from audio.endpoint import (
     SpeechPaused,
     SpeechStarted,
 )
+from audio.speech import QUESTIONS, SpeechFactory, have_espeak
 from audio.vad import SileroVad
-from tests.speech import QUESTIONS, SpeechFactory, have_espeak
 
 pytestmark = pytest.mark.models
 

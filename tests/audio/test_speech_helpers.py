@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.speech import (
+from audio.speech import (
     edit_distance,
     normalize_words,
     number_to_words,

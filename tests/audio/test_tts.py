@@ -7,8 +7,8 @@ import pytest
 
 from audio.asr import Transcriber, load_transcriber
 from audio.resample import int16_to_float32, resample
+from audio.speech import word_error_rate
 from audio.tts import Synthesizer
-from tests.speech import word_error_rate
 
 pytestmark = pytest.mark.models
 

@@ -5,8 +5,9 @@ import time
 import numpy as np
 import pytest
 
+from audio.speech import SpeechFactory
 from audio.vad import FRAME_SAMPLES, SileroVad
-from tests.speech import SpeechFactory, needs_espeak
+from tests.speech import needs_espeak
 
 pytestmark = pytest.mark.models
 

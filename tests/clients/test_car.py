@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from audio.resample import float32_to_int16
+from audio.speech import SpeechFactory, word_error_rate
 from clients.car import Car, CarOptions
 from clients.common import Pcm
-from tests.speech import SpeechFactory, word_error_rate
 
 from .conftest import Proxy, ServerProcess
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from audio.speech import write_wav
 from clients import devices
 from clients.common import Pcm, backoff, speech_bounds
 from clients.harness import Utterance, percentiles
 from tests.serverproc import ROOT
-from tests.speech import write_wav
 
 
 def test_speech_bounds_finds_the_first_and_last_loud_sample() -> None:

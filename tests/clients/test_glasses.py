@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from audio.resample import float32_to_int16
+from audio.speech import SpeechFactory, word_error_rate
 from clients.common import ClientError, Pcm, read_wav
 from clients.devices import WavMicrophone, WavSpeaker
 from clients.glasses import Glasses, GlassesOptions
 from server import protocol as p
-from tests.speech import SpeechFactory, word_error_rate
 
 from .conftest import Proxy
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from audio.speech import SpeechFactory, word_error_rate, write_wav
 from tests.serverproc import ServerProcess
-from tests.speech import SpeechFactory, word_error_rate, write_wav
 
 pytestmark = [pytest.mark.e2e, pytest.mark.models]
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from audio.speech import SpeechFactory, word_error_rate, write_wav
 from clients import loadtest
 from tests.serverproc import ServerProcess
-from tests.speech import SpeechFactory, word_error_rate, write_wav
 
 pytestmark = [pytest.mark.e2e, pytest.mark.models, pytest.mark.slow]
 

@@ -13,11 +13,11 @@ from websockets.asyncio.client import connect
 
 from audio.asr import Transcriber
 from audio.resample import float32_to_int16, int16_to_float32
+from audio.speech import SpeechFactory, word_error_rate, write_wav
 from clients.common import Pcm, TurnAudio, read_wav
 from clients.glasses import first_turn, start_session, stream_audio
 from server import protocol as p
 from tests.serverproc import ROOT, ServerProcess
-from tests.speech import SpeechFactory, word_error_rate, write_wav
 
 pytestmark = [pytest.mark.e2e, pytest.mark.models]
 

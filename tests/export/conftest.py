@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from export.build import BuildOptions, Source, build_atomic, with_mask_row
-from export.runtime import OrtBackend
-from model.backend import TorchBackend
-from model.llama import Llama
+from model.nn.backend import TorchBackend
+from model.nn.llama import Llama
+from model.runtime import OrtBackend
 from model.tokenizer import TokenizerData, _unicode_to_byte
 from tests.model.conftest import TINY, smollm2_gguf, tiny_model
 
@@ -53,7 +53,7 @@ def torch_backend(model: Llama, max_len: int = 128) -> TorchBackend:
 
 
 def ort_backend(tiny_dir: Path, variant: str = "model.onnx", max_len: int = 128) -> OrtBackend:
-    from export.runtime import RuntimeConfig
+    from model.runtime import RuntimeConfig
 
     return OrtBackend(tiny_dir / variant, RuntimeConfig(device="cpu", max_len=max_len))
 

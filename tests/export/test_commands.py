@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import export.build
-from export.bench import (
+from export.bench.llm import (
     CountingBackend,
     Decoder,
     Dims,
@@ -21,10 +21,10 @@ from export.bench import (
     step_flops,
     time_engines,
 )
-from export.modeldir import (
+from export.build import ensure_model_dir
+from model.modeldir import (
     DEFAULT_NAME,
     default_model_dir,
-    ensure_model_dir,
     is_complete,
     load_tokenizer,
 )
@@ -118,10 +118,10 @@ def test_export_tensorrt_fails_plainly_without_tensorrt(
 
 
 def test_an_adapter_is_merged_before_export(tmp_path: Path) -> None:
-    """TRAINING's adapter (model/adapter.py): LoRA delta and mask row end up in the file."""
+    """TRAINING's adapter (model/nn/adapter.py): LoRA delta and mask row end up in the file."""
     import torch
 
-    adapter_mod = pytest.importorskip("model.adapter")
+    adapter_mod = pytest.importorskip("model.nn.adapter")
     src = tiny_source()
     C = TINY.n_embd
     torch.manual_seed(1)
@@ -201,7 +201,7 @@ def test_bench_times_the_ar_decoder_and_counts_its_passes(tiny_dir: Path) -> Non
 
 
 def test_bench_times_the_approximate_cache_beside_the_default(tiny_dir: Path) -> None:
-    from export.bench import BenchOptions, run_llm_bench
+    from export.bench.llm import BenchOptions, run_llm_bench
 
     opts = BenchOptions(tiny_dir, prompts=2, budgets=(8,), torch_reference=False)
     r = run_llm_bench(dataclasses.replace(opts, approx_cache=True))
@@ -217,7 +217,7 @@ def test_bench_times_the_approximate_cache_beside_the_default(tiny_dir: Path) ->
 def test_bench_times_a_block_schedule_and_the_first_sentence(
     tiny_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from export.bench import BenchOptions, print_table, run_llm_bench
+    from export.bench.llm import BenchOptions, print_table, run_llm_bench
 
     opts = BenchOptions(tiny_dir, prompts=2, budgets=(8,), torch_reference=False)
     r = run_llm_bench(dataclasses.replace(opts, first_blocks=(2, 4)))
@@ -231,7 +231,7 @@ def test_bench_times_a_block_schedule_and_the_first_sentence(
 
 
 def test_the_first_sentence_needs_its_end_mark_and_the_space_after_it(tiny_dir: Path) -> None:
-    from export.bench import first_sentence_tokens
+    from export.bench.llm import first_sentence_tokens
 
     tok = load_tokenizer(tiny_dir)
     count = first_sentence_tokens(tok)
@@ -243,7 +243,7 @@ def test_the_first_sentence_needs_its_end_mark_and_the_space_after_it(tiny_dir: 
 
 @pytest.mark.models
 def test_the_first_sentence_in_smollm2_tokens(smollm2_gguf) -> None:  # type: ignore[no-untyped-def]
-    from export.bench import first_sentence_tokens
+    from export.bench.llm import first_sentence_tokens
     from model.tokenizer import Tokenizer
 
     tok = Tokenizer(smollm2_gguf.tokenizer_data())
@@ -256,7 +256,7 @@ def test_the_first_sentence_in_smollm2_tokens(smollm2_gguf) -> None:  # type: ig
 def test_bench_interleaves_the_engines_per_prompt_and_rotates_who_goes_first(
     tiny_dir: Path,
 ) -> None:
-    from export.bench import diffusion_decoder
+    from export.bench.llm import diffusion_decoder
 
     tok = load_tokenizer(tiny_dir)
     order: list[str] = []
@@ -288,7 +288,7 @@ def test_bench_interleaves_the_engines_per_prompt_and_rotates_who_goes_first(
 def test_bench_reports_the_speedup_of_every_round(
     tiny_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from export.bench import BenchOptions, print_table, run_llm_bench
+    from export.bench.llm import BenchOptions, print_table, run_llm_bench
 
     r = run_llm_bench(
         BenchOptions(tiny_dir, prompts=2, budgets=(8,), torch_reference=False, rounds=2)

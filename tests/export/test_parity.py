@@ -61,9 +61,9 @@ def test_llada_and_dream_checkpoints_export_to_the_same_step_graph(
     import torch
 
     from export.build import export_onnx
-    from export.runtime import OrtBackend, RuntimeConfig
-    from model.backend import TorchBackend
-    from model.hf_formats import load_hf_diffusion
+    from model.nn.backend import TorchBackend
+    from model.nn.hf_formats import load_hf_diffusion
+    from model.runtime import OrtBackend, RuntimeConfig
     from tests.model import test_hf_formats as hf
 
     config, tensors = (

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from export.build import BuildOptions, build_atomic
-from export.engine import load_onnx_ar_generator
+from model.assemble import load_onnx_ar_generator
 from model.engine import ChatMessage, drain
 
 pytestmark = [pytest.mark.models, pytest.mark.slow]

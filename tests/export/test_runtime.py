@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from export.runtime import ProviderUnavailableError, cache_device, choose_providers
 from model.backend import StepBackend
 from model.generate import greedy
+from model.runtime import ProviderUnavailableError, cache_device, choose_providers
 from model.sampler import Rule
 from tests.export.conftest import TINY, ort_backend, torch_backend
 
@@ -153,7 +153,7 @@ def graph(request: pytest.FixtureRequest) -> Path:
 def test_the_cache_buffers_grow_past_their_first_size_and_keep_the_prefix(
     graph: Path, tiny_ref
 ) -> None:
-    from export.runtime import GROW
+    from model.runtime import GROW
 
     t, o = torch_backend(tiny_ref, 600), ort_backend(graph.parent, graph.name, max_len=600)
     tc, oc = t.new_cache(), o.new_cache()
@@ -205,7 +205,7 @@ def test_an_older_step_graph_is_refused_by_name(tmp_path: Path) -> None:
     import onnx
     from onnx import TensorProto, helper
 
-    from export.runtime import OrtBackend, RuntimeConfig
+    from model.runtime import OrtBackend, RuntimeConfig
 
     x = helper.make_tensor_value_info("past_keys", TensorProto.FLOAT, ["P", 2, 2, 8])
     y = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["P", 2, 2, 8])

@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 
 from export import tensorrt
-from export.runtime import ProviderUnavailableError, choose_providers
+from model.runtime import ProviderUnavailableError, choose_providers
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_importing_the_serving_path_does_not_import_torch() -> None:
     code = (
-        "import sys; import export.engine, export.runtime, model.generate, server.runtime, "
+        "import sys; import model.assemble, model.runtime, model.generate, server.runtime, "
         "server.cli; assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
@@ -26,7 +26,7 @@ def test_the_onnx_ar_engine_replies_without_torch(tiny_dir: Path) -> None:
     code = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from export.engine import load_onnx_ar_generator\n"
+        "from model.assemble import load_onnx_ar_generator\n"
         "from model.engine import ChatMessage\n"
         f"gen = load_onnx_ar_generator(Path({str(tiny_dir)!r}))\n"
         "it = gen.generate([ChatMessage('user', 'hi')], 8, lambda: False)\n"
@@ -46,7 +46,7 @@ def test_the_onnx_ar_engine_replies_without_torch(tiny_dir: Path) -> None:
 
 def test_the_onnx_diffusion_engine_replies(tiny_dir: Path) -> None:
     pytest.importorskip("model.diffusion_engine")
-    from export.engine import load_onnx_diffusion_generator
+    from model.assemble import load_onnx_diffusion_generator
     from model.engine import ChatMessage, drain
 
     gen = load_onnx_diffusion_generator(tiny_dir)

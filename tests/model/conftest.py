@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.gguf import GGUFFile, TokenizerData, find_smollm2_gguf
-from model.llama import Llama, LlamaConfig
+from model.nn.gguf import GGUFFile, TokenizerData, find_smollm2_gguf
+from model.nn.llama import Llama, LlamaConfig
 from model.tokenizer import Tokenizer, _unicode_to_byte
 
 TINY = LlamaConfig(

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from model.adapter import (
+from model.nn.adapter import (
     TARGETS,
     apply_adapter,
     attach_lora,

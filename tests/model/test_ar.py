@@ -9,17 +9,17 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from model.ar import ARGenerator, load_ar_generator
+from model.ar import ARGenerator
 from model.engine import (
     ChatMessage,
     GenerationStats,
-    PassGate,
     ReplyEnd,
-    Sentence,
     TextGenerator,
     ThreadedReplyEngine,
     drain,
 )
+from model.nn.engines import load_ar_generator
+from server.speech import PassGate, Sentence, sentences
 
 pytestmark = pytest.mark.models
 
@@ -42,12 +42,14 @@ class Recording:
         self.finished = threading.Event()
         self.stats: GenerationStats | None = None
         self.checks = 0
+        self.checked = threading.Event()  # the first stop check has happened
 
     def generate(
         self, conversation: Sequence[ChatMessage], max_tokens: int, should_stop: Callable[[], bool]
     ) -> Generator[str, None, GenerationStats]:
         def counted() -> bool:
             self.checks += 1
+            self.checked.set()
             return should_stop()
 
         try:
@@ -87,15 +89,26 @@ def test_concurrent_calls_do_not_interfere(ar: ARGenerator) -> None:
     assert replies == [expected, expected]
 
 
-async def test_engine_streams_sentences(ar: ARGenerator) -> None:
+async def test_engine_streams_the_generators_pieces(ar: ARGenerator) -> None:
+    pieces, stats = drain(ar.generate(FRANCE, 32, lambda: False))
     with ThreadPoolExecutor(1) as pool:
         engine = ThreadedReplyEngine(ar, pool)
         chunks = [c async for c in engine.stream(FRANCE, 32)]
     assert engine.name == "smollm2-ar"
-    *sentences, end = chunks
-    assert isinstance(end, ReplyEnd) and end.stats.stopped_by == "end"
-    assert [s.index for s in sentences] == list(range(len(sentences)))
-    assert "Paris" in " ".join(s.text for s in sentences)
+    assert chunks == [*pieces, ReplyEnd(stats)]
+
+
+async def test_sentences_of_a_real_reply(ar: ARGenerator) -> None:
+    pieces, _ = drain(ar.generate(LONG, 80, lambda: False))
+    with ThreadPoolExecutor(1) as pool:
+        chunks = [c async for c in sentences(ThreadedReplyEngine(ar, pool).stream(LONG, 80))]
+    *said, end = chunks
+    assert isinstance(end, ReplyEnd) and len(said) >= 2  # the octopus fact is several
+    assert all(isinstance(s, Sentence) for s in said)
+    assert [s.index for s in said if isinstance(s, Sentence)] == list(range(len(said)))
+    assert " ".join(s.text for s in said if isinstance(s, Sentence)) == " ".join(
+        "".join(pieces).split()
+    )
 
 
 async def test_engine_cancelled_mid_reply_frees_the_worker(ar: ARGenerator) -> None:
@@ -119,7 +132,7 @@ async def test_engine_cancelled_mid_reply_frees_the_worker(ar: ARGenerator) -> N
         assert recording.finished.is_set()
     assert recording.stats is not None and recording.stats.stopped_by == "cancel"
     assert recording.stats.tokens < 120
-    assert all(isinstance(c, Sentence) for c in chunks)  # no ReplyEnd after a cancel
+    assert chunks and all(isinstance(c, str) for c in chunks)  # no ReplyEnd after a cancel
 
 
 async def test_engine_pauses_at_a_held_gate(ar: ARGenerator) -> None:
@@ -133,13 +146,14 @@ async def test_engine_pauses_at_a_held_gate(ar: ARGenerator) -> None:
 
         with gate.hold():
             task = asyncio.create_task(consume())
-            await asyncio.sleep(0.3)
-            # held at its first check: not one forward pass, not one sentence
+            assert await asyncio.to_thread(recording.checked.wait, 30)
+            await asyncio.sleep(0.2)  # time it would have to run on, were it not held
+            # held at its first check: not one forward pass, not one piece
             assert recording.checks == 1 and not task.done()
         chunks = await task
-    *sentences, end = chunks
+    *pieces, end = chunks
     assert isinstance(end, ReplyEnd) and end.stats.stopped_by == "end"
-    assert " ".join(s.text for s in sentences if isinstance(s, Sentence)) == expected.strip()
+    assert "".join(p for p in pieces if isinstance(p, str)) == expected
 
 
 async def test_engine_cancelled_at_a_held_gate_returns(ar: ARGenerator) -> None:

@@ -6,7 +6,9 @@ import random
 
 import torch
 
-from model.data import (
+from model.generate import greedy
+from model.nn.backend import TorchBackend
+from model.training.data import (
     DataConfig,
     _norm,
     decode_batch,
@@ -15,7 +17,6 @@ from model.data import (
     read_jsonl,
     template_questions,
 )
-from model.generate import greedy
 from tests.model.conftest import tiny_model, tiny_tokenizer
 
 HELD = ["What is two plus two?", "Name a color."]
@@ -63,18 +64,18 @@ def test_batched_greedy_equals_one_at_a_time():
     prompts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
     stops = {2}
     for prompt, (ids, _) in zip(prompts, decode_batch(model, prompts, 8, stops), strict=True):
-        assert ids == list(greedy(model, prompt, 8, stops))
+        assert ids == list(greedy(TorchBackend(model, 128), prompt, 8, stops))
 
 
 def test_finished_rows_leave_the_batch_without_changing_the_others():
     """A row that ends early is dropped from the batch (and its cache rows with it)."""
     model = tiny_model()
     prompts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14], [15]]
-    free = [list(greedy(model, p, 8, set())) for p in prompts]
+    free = [list(greedy(TorchBackend(model, 128), p, 8, set())) for p in prompts]
     stop = free[1][2]  # row 1 ends at its third token, before the others
     stops = {stop}
     got = decode_batch(model, prompts, 8, stops)
-    want = [list(greedy(model, p, 8, stops)) for p in prompts]
+    want = [list(greedy(TorchBackend(model, 128), p, 8, stops)) for p in prompts]
     assert [ids for ids, _ in got] == want
     assert got[1][1] and len(got[1][0]) < 8
     assert any(not ended for _, ended in got), "every row ended: compaction not exercised"

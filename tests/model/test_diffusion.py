@@ -2,7 +2,7 @@
 
 The central check: block-causal sampling with the KV cache produces exactly the tokens
 of a cache-free sampler that reruns the whole sequence under
-:func:`model.diffusion.block_causal_mask` at every step.
+:func:`model.nn.diffusion.block_causal_mask` at every step.
 """
 
 from __future__ import annotations
@@ -16,17 +16,17 @@ import numpy as np
 import pytest
 import torch
 
-from model.backend import TorchBackend
-from model.diffusion import add_mask_row, block_causal_mask, load_smollm2_diffusion
 from model.diffusion_engine import (
     DiffusionGenerator,
     DiffusionOptions,
     PrefixCache,
-    load_diffusion_engine,
     smollm2_diffusion_config,
 )
-from model.engine import ChatMessage, ReplyEnd, Sentence, drain
-from model.llama import Llama, LlamaConfig
+from model.engine import ChatMessage, ReplyEnd, ThreadedReplyEngine, drain
+from model.nn.backend import TorchBackend
+from model.nn.diffusion import add_mask_row, block_causal_mask, load_smollm2_diffusion
+from model.nn.gguf import gguf_tokenizer
+from model.nn.llama import Llama, LlamaConfig
 from model.sampler import DiffusionConfig, SamplerSettings, sample
 from tests.model.conftest import tiny_tokenizer
 
@@ -251,14 +251,18 @@ def test_smollm2_diffusion_engine_runs_and_stops(smollm2_gguf) -> None:  # type:
     async def ask() -> list[Any]:
         with ThreadPoolExecutor(1) as pool:
             backend = TorchBackend(model, max_len=settings.cache_len)
-            engine = load_diffusion_engine(pool, backend=backend, settings=settings)
+            tok = gguf_tokenizer(smollm2_gguf)
+            model_cfg = smollm2_diffusion_config(tok)
+            engine = ThreadedReplyEngine(
+                DiffusionGenerator(backend, tok, model_cfg, settings), pool
+            )
             question = [ChatMessage("user", "What is the capital of France?")]
             return [c async for c in engine.stream(question, 32)]
 
     chunks = asyncio.run(ask())
     assert isinstance(chunks[-1], ReplyEnd)
     stats = chunks[-1].stats
-    assert all(isinstance(c, Sentence) for c in chunks[:-1])
+    assert all(isinstance(c, str) for c in chunks[:-1])
     assert 0 < stats.tokens <= 32 and stats.stopped_by in ("end", "budget")
     # prefill + at most 4 steps per block + one commit between the two blocks
     assert 2 <= stats.forward_passes <= 1 + 2 * 4 + 1

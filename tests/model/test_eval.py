@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from model.eval import (
+from model.training.eval import (
     Replies,
     distinct_bigrams,
     ends_a_sentence,
@@ -66,8 +66,8 @@ def test_eval_command_end_to_end(tmp_path, smollm2_gguf):
 
 def test_eval_scores_the_exported_int8_model(tmp_path, smollm2_gguf):
     """--onnx: the diffusion replies come from the served int8 graph, not PyTorch."""
-    from export.modeldir import ensure_model_dir
-    from model.diffusion_engine import shipped_adapter
+    from export.build import ensure_model_dir
+    from model.modeldir import shipped_adapter
 
     model_dir = ensure_model_dir(adapter=shipped_adapter())  # what serve builds, once
     prompts = tmp_path / "q.txt"
@@ -98,8 +98,8 @@ def test_eval_scores_the_settings_the_engines_serve():
     """Without options the eval decodes exactly as the served engines (and the bench's
     diffusion decoder, which takes DiffusionOptions().sampler) do."""
     from model.diffusion_engine import DiffusionOptions
-    from model.eval import EvalOptions, sampler_settings
     from model.sampler import SamplerSettings
+    from model.training.eval import EvalOptions, sampler_settings
 
     assert sampler_settings(EvalOptions()) == [SamplerSettings()] == [DiffusionOptions().sampler]
     two = sampler_settings(EvalOptions(thresholds=(0.9, 0.7), fallbacks=("confident",)))
@@ -115,7 +115,7 @@ def test_eval_scores_the_settings_the_engines_serve():
 def test_first_blocks_option_takes_sizes_or_none():
     import argparse
 
-    from model.commands import block_schedule
+    from model.training.commands import block_schedule
 
     assert block_schedule("8") == (8,) and block_schedule("4,8") == (4, 8)
     assert block_schedule("none") == ()
@@ -127,7 +127,7 @@ def test_first_blocks_option_takes_sizes_or_none():
 def test_end_lookahead_option_takes_a_count_or_any():
     import argparse
 
-    from model.commands import _lookahead
+    from model.training.commands import _lookahead
 
     assert _lookahead("4") == 4 and _lookahead("any") is None
     with pytest.raises(argparse.ArgumentTypeError, match="'any'"):
@@ -135,7 +135,7 @@ def test_end_lookahead_option_takes_a_count_or_any():
 
 
 def test_history_takes_the_next_held_out_turns_cyclically(tmp_path):
-    from model.eval import EvalOptions, earlier_turns
+    from model.training.eval import EvalOptions, earlier_turns
 
     rows = [
         {"question": f"q{i}?", "source": "heldout", "reply": f" r{i}.", "reply_ids": [i, 2]}

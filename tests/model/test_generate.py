@@ -4,6 +4,7 @@ import torch
 
 from model.engine import GenerationStats, drain
 from model.generate import greedy
+from model.nn.backend import TorchBackend
 from tests.model.conftest import tiny_model
 
 PROMPT = [5, 17, 42, 7, 99, 3]
@@ -19,17 +20,17 @@ def greedy_without_cache(model, prompt, n) -> list[int]:
 
 def test_cached_greedy_matches_recomputing_everything() -> None:
     model = tiny_model()
-    out, stats = drain(greedy(model, PROMPT, 10, stop_ids=()))
+    out, stats = drain(greedy(TorchBackend(model, 128), PROMPT, 10, stop_ids=()))
     assert out == greedy_without_cache(model, PROMPT, 10)
     assert stats == GenerationStats(tokens=10, forward_passes=10, stopped_by="budget")
 
 
 def test_stops_at_a_stop_token_without_yielding_it() -> None:
     model = tiny_model()
-    free, _ = drain(greedy(model, PROMPT, 10, stop_ids=()))
+    free, _ = drain(greedy(TorchBackend(model, 128), PROMPT, 10, stop_ids=()))
     stop = free[3]
     k = free.index(stop)  # first occurrence
-    out, stats = drain(greedy(model, PROMPT, 10, stop_ids={stop}))
+    out, stats = drain(greedy(TorchBackend(model, 128), PROMPT, 10, stop_ids={stop}))
     assert out == free[:k]
     assert stats == GenerationStats(tokens=k, forward_passes=k + 1, stopped_by="end")
 
@@ -38,7 +39,9 @@ def test_should_stop_is_checked_before_every_pass() -> None:
     model = tiny_model()
     passes = 0
     received: list[int] = []
-    gen = greedy(model, PROMPT, 50, stop_ids=(), should_stop=lambda: len(received) >= 3)
+    gen = greedy(
+        TorchBackend(model, 128), PROMPT, 50, stop_ids=(), should_stop=lambda: len(received) >= 3
+    )
 
     def count(*_):
         nonlocal passes
@@ -52,13 +55,21 @@ def test_should_stop_is_checked_before_every_pass() -> None:
 
 
 def test_should_stop_true_from_the_start_runs_nothing() -> None:
-    out, stats = drain(greedy(tiny_model(), PROMPT, 50, stop_ids=(), should_stop=lambda: True))
+    out, stats = drain(
+        greedy(TorchBackend(tiny_model(), 128), PROMPT, 50, stop_ids=(), should_stop=lambda: True)
+    )
     assert out == [] and stats == GenerationStats(0, 0, "cancel")
 
 
 def test_cancel_stats() -> None:
     received: list[int] = []
-    gen = greedy(tiny_model(), PROMPT, 50, stop_ids=(), should_stop=lambda: len(received) >= 2)
+    gen = greedy(
+        TorchBackend(tiny_model(), 128),
+        PROMPT,
+        50,
+        stop_ids=(),
+        should_stop=lambda: len(received) >= 2,
+    )
     while True:
         try:
             received.append(next(gen))
@@ -68,6 +79,9 @@ def test_cancel_stats() -> None:
 
 
 def test_budget() -> None:
-    out, stats = drain(greedy(tiny_model(), PROMPT, 4, stop_ids=()))
+    out, stats = drain(greedy(TorchBackend(tiny_model(), 128), PROMPT, 4, stop_ids=()))
     assert len(out) == 4 and stats == GenerationStats(4, 4, "budget")
-    assert drain(greedy(tiny_model(), PROMPT, 0, stop_ids=()))[1].stopped_by == "budget"
+    assert (
+        drain(greedy(TorchBackend(tiny_model(), 128), PROMPT, 0, stop_ids=()))[1].stopped_by
+        == "budget"
+    )

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from model.gguf import dequantize, find_smollm2_gguf
-from model.llama import Llama
+from model.nn.gguf import dequantize, find_smollm2_gguf
+from model.nn.llama import Llama
 
 pytestmark = pytest.mark.models
 
@@ -51,8 +51,8 @@ def test_a_gguf_path_from_the_environment_stands_in_for_the_package(
 ) -> None:
     import importlib.metadata
 
-    from model.adapter import base_manifest, sha256_file
-    from model.gguf import GGUF_ENV
+    from model.nn.adapter import base_manifest, sha256_file
+    from model.nn.gguf import GGUF_ENV
 
     real = smollm2_gguf.path
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # no package

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from model.hf_formats import answer, load_hf_diffusion
+from model.nn.hf_formats import answer, load_hf_diffusion
 
 D, H, KV, FF, V, LAYERS = 32, 4, 2, 48, 64, 2
 MASK_ID, EOS = 60, 61

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import torch
 
-from model.gguf import permute_rope_rows, unpermute_rope_rows
-from model.llama import Llama, apply_rope, rope_cos_sin
+from model.nn.gguf import permute_rope_rows, unpermute_rope_rows
+from model.nn.llama import Llama, apply_rope, rope_cos_sin
 from tests.model.conftest import TINY, tiny_model
 
 ATOL = 1e-5

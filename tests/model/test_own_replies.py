@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from model.backend import TorchBackend
-from model.data import Example, own_replies, prompt_ids, read_jsonl
 from model.diffusion_engine import smollm2_diffusion_config
 from model.engine import drain
-from model.llama import Llama
+from model.nn.backend import TorchBackend
+from model.nn.llama import Llama
 from model.sampler import SamplerSettings, sample
+from model.training.data import Example, own_replies, prompt_ids, read_jsonl
 from tests.model.conftest import TINY, tiny_tokenizer
 
 

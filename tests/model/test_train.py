@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from model.adapter import attach_lora
-from model.backend import TorchBackend
-from model.llama import Llama
-from model.train import (
+from model.nn.adapter import attach_lora
+from model.nn.backend import TorchBackend
+from model.nn.llama import Llama
+from model.training.train import (
     TrainConfig,
     build,
     certainty_loss,
@@ -207,8 +207,8 @@ def test_certainty_forcing_raises_the_confident_share():
 
 
 def test_init_starts_from_a_saved_adapter(tmp_path):
-    from model.adapter import extract_adapter, save_adapter
-    from model.train import evaluate, heldout_batches
+    from model.nn.adapter import extract_adapter, save_adapter
+    from model.training.train import evaluate, heldout_batches
 
     cfg = TrainConfig(block_size=4, rank=8, alpha=16, lr=1e-2, mask_lr=1e-2, warmup=1)
     cfg = replace(cfg, max_steps=1000, bf16=False)
@@ -249,8 +249,8 @@ def test_parse_overrides_types_values():
 
 def test_history_puts_earlier_turns_before_the_question_and_keeps_the_reply():
     from model.chat import ChatMessage, build_prompt
-    from model.data import PROMPT_BUDGET, Example, prompt_ids
-    from model.train import encode_examples, with_history
+    from model.training.data import PROMPT_BUDGET, Example, prompt_ids
+    from model.training.train import encode_examples, with_history
     from tests.model.conftest import tiny_tokenizer
 
     tok = tiny_tokenizer()
@@ -276,7 +276,7 @@ def test_history_puts_earlier_turns_before_the_question_and_keeps_the_reply():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a host without a GPU")
 def test_train_device_says_plainly_when_there_is_no_gpu():
-    from model.train import train_device
+    from model.training.train import train_device
 
     assert train_device("auto") == torch.device("cpu")
     assert train_device("cpu") == torch.device("cpu")
@@ -290,7 +290,7 @@ def test_train_device_says_plainly_when_there_is_no_gpu():
 
 
 def test_train_device_refuses_a_gpu_index_past_the_last(monkeypatch):
-    from model.train import train_device
+    from model.training.train import train_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -312,7 +312,7 @@ def test_train_command_refuses_a_missing_gpu_before_loading(tmp_path, capsys):
 
 
 def test_train_command_names_a_missing_base_file(tmp_path, capsys, monkeypatch):
-    from model.gguf import GGUF_ENV
+    from model.nn.gguf import GGUF_ENV
     from server.cli import main
 
     monkeypatch.setenv(GGUF_ENV, str(tmp_path / "none.gguf"))
@@ -321,7 +321,7 @@ def test_train_command_names_a_missing_base_file(tmp_path, capsys, monkeypatch):
 
 
 def test_batches_and_lora_follow_the_device():
-    from model.adapter import LoRALinear
+    from model.nn.adapter import LoRALinear
 
     cfg = TrainConfig(block_size=4)
     items = [([1, 2, 3], [10, 11, 12, 2])]

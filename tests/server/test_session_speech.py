@@ -12,6 +12,7 @@ import pytest
 from audio.asr import Transcriber
 from audio.endpoint import EndpointConfig
 from audio.resample import float32_to_pcm16
+from audio.speech import SpeechFactory, pad, word_error_rate
 from audio.vad import SileroVad
 from server import protocol as p
 from server.session import (
@@ -26,7 +27,6 @@ from server.session import (
     StartTurn,
     VadResult,
 )
-from tests.speech import SpeechFactory, pad, word_error_rate
 
 pytestmark = pytest.mark.models
 

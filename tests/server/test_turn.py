@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from audio.tts import Synthesizer
-from model.engine import PassGate
+from server.speech import PassGate
 from server.turn import synthesize
 
 

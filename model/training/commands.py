@@ -125,13 +125,14 @@ def block_schedule(text: str) -> tuple[int, ...]:
 def _data(args: argparse.Namespace) -> int:
     import torch
 
-    from model.ar import load_ar_generator
-    from model.data import DataConfig, make_dataset
+    from model.nn.gguf import load_smollm2, open_gguf
+    from model.tokenizer import Tokenizer
+    from model.training.data import DataConfig, make_dataset
 
     torch.set_num_threads(args.threads)
     if args.own_replies:
         return _own_replies(args)
-    gen = load_ar_generator()
+    f = open_gguf()
     cfg = DataConfig(
         seed=args.seed,
         n=args.n,
@@ -140,31 +141,31 @@ def _data(args: argparse.Namespace) -> int:
         batch=args.batch,
         train_dtype=args.train_dtype,
     )
-    recipe = make_dataset(gen.model, gen.tokenizer, cfg, args.out, log=_log)
+    recipe = make_dataset(load_smollm2(f), Tokenizer(f.tokenizer_data()), cfg, args.out, log=_log)
     print(json.dumps(recipe, indent=2))
     return 0
 
 
 def _own_replies(args: argparse.Namespace) -> int:
-    from export.engine import load_onnx_backend
-    from export.runtime import RuntimeConfig
-    from model.data import PROMPT_BUDGET, own_replies, reply_budget
+    from model.assemble import load_onnx_backend
+    from model.nn.gguf import gguf_tokenizer
+    from model.runtime import RuntimeConfig
     from model.sampler import SamplerSettings
-    from model.tokenizer import Tokenizer
+    from model.training.data import PROMPT_BUDGET, own_replies, reply_budget
 
     # the replies are decoded to the source corpus's budget, in whole blocks
     max_len = PROMPT_BUDGET + SamplerSettings().blocks(reply_budget(args.source))[-1][1]
     cfg = RuntimeConfig(max_len=max_len, threads=args.threads)
     backend = load_onnx_backend(args.own_replies, "int8", cfg)
     teacher = f"{args.own_replies} int8"
-    tok = Tokenizer.from_gguf()
+    tok = gguf_tokenizer()
     recipe = own_replies(backend, teacher, tok, args.source, args.out, args.limit, args.seed, _log)
     print(json.dumps(recipe, indent=2))
     return 0
 
 
 def _train(args: argparse.Namespace) -> int:
-    from model.train import TrainConfig, parse_overrides, run_training, train_device
+    from model.training.train import TrainConfig, parse_overrides, run_training, train_device
 
     try:
         cfg = parse_overrides(TrainConfig(data=str(args.data), out=str(args.out)), args.set)
@@ -181,7 +182,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _eval_llm(args: argparse.Namespace) -> int:
-    from model.eval import EvalOptions, run_eval
+    from model.training.eval import EvalOptions, run_eval
 
     opts = EvalOptions(
         prompts=args.prompts,

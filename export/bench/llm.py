@@ -19,7 +19,6 @@ a 16-token block pass does 16x the work on the same bytes.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import statistics
@@ -32,14 +31,15 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from export.modeldir import default_model_dir, ensure_model_dir, is_complete, load_tokenizer
 from export.prompts import QUESTIONS
-from export.runtime import OrtBackend, RuntimeConfig
 from model.backend import Attend, Offsets, Rows, StepBackend
 from model.chat import build_prompt
-from model.engine import ChatMessage, GenerationStats, SentenceSplitter, drain
+from model.engine import ChatMessage, GenerationStats, drain
 from model.generate import greedy
+from model.modeldir import default_model_dir, is_complete, load_tokenizer
+from model.runtime import OrtBackend, RuntimeConfig
 from model.tokenizer import Tokenizer
+from server.speech import SentenceSplitter
 
 log = logging.getLogger("quicksilver")
 
@@ -373,6 +373,8 @@ def run_llm_bench(options: BenchOptions) -> dict[str, Any]:
 
     model_dir = options.model_dir
     if not is_complete(model_dir) and model_dir == default_model_dir(None):
+        from export.build import ensure_model_dir
+
         model_dir = ensure_model_dir(None)
     manifest = json.loads((model_dir / "manifest.json").read_text())
     dims = _dims(manifest["config"])
@@ -437,13 +439,11 @@ def run_llm_bench(options: BenchOptions) -> dict[str, Any]:
 
 
 def _torch_backend() -> StepBackend:
-    from export.build import with_mask_row
-    from model.backend import TorchBackend
-    from model.llama import load_smollm2
+    from model.nn.backend import TorchBackend
+    from model.nn.diffusion import with_mask_row
+    from model.nn.gguf import load_smollm2
 
-    model = load_smollm2()
-    with contextlib.suppress(RuntimeError):  # the diffusion sampler feeds the mask id
-        model = with_mask_row(model)
+    model = with_mask_row(load_smollm2())  # the diffusion sampler feeds the mask id
     return TorchBackend(model, max_len=1024, name="torch")
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from model.llama import Llama
+from model.nn.llama import Llama
 
 TARGETS: tuple[str, ...] = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj")
 TARGETS += ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
@@ -157,7 +157,7 @@ def base_manifest() -> dict[str, Any]:
     """Which base weights the adapter belongs to: package, version, GGUF sha256."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from model.gguf import SMOLLM2_PACKAGE, find_smollm2_gguf
+    from model.nn.gguf import SMOLLM2_PACKAGE, find_smollm2_gguf
 
     path, package = find_smollm2_gguf(), SMOLLM2_PACKAGE.replace("_", "-")
     try:

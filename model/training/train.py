@@ -20,7 +20,7 @@ the reply positions in the batch (LLaDA's normalisation). A reply ends with <|im
 and the rest of its last block is filled with <|im_end|>, in the loss too
 (CONTRACT.md 4).
 
-Trainable: LoRA on q, k, v, o, gate, up, down (model.adapter) and the mask-token
+Trainable: LoRA on q, k, v, o, gate, up, down (model.nn.adapter) and the mask-token
 embedding; the base stays frozen. Checkpoints are resumable; the batch of step s comes
 from a generator seeded with (seed, s), so a resumed run sees the same batches.
 """
@@ -39,7 +39,7 @@ from typing import Any, cast
 import torch
 import torch.nn.functional as F
 
-from model.adapter import (
+from model.nn.adapter import (
     Adapter,
     LoRALinear,
     attach_lora,
@@ -49,9 +49,9 @@ from model.adapter import (
     save_adapter,
     target_names,
 )
-from model.data import Example, prompt_ids, read_jsonl
-from model.llama import Llama, rope_cos_sin
+from model.nn.llama import Llama, rope_cos_sin
 from model.tokenizer import Tokenizer
+from model.training.data import Example, prompt_ids, read_jsonl
 
 
 @dataclass(frozen=True)
@@ -528,7 +528,9 @@ def parse_overrides(cfg: TrainConfig, pairs: list[str]) -> TrainConfig:
     for pair in pairs:
         key, _, value = pair.partition("=")
         if key not in {f.name for f in dataclasses.fields(cfg)}:
-            raise ValueError(f"--set {pair}: no setting {key!r} (see TrainConfig, model/train.py)")
+            raise ValueError(
+                f"--set {pair}: no setting {key!r} (see TrainConfig, model/training/train.py)"
+            )
         kind = type(getattr(cfg, key))
         try:
             changes[key] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
@@ -539,9 +541,10 @@ def parse_overrides(cfg: TrainConfig, pairs: list[str]) -> TrainConfig:
 
 def run_training(cfg: TrainConfig, ship: Path | None = None) -> dict[str, Any]:
     """`quicksilver train`: load SmolLM2 with the mask row, train, save the adapter."""
-    from model.diffusion import load_smollm2_diffusion
+    from model.nn.diffusion import load_smollm2_diffusion
+    from model.nn.gguf import gguf_tokenizer
 
-    tok = Tokenizer.from_gguf()
+    tok = gguf_tokenizer()
     model = load_smollm2_diffusion()
     data = Path(cfg.data)
     record = train(

@@ -4,21 +4,17 @@ A model directory holds the step graph in each built format, the tokenizer, and
 ``manifest.json`` (sizes, sha256, parity figures). The manifest is written last, and
 directories are built under a temporary name and renamed into place, so a directory
 with a manifest is complete. Reading one needs no torch; building one does
-(:mod:`export.build`).
+(:func:`export.build.ensure_model_dir`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
-import time
 from pathlib import Path
 from typing import Any, Literal
 
 from model.tokenizer import Tokenizer, TokenizerData
-
-log = logging.getLogger("quicksilver")
 
 Variant = Literal["fp32", "int8", "fp16"]
 FILES: dict[Variant, str] = {
@@ -43,6 +39,15 @@ TOKENIZER = "tokenizer.json"
 # written in place by a fused GroupQueryAttention.
 FORMAT_VERSION = 4
 DEFAULT_NAME = f"smollm2-135m-instruct-onnx-v{FORMAT_VERSION}"
+
+
+# The trained block-diffusion adapter shipped in the repository (docs/training.md).
+SHIPPED_ADAPTER = Path(__file__).resolve().parent.parent / "adapters"
+
+
+def shipped_adapter() -> Path | None:
+    """``adapters/`` when the repository holds a trained adapter."""
+    return SHIPPED_ADAPTER if (SHIPPED_ADAPTER / "manifest.json").is_file() else None
 
 
 def default_cache_dir() -> Path:
@@ -94,43 +99,3 @@ def is_complete(model_dir: Path, variant: Variant = "int8") -> bool:
 def load_tokenizer(model_dir: Path) -> Tokenizer:
     data = json.loads((model_dir / TOKENIZER).read_text())
     return Tokenizer(TokenizerData(**data))
-
-
-def ensure_model_dir(
-    cache_dir: Path | None = None, variant: Variant = "int8", adapter: Path | None = None
-) -> Path:
-    """The default model directory (with ``adapter`` merged, its own directory), built
-    on first use (needs torch, about a minute).
-
-    Later calls find it complete and return at once, without importing torch.
-    """
-    model_dir = default_model_dir(cache_dir, adapter)
-    if is_complete(model_dir, variant):
-        return model_dir
-    try:
-        from export.build import BuildOptions, build_atomic
-    except ImportError as exc:  # torch missing: a serving-only install
-        raise RuntimeError(
-            f"no exported model in {model_dir}, and building one needs PyTorch ({exc}); "
-            "run `quicksilver export --out DIR` where torch is installed and copy DIR there"
-        ) from exc
-    log.info(
-        "building the %s ONNX reply model into %s (first start only: exports SmolLM2 with "
-        "PyTorch and quantises it; later starts load it without torch)",
-        variant,
-        model_dir,
-    )
-    t0 = time.perf_counter()
-    # A light parity check (one reply) keeps the first start short; `quicksilver
-    # export` checks more.
-    options = BuildOptions(
-        adapter=adapter,
-        int8=variant == "int8",
-        fp16=variant == "fp16",
-        keep_fp32=False,
-        check_prompts=1,
-        check_tokens=16,
-    )
-    build_atomic(model_dir, options)
-    log.info("built %s in %.0f s", model_dir, time.perf_counter() - t0)
-    return model_dir

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from model.engine import PassGate
+from server.speech import PassGate
 
 
 def _waiter(gate: PassGate, stop: threading.Event) -> tuple[threading.Thread, threading.Event]:

@@ -1,9 +1,9 @@
-"""The diffusion LM: the Llama module (model/llama.py) plus a mask token, an attention
+"""The diffusion LM: the Llama module (model/nn/llama.py) plus a mask token, an attention
 pattern, and optionally Dream's one-position logit shift.
 
 * Mask token: masked diffusion (MDLM, Sahoo et al. 2024; LLaDA) replaces undecided
   tokens with a special token. SmolLM2 has none, so it gets one extra, trainable
-  embedding row with id = vocab size (CONTRACT.md, 1), initialised to the mean token
+  embedding row with id = vocab size, initialised to the mean token
   embedding until a trained adapter replaces it. The head keeps ``vocab_size`` outputs:
   the model never predicts the mask. LLaDA and Dream have their mask id in the vocabulary.
 * Attention: ``"full"`` is LLaDA / MDLM (every position sees every other);
@@ -24,21 +24,22 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from model.llama import Llama, LlamaConfig
+from model.nn.adapter import apply_adapter, load_adapter
+from model.nn.gguf import GGUFFile, open_gguf
+from model.nn.llama import Llama, LlamaConfig
 from model.sampler import DiffusionConfig
-
-if TYPE_CHECKING:
-    from model.gguf import GGUFFile
 
 __all__ = [
     "DiffusionConfig",
     "add_mask_row",
     "block_causal_mask",
+    "embedding_with_mask_row",
     "load_smollm2_diffusion",
+    "with_mask_row",
 ]
 
 
@@ -56,19 +57,45 @@ def block_causal_mask(n_prompt: int, n: int, block_size: int) -> torch.Tensor:
     return (i[None, :] <= last[:, None])[None, None]  # (1, 1, n, n)
 
 
+def mean_mask_row(emb: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """The untrained mask embedding ``(1, C)``: the mean of the vocabulary's rows, a
+    neutral input the adapter's training then moves."""
+    return emb[:vocab_size].detach().float().mean(0, keepdim=True).to(emb.dtype)
+
+
 def add_mask_row(
     config: LlamaConfig, state: dict[str, torch.Tensor]
 ) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
-    """One more embedding row, the mask token (id = vocab_size), set to the mean of the
-    token embeddings: a neutral input the adapter's training then moves."""
+    """One more embedding row, the mask token (id = vocab_size), set to
+    :func:`mean_mask_row`. The head keeps ``vocab_size`` outputs."""
     emb = state["tok_emb.weight"]  # (V, C)
     if emb.shape[0] != config.vocab_size:
         raise ValueError(f"embedding has {emb.shape[0]} rows, expected {config.vocab_size}")
     state = dict(state)
     if config.tie_embeddings:  # the head is the embedding, without the new row
         state.pop("lm_head.weight", None)
-    state["tok_emb.weight"] = torch.cat([emb, emb.float().mean(0, keepdim=True).to(emb.dtype)])
+    state["tok_emb.weight"] = torch.cat([emb, mean_mask_row(emb, config.vocab_size)])
     return replace(config, embedding_size=config.vocab_size + 1), state
+
+
+def has_mask_row(model: Llama) -> bool:
+    return bool(model.tok_emb.weight.shape[0] > model.config.vocab_size)
+
+
+def with_mask_row(model: Llama) -> Llama:
+    """``model`` itself when it has a mask row; else a copy with the mean row added."""
+    if has_mask_row(model):
+        return model
+    config, state = add_mask_row(model.config, model.state_dict())
+    return Llama.from_state_dict(config, state, model.dtype)
+
+
+def embedding_with_mask_row(model: Llama) -> torch.Tensor:
+    """The model's token table ``(V + 1, C)``, with the mean mask row if it has none."""
+    w = model.tok_emb.weight.detach()
+    if has_mask_row(model):
+        return w
+    return torch.cat((w, mean_mask_row(w, model.config.vocab_size)), dim=0)
 
 
 def load_smollm2_diffusion(
@@ -78,19 +105,15 @@ def load_smollm2_diffusion(
 ) -> Llama:
     """SmolLM2-135M-Instruct with the mask row, plus the trained adapter if given.
 
-    ``adapter``: a path or an object from ``model.adapter.load_adapter`` (TRAINING),
-    merged with ``model.adapter.apply_adapter``. Without one the mask row is the mean
+    ``adapter``: a path or an object from ``model.nn.adapter.load_adapter``,
+    merged with ``model.nn.adapter.apply_adapter``. Without one the mask row is the mean
     embedding and the model is the untrained base.
     """
-    from model.gguf import GGUFFile, find_smollm2_gguf  # imports model.llama
-
-    f = source if isinstance(source, GGUFFile) else GGUFFile(source or find_smollm2_gguf())
+    f = open_gguf(source)
     config = f.llama_config()
     config, state = add_mask_row(config, f.state_dict(config))
     model = Llama.from_state_dict(config, state, torch.float32)
     if adapter is not None:
-        from model.adapter import apply_adapter, load_adapter  # TRAINING's module
-
         if isinstance(adapter, str | Path):
             adapter = load_adapter(adapter)
         with torch.no_grad():

@@ -2,7 +2,7 @@
 
 There is no chat corpus offline, so the project builds one (``quicksilver data``):
 
-* questions come from templates with slot fillers (``model/prompts/templates.json``)
+* questions come from templates with slot fillers (``model/training/prompts/templates.json``)
   and from the model itself (asked, with seeded sampling, to write a question a person
   might ask a voice assistant about a topic);
 * replies are written by the autoregressive SmolLM2-135M-Instruct with the spoken-answer
@@ -12,7 +12,7 @@ There is no chat corpus offline, so the project builds one (``quicksilver data``
 ``quicksilver data --own-replies DIR`` writes a second kind of corpus: the diffusion
 model's own replies to training questions (:func:`own_replies`), for certainty forcing.
 
-The held-out questions (``model/prompts/heldout.txt``) are fixed, answered the same way,
+The held-out questions (``model/training/prompts/heldout.txt``) are fixed, answered the same way,
 and never trained on: training questions equal to one of them are dropped.
 Everything is drawn from one seed, so the same seed writes the same files.
 """
@@ -32,7 +32,7 @@ import torch
 
 from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt, encode_chat
 from model.engine import ChatMessage
-from model.llama import Llama
+from model.nn.llama import Llama
 from model.tokenizer import Tokenizer
 
 PROMPTS_DIR = Path(__file__).parent / "prompts"
@@ -306,7 +306,7 @@ def make_dataset(
     train = write_jsonl(out / "train.jsonl", kept())
     recipe = {
         "config": asdict(cfg),
-        "replies": "greedy SmolLM2-135M-Instruct (batched, model.data.decode_batch), "
+        "replies": "greedy SmolLM2-135M-Instruct (batched, model.training.data.decode_batch), "
         "spoken system prompt; held-out in float32",
         "heldout": len(held_ex),
         **corpus_counts(train, len(answered)),

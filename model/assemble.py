@@ -1,0 +1,142 @@
+"""The one place that assembles a reply engine for serving.
+
+"diffusion-onnx" (the default) is :class:`model.diffusion_engine.DiffusionGenerator` on
+the exported base + shipped adapter; "smollm2-ar-onnx" is
+:class:`model.ar.ARGenerator` (greedy) on the base model's export. Both run an
+:class:`model.runtime.OrtBackend` and import no torch, so the two engines differ only in
+their decoder. The "diffusion" and "smollm2-ar" engines run the same decoders on the
+PyTorch model (:mod:`model.nn.engines`), the only engines that import torch.
+
+Building an exported model directory is build-time work (:mod:`export.build`); this
+module only loads a directory that is already complete.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import Literal, get_args
+
+from model.ar import ARGenerator, AROptions
+from model.diffusion_engine import DiffusionGenerator, DiffusionOptions, smollm2_diffusion_config
+from model.engine import Gate, TextGenerator, ThreadedReplyEngine
+from model.modeldir import (
+    FILES,
+    Variant,
+    default_model_dir,
+    is_complete,
+    load_tokenizer,
+    read_manifest,
+    shipped_adapter,
+)
+from model.runtime import OrtBackend, RuntimeConfig, choose_providers
+
+EngineName = Literal["diffusion-onnx", "diffusion", "smollm2-ar-onnx", "smollm2-ar"]
+ENGINES: tuple[EngineName, ...] = get_args(EngineName)
+ONNX_ENGINES: tuple[EngineName, ...] = ("smollm2-ar-onnx", "diffusion-onnx")
+# The diffusion engine on the int8 graph of base + shipped adapter: its held-out replies
+# meet the quality bar as served (docs/training.md, "Quality").
+DEFAULT_ENGINE: EngineName = "diffusion-onnx"
+
+
+def reply_on_cpu(engine: EngineName) -> bool:
+    """Whether the reply model ``engine`` shares the CPU with Piper: the PyTorch engines
+    run on it here, the ONNX ones unless ONNX Runtime offers a GPU provider."""
+    if engine not in ONNX_ENGINES:
+        return True
+    return bool(choose_providers("auto")[0] == "CPUExecutionProvider")
+
+
+def serving_variant(engine: EngineName) -> Literal["int8", "fp16"]:
+    """The graph an ONNX engine serves: int8 on the CPU (its quality is validated as
+    served, docs/training.md), fp16 on a GPU (the file whose attention the CUDA and
+    TensorRT providers can run, docs/export.md)."""
+    return "int8" if reply_on_cpu(engine) else "fp16"
+
+
+def engine_adapter(engine: EngineName) -> Path | None:
+    """The adapter merged into ``engine``'s model: the shipped one for diffusion."""
+    if engine in ("diffusion", "diffusion-onnx"):
+        adapter = shipped_adapter()
+        if adapter is None:
+            raise FileNotFoundError(
+                "the diffusion engines need the trained adapter (adapters/manifest.json), "
+                "and this installation has none"
+            )
+        return adapter
+    return None
+
+
+def engine_model_dir(engine: EngineName, cache_dir: Path | None = None) -> Path:
+    """Where the exported model of an ONNX ``engine`` lives in the cache."""
+    return default_model_dir(cache_dir, engine_adapter(engine))
+
+
+def load_onnx_backend(
+    model_dir: Path, variant: Variant = "int8", config: RuntimeConfig | None = None
+) -> OrtBackend:
+    manifest = read_manifest(model_dir)
+    name = FILES[variant]
+    if name not in manifest["files"]:
+        built = ", ".join(manifest["files"])
+        raise FileNotFoundError(f"{model_dir} has no {variant} model ({name}); it has {built}")
+    return OrtBackend(model_dir / name, config, name=f"onnx-{variant}")
+
+
+def load_onnx_ar_generator(
+    model_dir: Path,
+    variant: Variant = "int8",
+    config: RuntimeConfig | None = None,
+    options: AROptions | None = None,
+) -> ARGenerator:
+    backend = load_onnx_backend(model_dir, variant, config)
+    return ARGenerator(
+        backend, load_tokenizer(model_dir), options or AROptions(), "smollm2-ar-onnx"
+    )
+
+
+def load_onnx_diffusion_generator(
+    model_dir: Path, variant: Variant = "int8", config: RuntimeConfig | None = None
+) -> DiffusionGenerator:
+    options = DiffusionOptions()
+    config = config or RuntimeConfig(max_len=options.cache_len)
+    backend = load_onnx_backend(model_dir, variant, config)
+    tok = load_tokenizer(model_dir)
+    model = smollm2_diffusion_config(tok)
+    return DiffusionGenerator(backend, tok, model, options, name="diffusion-onnx")
+
+
+def load_generator(engine: EngineName, cache_dir: Path | None = None) -> TextGenerator:
+    """The blocking generator of ``engine``. An ONNX engine's model directory must be
+    complete (``quicksilver serve`` builds it on first start, :mod:`export.build`)."""
+    if engine == "smollm2-ar":
+        from model.nn.engines import load_ar_generator  # PyTorch
+
+        return load_ar_generator()
+    if engine == "diffusion":
+        from model.nn.engines import load_diffusion_generator  # PyTorch
+
+        return load_diffusion_generator(adapter=engine_adapter(engine))
+    if engine not in ONNX_ENGINES:
+        raise ValueError(f"unknown reply engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    variant = serving_variant(engine)
+    model_dir = engine_model_dir(engine, cache_dir)
+    if not is_complete(model_dir, variant):
+        raise FileNotFoundError(
+            f"no exported {variant} model in {model_dir}: `quicksilver serve` builds it on "
+            "first start, or `quicksilver export --out DIR` where PyTorch is installed"
+        )
+    if engine == "smollm2-ar-onnx":
+        return load_onnx_ar_generator(model_dir, variant)
+    return load_onnx_diffusion_generator(model_dir, variant)
+
+
+def load_engine(
+    engine: EngineName,
+    executor: Executor,
+    cache_dir: Path | None = None,
+    gate: Gate | None = None,
+) -> ThreadedReplyEngine:
+    """The async reply engine ``engine`` on ``executor``'s thread, waiting at ``gate``
+    between forward passes."""
+    return ThreadedReplyEngine(load_generator(engine, cache_dir), executor, gate)

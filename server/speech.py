@@ -1,0 +1,110 @@
+"""The speech side of a turn: cutting the reply into sentences for Piper, and sharing
+the CPU between Piper and the reply model.
+
+The reply engine streams text pieces (:mod:`model.engine`); :func:`sentences` releases
+each sentence as soon as its end mark and the space after it have arrived, so the
+first one is synthesized while the model writes the rest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+from collections.abc import AsyncIterator, Callable, Generator
+from dataclasses import dataclass
+
+from model.engine import ReplyChunk, ReplyEnd
+
+
+@dataclass(frozen=True)
+class Sentence:
+    """One sentence of the reply."""
+
+    text: str
+    index: int  # sentence number within the reply, from 0
+
+
+# A sentence ends at . ! ? (optionally followed by closing quotes/brackets) and then
+# whitespace. Abbreviations such as "Dr. Smith" split early; that only costs a slightly
+# shorter first TTS chunk, never lost text.
+_SENTENCE_END = re.compile(r"[.!?…]+[\"')\]]*\s+")
+
+
+class SentenceSplitter:
+    """Accumulates streamed text and releases complete sentences."""
+
+    def __init__(self) -> None:
+        self._buffer = ""
+
+    def feed(self, piece: str) -> list[str]:
+        self._buffer += piece
+        out: list[str] = []
+        while (m := _SENTENCE_END.search(self._buffer)) is not None:
+            sentence = self._buffer[: m.end()].strip()
+            self._buffer = self._buffer[m.end() :]
+            if sentence:
+                out.append(sentence)
+        return out
+
+    def flush(self) -> list[str]:
+        rest, self._buffer = self._buffer.strip(), ""
+        return [rest] if rest else []
+
+
+class PassGate:
+    """Holds the reply model between forward passes while urgent work has the CPU.
+
+    On a CPU host the reply model and Piper each spread over every core; run at the
+    same time, each goes at less than half its speed (docs/latency.md, "Speech first"),
+    so the first sentence's audio would wait on the model writing the later ones. While
+    :meth:`hold` is held the model finishes its current pass and waits before the next.
+    A disabled gate (a GPU host: the model does not need the cores) never waits.
+    """
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self._lock = threading.Lock()
+        self._holders = 0
+        self._open = threading.Event()
+        self._open.set()
+
+    @property
+    def held(self) -> bool:
+        return not self._open.is_set()
+
+    @contextlib.contextmanager
+    def hold(self) -> Generator[None, None, None]:
+        if not self.enabled:
+            yield
+            return
+        with self._lock:
+            self._holders += 1
+            self._open.clear()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._holders -= 1
+                if not self._holders:
+                    self._open.set()
+
+    def wait(self, stop: Callable[[], bool], poll_s: float = 0.02) -> None:
+        """Return once nothing holds the gate, or as soon as ``stop()`` is true (a
+        cancelled reply must not wait for someone else's speech)."""
+        while not self._open.wait(poll_s):
+            if stop():
+                return
+
+
+async def sentences(stream: AsyncIterator[ReplyChunk]) -> AsyncIterator[Sentence | ReplyEnd]:
+    """The reply's sentences, numbered from 0, then its :class:`ReplyEnd`; a cancelled
+    reply (no ReplyEnd) keeps its unfinished last sentence to itself."""
+    splitter, index = SentenceSplitter(), 0
+    async for chunk in stream:
+        texts = splitter.flush() if isinstance(chunk, ReplyEnd) else splitter.feed(chunk)
+        for text in texts:
+            yield Sentence(text, index)
+            index += 1
+        if isinstance(chunk, ReplyEnd):
+            yield chunk
