@@ -57,7 +57,8 @@ class SileroVad:
 
     def __init__(self, model_path: Path | None = None):
         opts = ort.SessionOptions()
-        # One thread: a frame costs ~0.1 ms, and the cores belong to Whisper and the LM.
+        # One thread: a frame is tiny (docs/audio.md), and the cores belong to Whisper and
+        # the reply model.
         opts.intra_op_num_threads = 1
         opts.inter_op_num_threads = 1
         opts.log_severity_level = 3

@@ -1,7 +1,8 @@
 """Build an exported model directory: ONNX fp32, int8 (CPU), fp16 (GPU), TensorRT.
 
-Steps: load the PyTorch model (the offline SmolLM2 GGUF, with TRAINING's adapter merged
-when one is given), give its embedding the mask-token row (CONTRACT.md items 1 and 5),
+Steps: load the PyTorch model (the offline SmolLM2 GGUF, with the trained adapter merged
+when one is given), give its embedding the mask-token row (id = vocab size; the mean
+embedding until an adapter replaces it),
 export one step (:mod:`export.graph`) to ONNX, quantise and convert, check every file
 against the PyTorch model (:mod:`export.parity`), and write the tokenizer and the
 manifest (sizes, sha256, parity figures) last.
@@ -298,7 +299,7 @@ def _manifest(
         },
         "config": {
             "vocab_size": cfg.vocab_size,
-            "mask_id": cfg.vocab_size,  # the extra embedding row (CONTRACT.md item 1)
+            "mask_id": cfg.vocab_size,  # the extra embedding row
             "n_layer": cfg.n_layer,
             "n_embd": cfg.n_embd,
             "n_head": cfg.n_head,

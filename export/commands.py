@@ -13,7 +13,18 @@ from pathlib import Path
 from typing import Any
 
 from model.modeldir import default_model_dir
-from model.training.commands import block_schedule
+
+
+def block_schedule(text: str) -> tuple[int, ...]:
+    """``--first-blocks``: "8", "4,8" or "none" (no first blocks of their own)."""
+    if text == "none":
+        return ()
+    sizes = text.split(",")
+    if not all(n.isdigit() and int(n) > 0 for n in sizes):
+        raise argparse.ArgumentTypeError(
+            f"expected block sizes >= 1 such as 8 or 4,8, or 'none', not {text!r}"
+        )
+    return tuple(int(n) for n in sizes)
 
 
 def register(sub: Any) -> None:
@@ -25,7 +36,9 @@ def register(sub: Any) -> None:
         help="model directory (default: in the cache, per adapter)",
     )
     ex.add_argument("--cache-dir", type=Path, default=None)
-    ex.add_argument("--adapter", type=Path, default=None, help="TRAINING's adapter to merge")
+    ex.add_argument(
+        "--adapter", type=Path, default=None, help="a trained adapter (quicksilver train) to merge"
+    )
     ex.add_argument("--int8", action="store_true", help="int8 model for the CPU (default)")
     ex.add_argument("--fp16", action="store_true", help="fp16 model for the GPU")
     ex.add_argument("--tensorrt", action="store_true", help="TensorRT engine (GPU hosts)")

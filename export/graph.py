@@ -40,7 +40,7 @@ Attention comes in two forms with the same inputs and outputs (``StepGraph(atten
 
 The attention pattern follows chunk order, not ``positions``: causal is chunk token i
 seeing every past entry and chunk tokens up to i. The mask-token embedding row
-(CONTRACT.md item 1) is part of the table: ids up to V (inclusive) embed; logits keep
+(id = vocab size) is part of the table: ids up to V (inclusive) embed; logits keep
 width V.
 """
 

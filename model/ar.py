@@ -24,8 +24,8 @@ from model.tokenizer import Tokenizer, decoded
 
 @dataclass(frozen=True)
 class AROptions:
-    # fp32: bf16 decodes ~1.3x faster on this CPU (AMX) but its greedy replies drift
-    # from fp32's on some prompts (export/bench/ar.py); opt in where speed wins.
+    # fp32: bf16 decodes faster on an AMX CPU but its greedy replies drift from fp32's on
+    # some prompts (python -m export.bench.ar measures both); opt in where speed wins.
     dtype: str = "float32"  # a torch dtype name; the PyTorch engine only
     prompt_budget: int = 1024  # tokens of conversation kept (oldest turns dropped first)
     system_prompt: str = SPOKEN_SYSTEM_PROMPT

@@ -46,7 +46,7 @@ class DiffusionOptions:
 
 
 def smollm2_diffusion_config(tokenizer: Tokenizer) -> DiffusionConfig:
-    """SmolLM2 adapted to block diffusion (CONTRACT.md, 1-4): the mask is the extra
+    """SmolLM2 adapted to block diffusion (docs/diffusion.md): the mask is the extra
     embedding row (id = vocab size), a reply ends at <|im_end|> (or eos), block-causal
     attention, Dream's logit shift."""
     return DiffusionConfig(

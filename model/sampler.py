@@ -96,9 +96,9 @@ class SamplerSettings:
     # so the conversation's cache stays exact.
     approx_cache: bool = False
     # The sizes of a reply's first blocks; the later ones are block_size. A listener
-    # waits for the first sentence, and on a CPU a pass costs about its width (at 100
-    # cached positions: 1 position 10.8 ms, 8 20.7 ms, 16 31.7 ms) while the model
-    # commits about one token per pass at any width (docs/diffusion.md, "Block schedule")
+    # waits for the first sentence, and on a CPU a pass costs about its width while the
+    # model commits about one token per pass at any width (docs/diffusion.md, "Block
+    # schedule", has the measured pass costs)
     first_blocks: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:

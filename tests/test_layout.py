@@ -149,6 +149,18 @@ def test_serving_imports_torch_only_in_the_pytorch_engines() -> None:
     assert bad == []
 
 
+def test_build_and_the_network_never_import_training() -> None:
+    """Training builds on the network and on export, never the other way round."""
+    bad = [
+        (name, target)
+        for name, path in modules().items()
+        if name.startswith(("export", "model.nn"))
+        for target, _ in imports(name, path)
+        if target.startswith("model.training")
+    ]
+    assert bad == []
+
+
 def test_nothing_outside_tests_imports_tests() -> None:
     bad = [
         (name, target)

@@ -34,10 +34,12 @@ from numpy.typing import NDArray
 from export.prompts import QUESTIONS
 from model.backend import Attend, Offsets, Rows, StepBackend
 from model.chat import build_prompt
+from model.diffusion_engine import DiffusionOptions, smollm2_diffusion_config
 from model.engine import ChatMessage, GenerationStats, drain
 from model.generate import greedy
 from model.modeldir import default_model_dir, is_complete, load_tokenizer
 from model.runtime import OrtBackend, RuntimeConfig
+from model.sampler import sample, schedule_label
 from model.tokenizer import Tokenizer
 from server.speech import SentenceSplitter
 
@@ -155,11 +157,8 @@ def ar_decoder(tok: Tokenizer) -> Decoder:
 
 
 def diffusion_decoder(tok: Tokenizer, **changes: Any) -> Decoder:
-    """DIFFUSION's sampler with its engine's default settings, seed 0 for every reply;
+    """The diffusion sampler with its engine's default settings, seed 0 for every reply;
     ``changes``: SamplerSettings fields that differ from them."""
-    from model.diffusion_engine import DiffusionOptions, smollm2_diffusion_config
-    from model.sampler import sample
-
     settings = dataclasses.replace(DiffusionOptions().sampler, **changes)
     config = smollm2_diffusion_config(tok)
 
@@ -399,19 +398,13 @@ def run_llm_bench(options: BenchOptions) -> dict[str, Any]:
         backends["torch-fp32"] = _torch_backend()
         roofs["torch-fp32"] = Roofline(peak_fp32_torch(), bandwidth_fp32_torch(), 4.0)
     decoders: dict[str, Decoder] = {"ar": ar_decoder(tok)}
-    missing = None
-    try:
-        decoders["diffusion"] = diffusion_decoder(tok)
-        if options.approx_cache:
-            decoders["diffusion-approx"] = diffusion_decoder(tok, approx_cache=True)
-        if (first := options.first_blocks) is not None:
-            from model.sampler import schedule_label
-
-            decoders[f"diffusion-first{schedule_label(first)}"] = diffusion_decoder(
-                tok, first_blocks=first
-            )
-    except ImportError as exc:
-        missing = f"DIFFUSION's model/diffusion_engine.py or model/sampler.py is missing: {exc}"
+    decoders["diffusion"] = diffusion_decoder(tok)
+    if options.approx_cache:
+        decoders["diffusion-approx"] = diffusion_decoder(tok, approx_cache=True)
+    if (first := options.first_blocks) is not None:
+        decoders[f"diffusion-first{schedule_label(first)}"] = diffusion_decoder(
+            tok, first_blocks=first
+        )
     sentence = first_sentence_tokens(tok)
     rows: list[dict[str, Any]] = []
     for budget in options.budgets:
@@ -433,7 +426,7 @@ def run_llm_bench(options: BenchOptions) -> dict[str, Any]:
             )
             for engine, r in timed.items():
                 rows.append({"engine": engine, "runtime": runtime, "budget": budget, **r})
-    results = _results(rows, options, roofs, dims, missing, manifest, questions)
+    results = _results(rows, options, roofs, dims, manifest, questions)
     results["int8_kernel_peak_flops"] = kernel_peaks
     return results
 
@@ -461,7 +454,6 @@ def _results(
     options: BenchOptions,
     roofs: dict[str, Roofline],
     dims: Dims,
-    missing: str | None,
     manifest: dict[str, Any],
     questions: tuple[str, ...],
 ) -> dict[str, Any]:
@@ -514,7 +506,6 @@ def _results(
             if ar and x["engine"] != "ar" and x["runtime"] == "onnx-int8" and x["budget"] == top
         },
         "speedup_budget": top,
-        "diffusion_missing": missing,
     }
 
 
@@ -549,5 +540,3 @@ def print_table(results: dict[str, Any]) -> None:
     for engine, x in (results.get("speedup_by_engine") or {}).items():
         if engine != "diffusion":
             print(f"speedup of {engine}: {x:.2f}")
-    if results["diffusion_missing"]:
-        print(f"diffusion not measured: {results['diffusion_missing']}")

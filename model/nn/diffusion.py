@@ -24,11 +24,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from model.nn.adapter import apply_adapter, load_adapter
+from model.nn.adapter import Adapter, apply_adapter, load_adapter
 from model.nn.gguf import GGUFFile, open_gguf
 from model.nn.llama import Llama, LlamaConfig
 from model.sampler import DiffusionConfig
@@ -100,7 +99,7 @@ def embedding_with_mask_row(model: Llama) -> torch.Tensor:
 
 def load_smollm2_diffusion(
     source: GGUFFile | str | Path | None = None,
-    adapter: Any = None,
+    adapter: Adapter | str | Path | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> Llama:
     """SmolLM2-135M-Instruct with the mask row, plus the trained adapter if given.

@@ -36,7 +36,7 @@ import torch
 
 from model.nn.backend import TorchBackend
 from model.nn.llama import Llama, LlamaConfig
-from model.sampler import DiffusionConfig
+from model.sampler import DiffusionConfig, SamplerSettings
 
 
 def read_config(folder: str | Path) -> dict[str, Any]:
@@ -222,14 +222,14 @@ def answer(
     folder: str | Path,
     question: str,
     max_tokens: int = 128,
-    settings: Any = None,
+    settings: SamplerSettings | None = None,
     dtype: torch.dtype = torch.bfloat16,
     device: str = "cpu",
 ) -> str:
     """One reply from a LLaDA / Dream folder (full attention, LLaDA's defaults)."""
     from tokenizers import Tokenizer as HFTokenizer
 
-    from model.sampler import SamplerSettings, sample
+    from model.sampler import sample
 
     model, diffusion = load_hf_diffusion(folder, dtype, device)
     prompt = chat_prompt(folder, question)

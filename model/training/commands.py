@@ -11,6 +11,8 @@ import json
 import sys
 from pathlib import Path
 
+from export.commands import block_schedule
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     data = sub.add_parser("data", help="regenerate the self-distillation corpus from a seed")
@@ -108,18 +110,6 @@ def _lookahead(text: str) -> int | None:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"expected a count >= 0 or 'any', not {text!r}")
     return int(text)
-
-
-def block_schedule(text: str) -> tuple[int, ...]:
-    """``--first-blocks``: "8", "4,8" or "none" (no first blocks of their own)."""
-    if text == "none":
-        return ()
-    sizes = text.split(",")
-    if not all(n.isdigit() and int(n) > 0 for n in sizes):
-        raise argparse.ArgumentTypeError(
-            f"expected block sizes >= 1 such as 8 or 4,8, or 'none', not {text!r}"
-        )
-    return tuple(int(n) for n in sizes)
 
 
 def _data(args: argparse.Namespace) -> int:

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from model.backend import StepBackend
 from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt, encode_chat
 from model.engine import ChatMessage
 from model.nn.llama import Llama
@@ -55,7 +56,8 @@ class DataConfig:
     question_temperature: float = 0.9
     batch: int = 16  # questions decoded together
     # Held-out replies are the fp32 greedy ones the eval compares against; training
-    # replies may be written in bf16 (~2.5x faster here, nearly the same replies).
+    # replies may be written in bf16 (faster on an AMX CPU, nearly the same replies;
+    # docs/training.md).
     train_dtype: str = "float32"
 
 
@@ -102,7 +104,7 @@ def decode_batch(
     """Greedy (temperature 0) or sampled replies for a batch of prompts, left-padded.
 
     On this shared 2-core CPU one batch-16 step costs little more than a batch-1 step,
-    so the corpus is written ~10x faster than one question at a time. Returns per
+    so the corpus is written far faster than one question at a time. Returns per
     prompt (tokens without the stop token, ended). Padded keys are masked out and the
     positions start at 0 for each prompt, so each row is the same computation as
     model.generate.greedy up to float rounding.
@@ -316,7 +318,7 @@ def make_dataset(
 
 
 def own_replies(
-    backend: Any,
+    backend: StepBackend,
     teacher: str,
     tok: Tokenizer,
     source: Path,

@@ -4,7 +4,7 @@ For each question (default: the held-out split, ``model/training/prompts/heldout
 
 * the autoregressive SmolLM2 replies greedily (the reference; taken from the held-out
   file of ``quicksilver data`` when it is there) and sampled at temperature 0.7;
-* the diffusion model (base + adapter, DIFFUSION's block sampler) replies at each
+* the diffusion model (base + adapter, the block sampler) replies at each
   confidence threshold asked for.
 
 Measured per setting: (a) per-token negative log-likelihood of the replies scored by
@@ -318,7 +318,7 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
         from model.assemble import load_onnx_backend
         from model.runtime import RuntimeConfig
 
-        backend: Any = load_onnx_backend(
+        backend: StepBackend = load_onnx_backend(
             opts.onnx, opts.onnx_variant, RuntimeConfig(max_len=max_len, threads=opts.threads)
         )
         runtime = f"onnx-{opts.onnx_variant}"

@@ -9,7 +9,7 @@ with probability t_k. As in BD3-LM's vectorised training, one sequence carries
 
 with the noised copy at the same positions as the clean one, and an attention mask
 (:func:`doubled_mask`) that gives every position exactly what the sampler shows it
-(CONTRACT.md 3): the prompt causal, as prefilled; clean block k bidirectional inside and
+(docs/diffusion.md): the prompt causal, as prefilled; clean block k bidirectional inside and
 causal across blocks, as committed; noised block k the prompt, clean blocks < k and
 itself. So one pass trains every block. With Dream's logit shift (Ye et al. 2025) the
 token at a position is predicted by the row before it: inside a noised block the
@@ -17,8 +17,8 @@ previous noised row, for a block's first position the last clean row before the 
 (the last prompt token for block 0), which is the sampler's last committed row. The
 loss is the cross-entropy on masked positions weighted by 1/t_k, summed, and divided by
 the reply positions in the batch (LLaDA's normalisation). A reply ends with <|im_end|>
-and the rest of its last block is filled with <|im_end|>, in the loss too
-(CONTRACT.md 4).
+and the rest of its last block is filled with <|im_end|>, in the loss too,
+so the model learns to end a reply inside a block.
 
 Trainable: LoRA on q, k, v, o, gate, up, down (model.nn.adapter) and the mask-token
 embedding; the base stays frozen. Checkpoints are resumable; the batch of step s comes
@@ -78,8 +78,8 @@ class TrainConfig:
     # "cpu", "cuda" (or "cuda:N"), or "auto" (the GPU when PyTorch sees one): the same
     # loop, batches and seeds on either; only the tensors move
     device: str = "cpu"
-    # frozen base in bf16 (LoRA and mask row stay fp32): ~2x faster here than fp32 and
-    # than autocast, which re-casts every frozen weight on every call
+    # frozen base in bf16 (LoRA and mask row stay fp32): faster than fp32 and than
+    # autocast, which re-casts every frozen weight on every call (docs/training.md)
     bf16: bool = True
     resume: bool = True
     # voice sessions are conversations: each training prompt gets 0..history earlier
@@ -99,7 +99,8 @@ class TrainConfig:
 
 
 def pad_reply(reply: list[int], block_size: int, end_id: int) -> list[int]:
-    """The reply filled with end tokens to whole blocks (CONTRACT.md 4)."""
+    """The reply filled with end tokens to whole blocks: the sampler fills whole blocks,
+    so the model learns what follows a reply's end inside one."""
     n = -(-len(reply) // block_size) * block_size
     return reply + [end_id] * (n - len(reply))
 
@@ -127,7 +128,7 @@ def noise_block(
 def doubled_mask(P: int, R: int, B: int, T: int) -> torch.Tensor:
     """Bool ``(T, T)`` attention over [prompt P | clean reply R | noised reply R | pad].
 
-    The contract's pattern (CONTRACT.md 3), written for every block at once (BD3-LM's
+    The sampler's block-causal pattern, written for every block at once (BD3-LM's
     vectorised training): the prompt is causal; clean block k sees the prompt and clean
     blocks <= k; noised block k sees the prompt, clean blocks < k and itself. Pad rows
     see only themselves (no all-masked row); nothing real sees a pad.

@@ -115,7 +115,7 @@ def test_eval_scores_the_settings_the_engines_serve():
 def test_first_blocks_option_takes_sizes_or_none():
     import argparse
 
-    from model.training.commands import block_schedule
+    from export.commands import block_schedule
 
     assert block_schedule("8") == (8,) and block_schedule("4,8") == (4, 8)
     assert block_schedule("none") == ()
