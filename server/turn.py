@@ -70,7 +70,14 @@ async def run_turn(
         raise
     except Exception as exc:
         log.exception("turn %d failed", start.turn_id)
-        await deliver(TurnFailed(start.turn_id, f"{type(exc).__name__}: {exc}"))
+        await deliver(TurnFailed(start.turn_id, _describe(exc)))
+
+
+def _describe(exc: BaseException) -> str:
+    """What failed, for the client: the error itself, not the TaskGroup that carried it."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}"
 
 
 async def _run(

@@ -523,6 +523,13 @@ def train(
     return {**record, "_params": (params, mask_emb)}
 
 
+def portable_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The run's settings as a shipped manifest keeps them: the data, output and init
+    folders by name only, never the training machine's paths."""
+    paths = ("data", "out", "init")
+    return {k: Path(v).name if k in paths and v else v for k, v in config.items()}
+
+
 def parse_overrides(cfg: TrainConfig, pairs: list[str]) -> TrainConfig:
     """``--set key=value`` pairs onto the config, typed by the field's default."""
     changes: dict[str, Any] = {}
@@ -563,7 +570,7 @@ def run_training(cfg: TrainConfig, ship: Path | None = None) -> dict[str, Any]:
         "logit_shift": True,
         "data": {"command": "quicksilver data", **recipe},
         "train": {k: record[k] for k in ("step", "tokens", "wall_s")}
-        | {"config": record["config"]},
+        | {"config": portable_config(record["config"])},
         "steps": record["step"],
         "tokens_seen": record["tokens"],
         "heldout_loss": record["curve"][-1][2],
@@ -572,7 +579,7 @@ def run_training(cfg: TrainConfig, ship: Path | None = None) -> dict[str, Any]:
     if cfg.init:  # the run continued another adapter: keep what that one was
         before = json.loads((Path(cfg.init) / "manifest.json").read_text())
         keep = ("steps", "tokens_seen", "heldout_loss", "train", "weights")
-        adapter.manifest["init"] = {"from": cfg.init, **{k: before.get(k) for k in keep}}
+        adapter.manifest["init"] = {"from": Path(cfg.init).name, **{k: before.get(k) for k in keep}}
     for folder in [Path(cfg.out) / "adapter", *([ship] if ship else [])]:
         save_adapter(folder, adapter)
     return record
