@@ -1,0 +1,489 @@
+"""One turn's pipeline (server/turn.py) on a fake runtime: event order, the release,
+pacing, cancellation, failures and the speech-first gate, with no model loaded.
+
+The fakes implement the interfaces of their real twins: ``FakeAsr.transcribe`` returns
+an ``audio.asr.Transcript``, ``FakeEngine`` is a ``model.engine.ReplyEngine`` (text
+pieces, then a ReplyEnd), ``FakeTts`` has Piper's ``sample_rate`` and
+``synthesize(text)`` yielding int16 chunks; the worker threads (``server.runtime.Worker``)
+and the gate (``server.speech.PassGate``) are the real ones. The same path runs on the
+real models in tests/e2e/test_voice_loop.py (a spoken question through Whisper, the
+served reply engine and Piper: transcript, reply text, audio and metrics; a barge-in
+cancels the turn and none of its audio follows ``reply_cancelled``),
+tests/e2e/test_concurrency.py (many sessions' turns at once), tests/server/test_turn.py
+(``synthesize`` with the real Piper: the gate held for the first sentence only) and
+tests/model/test_ar.py (the real ThreadedReplyEngine streamed, cancelled, gated).
+
+Pacing is checked on a frozen event-loop clock that the test moves by hand, so the
+number of frames sent at each instant is exact and nothing depends on how fast this
+machine is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import threading
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import numpy as np
+import pytest
+
+from audio.asr import Transcript
+from model.engine import ChatMessage, GenerationStats, ReplyChunk, ReplyEnd
+from server.runtime import Runtime, Worker, WorkerKind
+from server.session import (
+    Event,
+    FinalTranscript,
+    ReplyAudio,
+    ReplyFinished,
+    ReplySentence,
+    StartTurn,
+    TurnFailed,
+)
+from server.speech import PassGate
+from server.turn import Pacing, run_turn
+
+RATE = 16_000  # the fake voice's rate and the client's, unless a test says otherwise
+TURN = 7
+STATS = GenerationStats(tokens=12, forward_passes=5, stopped_by="end")
+NO_PACING = Pacing(frame_ms=100, lead_ms=600_000)  # every frame may go at once
+SETTLE = 50  # event-loop iterations given to anything that could still happen
+
+
+# --- fakes -----------------------------------------------------------------------
+
+
+class FakeAsr:
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.calls: list[np.ndarray] = []
+
+    def transcribe(self, audio: np.ndarray) -> Transcript:
+        self.calls.append(audio)
+        return Transcript(self.text, "en", len(audio) / RATE, 0.01, -0.2)
+
+
+class FakeEngine:
+    """A ReplyEngine that streams the given pieces, then ReplyEnd(STATS).
+
+    ``block_after``: after that many pieces it waits (for ``unblock``) before the rest;
+    ``fail``: raised after the pieces instead of the ReplyEnd. It records what it was
+    asked and how its stream ended: ``"end"`` (ran out), or the exception that closed
+    it (``GeneratorExit`` when the consumer dropped it, ``CancelledError`` when the
+    consumer was cancelled while it waited).
+    """
+
+    name = "fake"
+
+    def __init__(
+        self,
+        pieces: Sequence[str],
+        block_after: int | None = None,
+        fail: Exception | None = None,
+    ) -> None:
+        self.pieces, self.block_after, self.fail = list(pieces), block_after, fail
+        self.unblock = asyncio.Event()
+        self.blocked = asyncio.Event()
+        self.closed = asyncio.Event()
+        self.ended_by: str | None = None
+        self.calls: list[tuple[tuple[ChatMessage, ...], int]] = []
+
+    async def stream(
+        self, conversation: Sequence[ChatMessage], max_tokens: int
+    ) -> AsyncIterator[ReplyChunk]:
+        self.calls.append((tuple(conversation), max_tokens))
+        try:
+            for i, piece in enumerate(self.pieces):
+                if i == self.block_after:
+                    self.blocked.set()
+                    await self.unblock.wait()
+                yield piece
+            if self.fail is not None:
+                raise self.fail
+            yield ReplyEnd(STATS)
+            self.ended_by = "end"
+        except BaseException as exc:
+            self.ended_by = type(exc).__name__
+            raise
+        finally:
+            self.closed.set()
+
+
+class FakeTts:
+    """Piper's interface: ``ms`` of audio per sentence, in two int16 chunks. It notes
+    whether the reply model's gate was held while each sentence was synthesized, and
+    can be made to wait (``go``) inside ``synthesize`` (it runs in the TTS thread)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, gate: PassGate, ms: int) -> None:
+        self.loop, self.gate, self.ms = loop, gate, ms
+        self.sample_rate = RATE
+        self.texts: list[str] = []
+        self.held: list[bool] = []
+        self.go = threading.Event()
+        self.go.set()
+        self.started = asyncio.Event()  # set from the TTS thread when it is in synthesize
+
+    def synthesize(self, text: str) -> Iterator[np.ndarray]:
+        self.texts.append(text)
+        self.held.append(self.gate.held)
+        self.loop.call_soon_threadsafe(self.started.set)
+        self.go.wait()
+        n = self.sample_rate * self.ms // 1000
+        yield np.full(n // 2, 1000, np.int16)
+        yield np.full(n - n // 2, -1000, np.int16)
+
+
+@dataclass
+class Turn:
+    """One turn on a fake runtime, with everything it delivered, in order."""
+
+    rt: Runtime
+    engine: FakeEngine
+    asr: FakeAsr
+    tts: FakeTts
+    released: asyncio.Event = field(default_factory=asyncio.Event)
+    events: list[Event] = field(default_factory=list)
+    new_frame: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def deliver(self, event: Event) -> None:
+        self.events.append(event)
+        if isinstance(event, ReplyAudio):
+            self.new_frame.set()
+
+    def start(
+        self,
+        audio: np.ndarray | None = None,
+        text: str | None = None,
+        history: tuple[ChatMessage, ...] = (),
+        output_rate: int = RATE,
+        pacing: Pacing = NO_PACING,
+    ) -> asyncio.Task[None]:
+        start = StartTurn(TURN, audio, text, history, output_rate)
+        return asyncio.create_task(run_turn(self.rt, start, self.released, self.deliver, pacing))
+
+    def of(self, kind: type) -> list[Any]:
+        return [e for e in self.events if isinstance(e, kind)]
+
+    @property
+    def frames(self) -> list[ReplyAudio]:
+        return self.of(ReplyAudio)
+
+    async def frame_count(self, n: int) -> None:
+        """Wait until at least ``n`` audio frames have been delivered."""
+        while len(self.frames) < n:
+            self.new_frame.clear()
+            await self.new_frame.wait()
+
+
+@pytest.fixture
+async def make_turn() -> AsyncIterator[Any]:
+    runtimes: list[tuple[Runtime, FakeTts]] = []
+
+    def make(
+        engine: FakeEngine, transcript: str = "What is the capital of Italy?", tts_ms: int = 250
+    ) -> Turn:
+        gate = PassGate(enabled=True)
+        asr, tts = FakeAsr(transcript), FakeTts(asyncio.get_running_loop(), gate, tts_ms)
+        workers = {kind: Worker(kind.value) for kind in WorkerKind}
+        rt = Runtime(
+            vad=cast(Any, None),
+            asr=cast(Any, asr),
+            tts=cast(Any, tts),
+            reply=engine,
+            asr_name="fake",
+            max_reply_tokens=33,
+            workers=workers,
+            gate=gate,
+        )
+        runtimes.append((rt, tts))
+        return Turn(rt, engine, asr, tts)
+
+    yield make
+    for rt, tts in runtimes:
+        tts.go.set()  # a TTS thread left waiting by a cancelled turn
+        rt.close()
+
+
+async def settle() -> None:
+    """Let every task that can run, run (a fixed number of loop iterations; no clock)."""
+    for _ in range(SETTLE):
+        await asyncio.sleep(0)
+
+
+@contextlib.contextmanager
+def frozen_clock(loop: asyncio.AbstractEventLoop) -> Iterator[list[float]]:
+    """The loop's clock stands still until the test moves ``clock[0]``: sleeps end only
+    then. (Whole seconds, so the frame durations used below add up exactly.)"""
+    clock = [float(math.floor(loop.time()))]
+    loop.time = lambda: clock[0]  # type: ignore[method-assign]
+    try:
+        yield clock
+    finally:
+        del loop.time
+
+
+QUESTION_AUDIO = np.zeros(RATE, np.float32)
+REPLY = ["The capital", " of Italy is Rome.", " It is", " also its largest city.", " Ciao"]
+SENTENCES = ["The capital of Italy is Rome.", "It is also its largest city.", "Ciao"]
+
+
+# --- the events of one turn --------------------------------------------------------
+
+
+async def test_a_spoken_turn_delivers_transcript_sentences_audio_then_finished(
+    make_turn: Any,
+) -> None:
+    turn = make_turn(FakeEngine(REPLY), tts_ms=250)
+    turn.released.set()
+    await turn.start(audio=QUESTION_AUDIO)
+
+    first, *middle, last = turn.events
+    assert isinstance(first, FinalTranscript)
+    assert (first.turn_id, first.text) == (TURN, "What is the capital of Italy?")
+    assert first.asr_ms >= 0 and len(turn.asr.calls) == 1
+    assert turn.asr.calls[0] is QUESTION_AUDIO
+    assert last == ReplyFinished(TURN, STATS, last.reply_ms) and last.reply_ms >= 0
+    assert {type(e) for e in middle} == {ReplySentence, ReplyAudio}
+
+    said = turn.of(ReplySentence)
+    assert [(s.turn_id, s.index, s.text) for s in said] == [
+        (TURN, i, text) for i, text in enumerate(SENTENCES)
+    ]
+    assert turn.tts.texts == SENTENCES
+    # Each sentence's audio comes after its text, sentence by sentence, in frames of
+    # frame_ms (the last of a sentence shorter); 250 ms at 16 kHz = 4000 samples.
+    frames = turn.frames
+    assert all(f.turn_id == TURN for f in frames)
+    assert [f.sentence for f in frames] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert [len(f.pcm) for f in frames] == [3200, 3200, 1600] * 3
+    assert all(f.sentence_samples == 4000 for f in frames)
+    assert [f.tts_ms is not None for f in frames] == [True, False, False] * 3
+    for s in said:
+        assert middle.index(s) < middle.index(next(f for f in frames if f.sentence == s.index))
+    audio = np.frombuffer(b"".join(f.pcm for f in frames[:3]), "<i2")
+    assert audio.tolist() == [1000] * 2000 + [-1000] * 2000  # the voice's own samples
+
+
+async def test_frames_are_sized_at_the_clients_rate(make_turn: Any) -> None:
+    turn = make_turn(FakeEngine(["Hello there."]), tts_ms=250)
+    turn.released.set()
+    await turn.start(text="Hi", output_rate=8000, pacing=Pacing(frame_ms=40, lead_ms=600_000))
+    # 250 ms at 8 kHz: 2000 samples, in 40 ms frames of 320 samples (640 bytes)
+    assert [len(f.pcm) for f in turn.frames] == [640] * 6 + [160]
+    assert {f.sentence_samples for f in turn.frames} == {2000}
+
+
+async def test_a_typed_turn_has_no_transcript_and_the_engine_gets_the_history(
+    make_turn: Any,
+) -> None:
+    history = (
+        ChatMessage("user", "My name is Ada."),
+        ChatMessage("assistant", "Nice to meet you, Ada."),
+    )
+    turn = make_turn(FakeEngine(["You are Ada."]))
+    turn.released.set()
+    await turn.start(text="What is my name?", history=history)
+    assert turn.engine.calls == [((*history, ChatMessage("user", "What is my name?")), 33)]
+    assert turn.asr.calls == [] and turn.of(FinalTranscript) == []
+    assert [s.text for s in turn.of(ReplySentence)] == ["You are Ada."]
+
+
+async def test_a_spoken_turn_sends_the_transcript_to_the_engine_after_the_history(
+    make_turn: Any,
+) -> None:
+    history = (ChatMessage("user", "Hi."), ChatMessage("assistant", "Hello!"))
+    turn = make_turn(FakeEngine(["Rome."]), transcript="And Italy?")
+    turn.released.set()
+    await turn.start(audio=QUESTION_AUDIO, history=history)
+    assert turn.engine.calls == [((*history, ChatMessage("user", "And Italy?")), 33)]
+
+
+@pytest.mark.parametrize("transcript", ["", "   "])
+async def test_an_empty_transcript_finishes_without_calling_the_engine(
+    make_turn: Any, transcript: str
+) -> None:
+    turn = make_turn(FakeEngine(["Never said."]), transcript=transcript)
+    turn.released.set()
+    await turn.start(audio=QUESTION_AUDIO)
+    assert [type(e) for e in turn.events] == [FinalTranscript, ReplyFinished]
+    assert turn.events[0].text == transcript
+    assert turn.events[1] == ReplyFinished(TURN, None, None)
+    assert turn.engine.calls == [] and turn.tts.texts == []
+
+
+# --- the release ---------------------------------------------------------------------
+
+
+async def test_no_audio_is_delivered_before_the_turn_is_released(make_turn: Any) -> None:
+    turn = make_turn(FakeEngine(REPLY))
+    task = turn.start(audio=QUESTION_AUDIO)
+    await turn.engine.closed.wait()  # the whole reply written and synthesized
+    await settle()
+    assert turn.engine.ended_by == "end" and turn.tts.texts == SENTENCES
+    assert [type(e) for e in turn.events] == [FinalTranscript] + [ReplySentence] * 3
+    assert not task.done()  # its audio waits for the release
+
+    turn.released.set()
+    await task
+    assert [f.sentence for f in turn.frames] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert isinstance(turn.events[-1], ReplyFinished)
+
+
+async def test_an_unreleased_turn_cancelled_never_sends_audio(make_turn: Any) -> None:
+    turn = make_turn(FakeEngine(REPLY))
+    task = turn.start(text="Hi")
+    await turn.engine.closed.wait()
+    await settle()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    turn.released.set()
+    await settle()
+    assert turn.frames == [] and turn.of(ReplyFinished) == []
+
+
+# --- pacing --------------------------------------------------------------------------
+
+
+async def test_audio_runs_ahead_of_real_time_by_at_most_the_lead(make_turn: Any) -> None:
+    """With the clock stopped, sending stops once it is lead_ms ahead; each frame_ms
+    the clock then moves lets exactly one more frame go."""
+    pacing = Pacing(frame_ms=125, lead_ms=250)  # 1/8 s frames: the sums stay exact
+    turn = make_turn(FakeEngine(["Once upon a time."]), tts_ms=1000)  # 8 frames
+    turn.released.set()
+    with frozen_clock(asyncio.get_running_loop()) as clock:
+        task = turn.start(text="A story, please.", pacing=pacing)
+        await turn.frame_count(1)
+        t0 = clock[0]
+        await settle()
+        # frames 0, 1, 2: 0 ms, 125 ms and 250 ms of audio already sent, none more
+        # than the 250 ms lead ahead of the clock; frame 3 waits
+        assert len(turn.frames) == 3
+
+        sent_at = [t0] * 3
+        for n in range(4, 9):
+            clock[0] += 0.0625  # half a frame: not yet
+            await settle()
+            assert len(turn.frames) == n - 1
+            clock[0] += 0.0625
+            await turn.frame_count(n)
+            await settle()
+            assert len(turn.frames) == n
+            sent_at.append(clock[0])
+        await task
+    assert [t - t0 for t in sent_at] == [0, 0, 0, 0.125, 0.25, 0.375, 0.5, 0.625]
+    assert [len(f.pcm) for f in turn.frames] == [4000] * 8
+    assert isinstance(turn.events[-1], ReplyFinished)
+
+
+async def test_the_pacing_clock_starts_at_the_first_frame(make_turn: Any) -> None:
+    """Time spent before the first frame (synthesizing the first sentence, waiting for
+    the release) is not credit: the first frame starts the lead from zero."""
+    pacing = Pacing(frame_ms=125, lead_ms=250)
+    turn = make_turn(FakeEngine(["Once upon a time."]), tts_ms=1000)
+    turn.tts.go.clear()
+    with frozen_clock(asyncio.get_running_loop()) as clock:
+        task = turn.start(text="A story, please.", pacing=pacing)
+        await turn.tts.started.wait()
+        clock[0] += 5.0  # unreleased, the voice at work
+        turn.released.set()
+        await settle()
+        clock[0] += 5.0  # released, the voice still at work
+        turn.tts.go.set()
+        await turn.frame_count(1)
+        await settle()
+        assert len(turn.frames) == 3
+        clock[0] += 10.0
+        await task
+    assert len(turn.frames) == 8
+
+
+# --- cancellation and failure ------------------------------------------------------------
+
+
+async def test_cancelling_while_the_model_writes_closes_its_stream_and_stops_audio(
+    make_turn: Any,
+) -> None:
+    engine = FakeEngine(["First sentence here. ", "And then", " more."], block_after=1)
+    turn = make_turn(engine, tts_ms=1000)
+    turn.released.set()
+    with frozen_clock(asyncio.get_running_loop()) as clock:
+        task = turn.start(text="Go on.", pacing=Pacing(frame_ms=100, lead_ms=200))
+        await engine.blocked.wait()
+        await turn.frame_count(1)
+        await settle()
+        assert len(turn.frames) == 3  # the lead's worth; the clock is stopped
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert engine.closed.is_set() and engine.ended_by == "CancelledError"
+        clock[0] += 60.0  # the audio's pace would allow all of it now
+        engine.unblock.set()
+        await settle()
+    assert len(turn.frames) == 3
+    assert [type(e) for e in turn.events] == [ReplySentence] + [ReplyAudio] * 3
+
+
+async def test_cancelling_during_speech_synthesis_closes_the_reply_stream(
+    make_turn: Any,
+) -> None:
+    """Cancelled while Piper works on a sentence, the turn is not inside the engine's
+    stream; the stream must still be closed so the model stops writing."""
+    engine = FakeEngine(["One. ", "Two. ", "Three."])
+    turn = make_turn(engine)
+    turn.tts.go.clear()
+    turn.released.set()
+    task = turn.start(text="Count.")
+    await turn.tts.started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.wait_for(engine.closed.wait(), 10)
+    assert engine.ended_by == "GeneratorExit"
+    turn.tts.go.set()
+    await settle()
+    assert turn.frames == [] and turn.tts.texts == ["One."]
+    assert [type(e) for e in turn.events] == [ReplySentence]
+
+
+async def test_a_failing_engine_delivers_turn_failed_and_ends_the_turn(make_turn: Any) -> None:
+    engine = FakeEngine(["Half a sentence. ", "and then"], fail=RuntimeError("model broke"))
+    turn = make_turn(engine)
+    turn.released.set()
+    await turn.start(text="Hi")  # returns: the failure is reported, not raised
+    # the error itself, not the TaskGroup's ExceptionGroup around it
+    assert turn.events[-1] == TurnFailed(TURN, "RuntimeError: model broke")
+    assert turn.of(ReplyFinished) == [] and len(turn.of(TurnFailed)) == 1
+    assert [s.text for s in turn.of(ReplySentence)] == ["Half a sentence."]
+    assert engine.ended_by == "RuntimeError"
+
+
+async def test_a_failing_voice_delivers_turn_failed(make_turn: Any) -> None:
+    turn = make_turn(FakeEngine(["Hello."]))
+
+    def broken(text: str) -> Iterator[np.ndarray]:
+        raise OSError("no voice")
+        yield np.zeros(0, np.int16)
+
+    turn.tts.synthesize = broken
+    turn.released.set()
+    await turn.start(text="Hi")
+    assert turn.events[-1] == TurnFailed(TURN, "OSError: no voice")
+    assert turn.frames == [] and turn.of(ReplyFinished) == []
+
+
+# --- speech first ----------------------------------------------------------------------
+
+
+async def test_only_the_first_sentence_is_synthesized_with_the_model_held(
+    make_turn: Any,
+) -> None:
+    turn = make_turn(FakeEngine(REPLY))
+    turn.released.set()
+    await turn.start(text="Tell me about Rome.")
+    assert turn.tts.texts == SENTENCES
+    assert turn.tts.held == [True, False, False]
+    assert not turn.rt.gate.held
