@@ -108,8 +108,9 @@ class ThreadedReplyEngine:
 
     Cancellation (the consuming task cancelled, or the iterator closed early) sets the
     generator's stop flag and waits for the worker thread to return, so a cancelled
-    turn never keeps the model busy behind the next one. The generator also waits at
-    ``gate`` before each forward pass.
+    turn never keeps the model busy behind the next one; a reply still queued behind
+    another session's is taken off the queue at once instead of waited for. The
+    generator also waits at ``gate`` before each forward pass.
     """
 
     def __init__(
@@ -150,7 +151,7 @@ class ThreadedReplyEngine:
             finally:
                 put(_DONE)
 
-        future = loop.run_in_executor(self._executor, work)
+        job = self._executor.submit(work)
         try:
             while (item := await queue.get()) is not _DONE:
                 if isinstance(item, Exception):
@@ -159,7 +160,9 @@ class ThreadedReplyEngine:
                 yield item
         finally:
             stop.set()
-            # Wait for the worker to notice the flag even when we are being
+            # Not started yet (queued behind another reply): it never runs. Running: wait
+            # for it to notice the flag, within one forward pass, even when we are being
             # cancelled, so the model is free before the next turn starts.
-            with contextlib.suppress(Exception):
-                await asyncio.shield(future)
+            if not job.cancel():
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(asyncio.wrap_future(job))

@@ -212,6 +212,8 @@ def _build(table: dict[str, type[Any]], raw: str | bytes) -> Any:
         obj = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ProtocolError("bad_json", f"text frame is not valid JSON: {exc}") from None
+    except RecursionError:  # "[[[[..." nested deeper than the decoder's stack
+        raise ProtocolError("bad_json", "text frame is nested too deeply") from None
     if not isinstance(obj, dict):
         raise ProtocolError("bad_message", "a message must be a JSON object")
     kind = obj.pop("type", None)

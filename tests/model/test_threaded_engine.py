@@ -1,0 +1,80 @@
+"""ThreadedReplyEngine's cancellation across sessions sharing one reply thread.
+
+The generators here are scripted stand-ins for a model (the real engines run through
+the same class in tests/model/test_ar.py and the end-to-end tests): one blocks until
+the test lets it go, so the order of events is fixed and no assertion depends on time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Generator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from model.engine import ChatMessage, GenerationStats, ReplyEnd, ThreadedReplyEngine
+
+ASK = [ChatMessage("user", "hello")]
+
+
+class Blocking:
+    """Yields one piece, then holds the thread until ``release`` is set."""
+
+    name = "blocking"
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.release = threading.Event()
+
+    def generate(
+        self, conversation: Sequence[ChatMessage], max_tokens: int, should_stop: Callable[[], bool]
+    ) -> Generator[str, None, GenerationStats]:
+        self.started.set()
+        yield "A long reply"
+        self.release.wait(30)
+        return GenerationStats(1, 1, "end")
+
+
+class Counting:
+    """Records whether it ever ran."""
+
+    name = "counting"
+
+    def __init__(self) -> None:
+        self.ran = False
+
+    def generate(
+        self, conversation: Sequence[ChatMessage], max_tokens: int, should_stop: Callable[[], bool]
+    ) -> Generator[str, None, GenerationStats]:
+        self.ran = True
+        yield "Hi."
+        return GenerationStats(1, 1, "end")
+
+
+async def test_cancelling_a_reply_queued_behind_another_does_not_wait_for_it() -> None:
+    """Session B's reply waits for the one reply thread while session A's is written;
+    B's user barges in. B's cancel must return at once (before A's reply ends) and B's
+    reply must never run: before the fix it waited for all of A's reply (issue 17)."""
+    a, b = Blocking(), Counting()
+    with ThreadPoolExecutor(1) as pool:  # one reply thread, as the server has
+        first = ThreadedReplyEngine(a, pool).stream(ASK, 8)
+        assert await anext(first) == "A long reply"
+        assert a.started.is_set()
+        queued_started = asyncio.Event()
+
+        async def session_b() -> None:
+            queued_started.set()
+            async for _ in ThreadedReplyEngine(b, pool).stream(ASK, 8):
+                pass
+
+        task = asyncio.create_task(session_b())
+        await queued_started.wait()
+        await asyncio.sleep(0)  # let it submit its job behind A's
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=20)
+        assert task in done and task.cancelled()
+        assert not a.release.is_set()  # A's reply is still being written
+        a.release.set()
+        rest = [chunk async for chunk in first]
+        assert rest == [ReplyEnd(GenerationStats(1, 1, "end"))]
+    assert not b.ran
