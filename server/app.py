@@ -144,7 +144,9 @@ class Connection:
                     self.turns[effect.turn_id] = (task, released)
                     task.add_done_callback(functools.partial(self._forget_turn, effect.turn_id))
                 case ReleaseTurn(turn_id=turn_id):
-                    self.turns[turn_id][1].set()
+                    # a turn whose transcript came back empty may have ended already
+                    if (entry := self.turns.get(turn_id)) is not None:
+                        entry[1].set()
                 case CancelTurn(turn_id=turn_id):
                     await self._cancel(turn_id)
                 case Close():
