@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import random
+from dataclasses import replace
 
 import torch
 
+import model.training.data as data
 from model.generate import greedy
 from model.nn.backend import TorchBackend
+from model.nn.llama import Llama
 from model.training.data import (
     DataConfig,
     _norm,
@@ -16,17 +20,30 @@ from model.training.data import (
     read_heldout,
     read_jsonl,
     template_questions,
+    training_questions,
 )
-from tests.model.conftest import tiny_model, tiny_tokenizer
+from tests.model.conftest import TINY, tiny_model, tiny_tokenizer
 
 HELD = ["What is two plus two?", "Name a color."]
+CONFIG = DataConfig(n=6, max_reply_tokens=8, batch=4, model_share=0.5)
+
+
+def ending_model() -> Llama:
+    """The tiny model with its own output head, its <|im_end|> row scaled up: it ends
+    some replies inside CONFIG's budget and not others (the plain tiny model never
+    writes <|im_end|>, so every reply would be dropped and the training split empty).
+    Any scale from 1.5 to 3.0 writes the same corpora here."""
+    model = tiny_model(0, replace(TINY, tie_embeddings=False))
+    with torch.no_grad():
+        model.lm_head.weight[tiny_tokenizer().im_end_id] *= 2.5
+    return model
 
 
 def run(tmp_path, seed: int, name: str):
     out = tmp_path / name
-    cfg = DataConfig(seed=seed, n=6, max_reply_tokens=6, batch=4, model_share=0.5)
+    cfg = replace(CONFIG, seed=seed)
     recipe = make_dataset(
-        tiny_model(), tiny_tokenizer(), cfg, out, log=lambda _: None, heldout=HELD
+        ending_model(), tiny_tokenizer(), cfg, out, log=lambda _: None, heldout=HELD
     )
     return out, recipe
 
@@ -38,17 +55,44 @@ def test_same_seed_same_files(tmp_path):
         assert (a / f).read_bytes() == (b / f).read_bytes(), f
     held = read_jsonl(a / "heldout.jsonl")
     assert [e.question for e in held] == HELD
-    assert recipe["train"] + recipe["dropped_unended"] >= 1
+    # some replies ended inside the budget and were kept, the others were dropped
+    assert recipe["train"] >= 1 and recipe["dropped_unended"] >= 1
+    assert recipe["train"] + recipe["dropped_unended"] == CONFIG.n
     c, _ = run(tmp_path, 8, "c")
     qs = lambda d: [e.question for e in read_jsonl(d / "train.jsonl")]  # noqa: E731
-    assert qs(a) != qs(c) or not qs(a)
+    assert len(qs(a)) == recipe["train"] and qs(c)
+    assert qs(a) != qs(c)
 
 
 def test_train_questions_never_hold_out_questions(tmp_path):
-    out, _ = run(tmp_path, 7, "a")
+    out, recipe = run(tmp_path, 7, "a")
+    train = read_jsonl(out / "train.jsonl")
+    assert len(train) == recipe["train"] >= 1
     held = {_norm(q) for q in read_heldout()}
-    assert all(_norm(e.question) not in held for e in read_jsonl(out / "train.jsonl"))
-    assert all(e.ended and e.reply_ids[-1] == 2 for e in read_jsonl(out / "train.jsonl"))
+    assert all(_norm(e.question) not in held for e in train)
+    im_end = tiny_tokenizer().im_end_id
+    assert all(e.ended and e.reply_ids[-1] == im_end for e in train)
+    assert all(im_end not in e.reply_ids[:-1] for e in train)
+
+
+def test_a_drawn_held_out_question_is_not_a_training_question(tmp_path, monkeypatch):
+    """Templates that can write a held-out question: it is drawn, and dropped."""
+    countries = ["Australia", "France", "Peru", "Japan", "Kenya", "Chile"]
+    topics = json.loads(data.TEMPLATES_FILE.read_text())["topics_for_model_questions"]
+    templates = {
+        "templates": ["What is the capital of {country}?"],
+        "slots": {"country": countries},
+        "topics_for_model_questions": topics,
+    }
+    assert "What is the capital of Australia?" in read_heldout()
+    (tmp_path / "templates.json").write_text(json.dumps(templates))
+    monkeypatch.setattr(data, "TEMPLATES_FILE", tmp_path / "templates.json")
+    cfg = replace(CONFIG, seed=7)  # the tiny model writes no questions of its own
+    got = training_questions(tiny_model(), tiny_tokenizer(), cfg, log=lambda _: None)
+    assert sorted(q for q, _ in got) == sorted(
+        f"What is the capital of {c}?" for c in countries[1:]
+    )
+    assert {src for _, src in got} == {"template"}
 
 
 def test_template_questions_are_distinct_and_seeded():
