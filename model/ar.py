@@ -1,6 +1,6 @@
 """The autoregressive baseline reply engine: SmolLM2-135M-Instruct, greedy, streamed.
 
-This is the engine the diffusion reply model must beat (DESIGN.md). It holds only
+This is the engine the diffusion reply model must beat (docs/export.md, "Benchmark"). It holds only
 read-only state (weights, tokenizer, options); every call builds its own KV cache and
 decoder, so concurrent calls from several worker threads never share mutable state.
 

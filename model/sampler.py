@@ -66,8 +66,9 @@ class DiffusionConfig:
 
 @dataclass(frozen=True)
 class SamplerSettings:
-    # Decoding blocks of 16 with the adapter trained on blocks of 8 ends every held-out
-    # reply inside the budget (blocks of 8: 85%) at the same likelihood (docs/training.md)
+    # Blocks of 16 with the adapter trained on blocks of 8 end more held-out replies
+    # inside the budget than blocks of 8 at the same likelihood
+    # (docs/results/2026-11-decoding-settings.md)
     block_size: int = 16
     rule: Rule = "threshold"
     threshold: float = 0.9  # "threshold": commit every masked position above it
@@ -78,7 +79,7 @@ class SamplerSettings:
     # block may take; its last step commits whatever is still masked. None: the block
     # size, so a threshold block never has to commit below the threshold more than one
     # position per step (what docs/training.md validates; fewer steps force commits and
-    # the replies repeat themselves)
+    # the replies repeat themselves: docs/results/2026-11-decoding-settings.md)
     steps_per_block: int | None = None
     temperature: float = 0.0  # 0: greedy; > 0: Gumbel-max sampling
     # step budget: denoising passes per reply, all blocks together. None: what the

@@ -1,9 +1,9 @@
 """The diffusion adapter: low-rank updates of SmolLM2's projections plus the mask token.
 
-What the repository ships instead of a copy of the base weights (DESIGN.md, "The reply
-model"): LoRA (Hu et al. 2021) factors ``A (r, in)`` and ``B (out, r)`` for the q, k, v,
-o, gate, up and down projections of every layer, and the embedding row of the mask
-token (id = vocab size; the mean embedding before training). Merging is ``W += alpha / r * B @ A``.
+What the repository ships instead of a copy of the base weights (docs/training.md): LoRA
+(Hu et al. 2021) factors ``A (r, in)`` and ``B (out, r)`` for the q, k, v, o, gate, up
+and down projections of every layer, and the embedding row of the mask token (id = vocab
+size; the mean embedding before training). Merging is ``W += alpha / r * B @ A``.
 
 On disk: ``adapter.safetensors`` (``blocks.{i}.{attn|mlp}.{proj}.lora_A`` / ``lora_B``,
 ``mask_embedding``) and ``manifest.json`` (base package, version and sha256 of the GGUF,

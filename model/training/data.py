@@ -56,8 +56,8 @@ class DataConfig:
     question_temperature: float = 0.9
     batch: int = 16  # questions decoded together
     # Held-out replies are the fp32 greedy ones the eval compares against; training
-    # replies may be written in bf16 (faster on an AMX CPU, nearly the same replies;
-    # docs/training.md).
+    # replies may be written in bf16 (faster on an AMX CPU; the fp32 held-out replies
+    # stay the reference).
     train_dtype: str = "float32"
 
 

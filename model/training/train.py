@@ -84,7 +84,8 @@ class TrainConfig:
     resume: bool = True
     # voice sessions are conversations: each training prompt gets 0..history earlier
     # turns (other training examples' questions and replies) before its question, drawn
-    # per step, so a reply does not end early after a short earlier one (docs/training.md)
+    # per step, so a reply does not end early after a short earlier one
+    # (docs/results/2026-11-conversation-training.md: it did not help the shipped adapter)
     history: int = 0
     # certainty forcing (dParallel, Chen et al. 2025): weight of the entropy, at temperature
     # certainty_temp, of the masked positions the model already predicts right, so it
