@@ -3,13 +3,26 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
+import model.diffusion_engine as diffusion_engine
+from export.build import BuildOptions, Source, build_atomic
 from export.parity import greedy_agreement, logit_diffs
-from tests.export.conftest import ort_backend, torch_backend
+from model.assemble import load_onnx_diffusion_generator
+from model.diffusion_engine import DiffusionGenerator, DiffusionOptions, smollm2_diffusion_config
+from model.engine import ChatMessage, GenerationStats, drain
+from model.modeldir import load_tokenizer
+from model.nn.diffusion import with_mask_row
+from model.nn.llama import Llama
+from tests.export.conftest import ort_backend, tiny_tokenizer_data, torch_backend
+from tests.model.conftest import TINY, tiny_model
 
 PROMPT = [5, 17, 42, 7, 99, 3, 250, 11]
 
@@ -104,3 +117,91 @@ def test_llada_and_dream_checkpoints_export_to_the_same_step_graph(
         b.step(c, ids[:4], "causal", commit=True)
     after = [b.step(c, ids[4:], "block", commit=False) for b, c in zip((t, o), caches, strict=True)]
     np.testing.assert_allclose(after[1], after[0], atol=1e-4)
+
+
+# ------------------------------------------------------------ the diffusion engine
+
+
+def peaked_model() -> Llama:
+    """A tiny Llama whose replies exercise the served sampler: the byte tokenizer's
+    vocabulary (so the mask is the extra row, as in SmolLM2), its own output head scaled
+    up so that some positions pass the 0.9 threshold (the plain tiny model is never that
+    sure: one leftmost token per pass) and <|im_end|> tilted so that some replies end.
+    The plain tiny model's reply is one token repeated, which a broken engine could
+    match."""
+    model = tiny_model(0, replace(TINY, vocab_size=259, tie_embeddings=False))
+    with torch.no_grad():
+        model.lm_head.weight *= 100
+        model.lm_head.weight[2] *= 1.4  # <|im_end|>
+    return model
+
+
+@pytest.fixture(scope="module")
+def peaked_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    source = Source(peaked_model(), tiny_tokenizer_data(), {"gguf": "tiny peaked Llama"})
+    out = tmp_path_factory.mktemp("peaked") / "model"
+    return build_atomic(out, BuildOptions(int8=False, check=False), source)
+
+
+Reply = tuple[list[int], list[str], GenerationStats]
+
+
+def replies(
+    gen: DiffusionGenerator, conversations: list[list[ChatMessage]], monkeypatch
+) -> list[Reply]:
+    """Each conversation's reply through ``gen.generate``: the sampler's tokens, the
+    text pieces and the stats; one generator, so later turns reuse its prefix cache."""
+    tokens: list[int] = []
+    real = diffusion_engine.sample
+
+    def recording(*args: Any, **kwargs: Any):  # type: ignore[no-untyped-def]
+        it = real(*args, **kwargs)
+        while True:
+            try:
+                tokens.append(next(it))
+            except StopIteration as done:
+                return done.value
+            yield tokens[-1]
+
+    monkeypatch.setattr(diffusion_engine, "sample", recording)
+    out: list[Reply] = []
+    for conversation in conversations:
+        tokens.clear()
+        pieces, stats = drain(gen.generate(conversation, 48, lambda: False))
+        out.append((list(tokens), pieces, stats))
+    return out
+
+
+QUESTIONS = ["hi", "What is the capital of Italy?", "Tell me a story.", "Name three colors."]
+
+
+def test_the_onnx_diffusion_engine_writes_the_pytorch_engines_replies(
+    peaked_dir: Path, monkeypatch
+) -> None:
+    """The served engine (load_onnx_diffusion_generator, fp32 graph, default sampler
+    settings) and the same DiffusionGenerator on the PyTorch model: token for token."""
+    onnx = load_onnx_diffusion_generator(peaked_dir, "fp32")
+    tok = load_tokenizer(peaked_dir)
+    options = DiffusionOptions()
+    assert onnx.options == options
+    backend = torch_backend(with_mask_row(peaked_model()), options.cache_len)
+    ref = DiffusionGenerator(backend, tok, smollm2_diffusion_config(tok), options)
+
+    first = [[ChatMessage("user", q)] for q in QUESTIONS]
+    want = replies(ref, first, monkeypatch)
+    # the second turn of the first conversation: its prompt starts with the first turn,
+    # which each engine's prefix cache already holds
+    second: Callable[[list[Reply]], list[ChatMessage]] = lambda r: [  # noqa: E731
+        *first[0],
+        ChatMessage("assistant", "".join(r[0][1])),
+        ChatMessage("user", "And then?"),
+    ]
+    want += replies(ref, [second(want)], monkeypatch)
+    got = replies(onnx, first, monkeypatch)
+    got += replies(onnx, [second(got)], monkeypatch)
+    assert got == want
+    # what the replies exercised: an end, the budget, several tokens in one pass
+    stats = [s for _, _, s in want]
+    assert {s.stopped_by for s in stats} == {"end", "budget"}
+    assert any(s.forward_passes < s.tokens for s in stats)
+    assert all(len(t) == s.tokens > 0 for t, _, s in want)
