@@ -42,14 +42,12 @@ class Recording:
         self.finished = threading.Event()
         self.stats: GenerationStats | None = None
         self.checks = 0
-        self.checked = threading.Event()  # the first stop check has happened
 
     def generate(
         self, conversation: Sequence[ChatMessage], max_tokens: int, should_stop: Callable[[], bool]
     ) -> Generator[str, None, GenerationStats]:
         def counted() -> bool:
             self.checks += 1
-            self.checked.set()
             return should_stop()
 
         try:
@@ -57,6 +55,25 @@ class Recording:
             return self.stats
         finally:
             self.finished.set()
+
+
+class WatchedGate(PassGate):
+    """The real gate, noting when a waiter has been held through three of its polls
+    (it is then waiting at the gate, not on its way there)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.polls = 0
+        self.holding = threading.Event()
+
+    def wait(self, stop: Callable[[], bool], poll_s: float = 0.02) -> None:
+        def watched() -> bool:
+            self.polls += 1
+            if self.polls >= 3:
+                self.holding.set()
+            return stop()
+
+        super().wait(watched, poll_s)
 
 
 def test_capital_of_france(ar: ARGenerator) -> None:
@@ -137,7 +154,7 @@ async def test_engine_cancelled_mid_reply_frees_the_worker(ar: ARGenerator) -> N
 
 async def test_engine_pauses_at_a_held_gate(ar: ARGenerator) -> None:
     expected = "".join(drain(ar.generate(FRANCE, 32, lambda: False))[0])
-    recording, gate = Recording(ar), PassGate()
+    recording, gate = Recording(ar), WatchedGate()
     with ThreadPoolExecutor(1) as pool:
         engine = ThreadedReplyEngine(recording, pool, gate)
 
@@ -146,8 +163,7 @@ async def test_engine_pauses_at_a_held_gate(ar: ARGenerator) -> None:
 
         with gate.hold():
             task = asyncio.create_task(consume())
-            assert await asyncio.to_thread(recording.checked.wait, 30)
-            await asyncio.sleep(0.2)  # time it would have to run on, were it not held
+            assert await asyncio.to_thread(gate.holding.wait, 30)
             # held at its first check: not one forward pass, not one piece
             assert recording.checks == 1 and not task.done()
         chunks = await task
@@ -157,7 +173,7 @@ async def test_engine_pauses_at_a_held_gate(ar: ARGenerator) -> None:
 
 
 async def test_engine_cancelled_at_a_held_gate_returns(ar: ARGenerator) -> None:
-    recording, gate = Recording(ar), PassGate()
+    recording, gate = Recording(ar), WatchedGate()
     with ThreadPoolExecutor(1) as pool:
         engine = ThreadedReplyEngine(recording, pool, gate)
 
@@ -167,9 +183,9 @@ async def test_engine_cancelled_at_a_held_gate_returns(ar: ARGenerator) -> None:
 
         with gate.hold():
             task = asyncio.create_task(consume())
-            await asyncio.sleep(0.1)
+            assert await asyncio.to_thread(gate.holding.wait, 30)  # waiting at the gate
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
             assert recording.finished.is_set()  # without waiting for the gate
-    assert recording.stats is not None and recording.stats.stopped_by == "cancel"
+    assert recording.stats == GenerationStats(0, 0, "cancel")  # not one pass ran
