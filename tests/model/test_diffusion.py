@@ -16,13 +16,14 @@ import numpy as np
 import pytest
 import torch
 
+from model.chat import build_prompt
 from model.diffusion_engine import (
     DiffusionGenerator,
     DiffusionOptions,
     PrefixCache,
     smollm2_diffusion_config,
 )
-from model.engine import ChatMessage, ReplyEnd, ThreadedReplyEngine, drain
+from model.engine import ChatMessage, GenerationStats, ReplyEnd, ThreadedReplyEngine, drain
 from model.nn.backend import TorchBackend
 from model.nn.diffusion import add_mask_row, block_causal_mask, load_smollm2_diffusion
 from model.nn.gguf import gguf_tokenizer
@@ -233,13 +234,19 @@ def test_engine_turns_reuse_the_conversation_cache() -> None:
 
 
 def test_engine_counts_passes_and_respects_max_tokens() -> None:
-    gen, prefills = tiny_generator()
-    text, stats = reply_text(gen, [ChatMessage("user", "count")])
-    B, steps = 8, 4
-    assert stats.tokens <= 16 and stats.stopped_by in ("end", "budget")
-    if stats.stopped_by == "budget":  # 2 blocks, one commit between, one prefill
-        assert stats.forward_passes <= 1 + 2 * steps + 1
-    assert prefills and len(text) <= 16 * 4 + B
+    """The tiny model never writes an end token, so its reply runs to the budget: two
+    blocks of 8 at their 4 steps each, one commit between them, one prefill of the
+    whole prompt; a budget of 12 stops inside the second block."""
+    steps = 4
+    conversation = [ChatMessage("user", "count")]
+    for max_tokens in (16, 12):
+        gen, prefills = tiny_generator()
+        pieces, stats = drain(gen.generate(conversation, max_tokens, lambda: False))
+        assert stats == GenerationStats(max_tokens, 1 + 2 * steps + 1, "budget")
+        opts = gen.options
+        prompt = build_prompt(gen.tokenizer, conversation, opts.prompt_budget, opts.system_prompt)
+        assert prefills == [len(prompt)]
+        assert 0 < len("".join(pieces)) <= max_tokens  # a byte token is at most a character
 
 
 @pytest.mark.models
