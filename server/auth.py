@@ -1,0 +1,802 @@
+"""Who may connect: API keys, short-lived client tokens, the Origin allow-list, TLS.
+
+Sans-I/O like the session: every decision is a plain function of the request line,
+the headers, the peer address and the time, which the caller passes in (unix
+seconds, ``time.time()``, because a token's expiry is a wall-clock time that other
+machines read). ``server/app.py`` turns the decisions into HTTP responses.
+
+- **API keys** come from ``QUICKSILVER_API_KEYS`` (comma-separated) and/or a key file
+  (one per line). With keys configured every connection presents a credential;
+  without keys the server serves loopback only, unless ``--insecure-no-auth``.
+- **Client tokens** are for pages and devices that must not hold a long-lived key
+  (the pattern of OpenAI's ephemeral client secrets and Pipecat's HMAC tokens):
+  ``qs1.<payload>.<signature>``, the payload a base64url JSON object with an expiry and
+  a unique id, signed with HMAC-SHA256 (RFC 2104) under a secret derived from the key
+  that minted it. Each opens one session: :class:`TokenLedger` remembers used ids
+  until they expire.
+- **Origin**: browsers send one with every WebSocket handshake and WebSockets are not
+  subject to CORS, so any page could otherwise drive a server on the user's machine
+  (RFC 6455 section 10.2). A present Origin must be the server's own or allow-listed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import binascii
+import contextlib
+import datetime
+import hashlib
+import heapq
+import hmac
+import ipaddress
+import json
+import math
+import os
+import re
+import secrets
+import ssl
+import sys
+import time
+import urllib.parse
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal, TypeGuard
+
+ENV_VAR = "QUICKSILVER_API_KEYS"
+MIN_KEY_CHARS = 16
+DEFAULT_TOKEN_TTL_S = 600.0
+MAX_TOKEN_TTL_S = 3600.0
+MIN_TOKEN_TTL_S = 1.0
+TOKEN_PREFIX = "qs1"
+SCOPES = ("voice", "realtime")  # the v1 protocol; the OpenAI-Realtime endpoint
+# Browsers cannot set headers on a WebSocket, only subprotocols: a page offers
+# [SUBPROTOCOL, TOKEN_SUBPROTOCOL_PREFIX + token] and the server selects SUBPROTOCOL.
+SUBPROTOCOL = "quicksilver.v1"
+TOKEN_SUBPROTOCOL_PREFIX = "quicksilver.token."
+TOKEN_PATH = "/v1/token"
+CLIENT_SECRETS_PATH = "/v1/realtime/client_secrets"
+MINT_PATHS = (TOKEN_PATH, CLIENT_SECRETS_PATH)
+MAX_MINT_BODY_BYTES = 64 * 1024
+MAX_LABEL_CHARS = 64
+
+_KEY_CHARS = re.compile(r"[\x21-\x7e]+")  # visible ASCII: they travel in headers
+_TOKEN_SHAPE = re.compile(r"qs1\.([A-Za-z0-9_-]{1,2048})\.([A-Za-z0-9_-]{43})")
+_LABEL_CHARS = re.compile(r"[\x20-\x7e]*")
+_HOST_NAME = re.compile(r"[a-z0-9._-]+|\[[0-9a-f:.]+\]")  # a DNS name, IPv4, [IPv6]
+_DERIVE_INFO = b"quicksilver client token v1"
+
+HeaderSource = Mapping[str, str] | Iterable[tuple[str, str]]
+"""A dict, or ``(name, value)`` pairs: pass websockets' ``request.headers.raw_items()``
+(its ``Headers`` mapping raises on a header that occurs twice)."""
+
+
+class AuthError(ValueError):
+    """A configuration the server cannot start with; the message is one line."""
+
+
+# --- configuration ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    api_keys: frozenset[str] = frozenset()
+    insecure_no_auth: bool = False  # serve without keys on a non-loopback address
+    allowed_origins: tuple[str, ...] = ()  # besides the server's own origin
+    client_token_ttl_s: float = DEFAULT_TOKEN_TTL_S  # when a mint request names none
+    max_client_token_ttl_s: float = MAX_TOKEN_TTL_S
+
+    def __post_init__(self) -> None:
+        if not self.max_client_token_ttl_s >= MIN_TOKEN_TTL_S:
+            raise AuthError(f"the longest token lifetime must be >= {MIN_TOKEN_TTL_S:g} s")
+        if not MIN_TOKEN_TTL_S <= self.client_token_ttl_s <= self.max_client_token_ttl_s:
+            raise AuthError(
+                f"--token-ttl must be between {MIN_TOKEN_TTL_S:g} and "
+                f"{self.max_client_token_ttl_s:g} s, not {self.client_token_ttl_s:g}"
+            )
+        origins = tuple(normalize_origin(o) for o in self.allowed_origins)
+        object.__setattr__(self, "allowed_origins", origins)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether connections must present a credential."""
+        return bool(self.api_keys)
+
+
+def load_api_keys(env: Mapping[str, str], key_file: Path | None = None) -> frozenset[str]:
+    """The keys of ``QUICKSILVER_API_KEYS`` (comma-separated) and of ``key_file``
+    (one per line; blank lines and ``#`` comments ignored), together."""
+    keys = [k.strip() for k in env.get(ENV_VAR, "").split(",")]
+    if key_file is not None:
+        keys += _read_key_file(key_file)
+    found = frozenset(k for k in keys if k)
+    for key in found:
+        _check_key(key)
+    return found
+
+
+def _read_key_file(path: Path) -> list[str]:
+    try:
+        text = path.read_text("utf-8")
+    except FileNotFoundError:
+        raise AuthError(f"API key file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise AuthError(f"cannot read API key file {path}: {reason}") from None
+    lines = (line.split("#", 1)[0].strip() for line in text.splitlines())
+    return [line for line in lines if line]
+
+
+def _check_key(key: str) -> None:
+    # The key itself never goes in a message: it might be a real key, mistyped.
+    if len(key) < MIN_KEY_CHARS:
+        raise AuthError(
+            f"an API key has {len(key)} characters; keys need at least {MIN_KEY_CHARS} "
+            "(make one with: python3 -c 'import secrets; print(secrets.token_urlsafe(32))')"
+        )
+    if not _KEY_CHARS.fullmatch(key):
+        raise AuthError("an API key holds a space or a non-ASCII character; keys are one word")
+
+
+def match_api_key(api_keys: Iterable[str], candidate: str) -> str | None:
+    """The configured key equal to ``candidate``, compared in constant time: digests of
+    equal length, every key compared, so the time says nothing about how much matched."""
+    digest = hashlib.sha256(candidate.encode("utf-8", "surrogatepass")).digest()
+    keys = sorted(api_keys)
+    matches = [hmac.compare_digest(digest, hashlib.sha256(k.encode()).digest()) for k in keys]
+    return next((k for k, m in zip(keys, matches, strict=True) if m), None)
+
+
+def key_id(api_key: str) -> str:
+    """A short fingerprint of a key, for logs: names the key without revealing it."""
+    return "k-" + hashlib.sha256(api_key.encode()).hexdigest()[:8]
+
+
+def is_loopback(host: str) -> bool:
+    """``localhost``, 127.0.0.0/8 or ::1 (bracketed, with a zone or IPv4-mapped too)."""
+    name = host.strip().lower().removeprefix("[").removesuffix("]").split("%", 1)[0]
+    if name.rstrip(".") == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return False  # another name: it may resolve to anything
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
+
+
+def check_bind(host: str, config: AuthConfig) -> str | None:
+    """The one-line refusal to listen on ``host``, or None when it is allowed."""
+    if config.enabled or config.insecure_no_auth or is_loopback(host):
+        return None
+    shown = host or "every interface"
+    return (
+        f"quicksilver: refusing to listen on {shown} without API keys: set {ENV_VAR} or "
+        "--api-key-file, or pass --insecure-no-auth to let anyone who can reach it connect"
+    )
+
+
+# --- origins ----------------------------------------------------------------------
+
+
+def normalize_origin(text: str) -> str:
+    """``scheme://host[:port]`` in the form browsers send it: lowercase, no default port."""
+    parts = urllib.parse.urlsplit(text.strip())
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError(f"bad port in origin {text!r}") from None
+    bad = not parts.scheme or not parts.hostname or parts.username or parts.password
+    if bad or parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ValueError(
+            f"an origin is scheme://host[:port], such as https://example.com, not {text!r}"
+        )
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    if not _HOST_NAME.fullmatch(host):
+        raise ValueError(f"bad host name in origin {text!r}")
+    default = {"http": 80, "https": 443}.get(parts.scheme)
+    suffix = "" if port is None or port == default else f":{port}"
+    return f"{parts.scheme}://{host}{suffix}"
+
+
+def origin_arg(text: str) -> str:
+    """argparse ``type=`` for ``--allow-origin``."""
+    try:
+        return normalize_origin(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def own_origins(host_header: str | None) -> frozenset[str]:
+    """The origins of a page this server served, as the Host header names the server."""
+    if not host_header:
+        return frozenset()
+    found = set()
+    for scheme in ("http", "https"):
+        with contextlib.suppress(ValueError):  # a Host that is no host name
+            found.add(normalize_origin(f"{scheme}://{host_header}"))
+    return frozenset(found)
+
+
+def origin_allowed(origin: str | None, host_header: str | None, config: AuthConfig) -> bool:
+    """No Origin (not a browser) passes; a browser's must be ours or allow-listed."""
+    if origin is None:
+        return True
+    try:
+        seen = normalize_origin(origin)
+    except ValueError:
+        return False  # "null" (a file:// page, a sandboxed frame) or garbage
+    return seen in config.allowed_origins or seen in own_origins(host_header)
+
+
+# --- client tokens ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClientToken:
+    id: str  # unique: the ledger's key, safe to log
+    issued_at: int
+    expires_at: int  # unix seconds
+    scope: str = "voice"
+    label: str | None = None  # who it was minted for, for logs ("kiosk-3")
+
+
+class TokenError(Exception):
+    """A client token that does not open a session; ``code`` goes in the reply."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def derive_secret(api_key: str) -> bytes:
+    """The signing secret of tokens minted with ``api_key``: revoking the key revokes
+    them, and ``quicksilver token`` on another machine mints tokens the server takes."""
+    return hmac.new(api_key.encode(), _DERIVE_INFO, hashlib.sha256).digest()
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def _sign(secret: bytes, payload_b64: str) -> str:
+    message = f"{TOKEN_PREFIX}.{payload_b64}".encode("ascii")
+    return _b64(hmac.new(secret, message, hashlib.sha256).digest())
+
+
+def mint_client_token(
+    secret: bytes,
+    now: float,
+    ttl_s: float = DEFAULT_TOKEN_TTL_S,
+    scope: str = "voice",
+    label: str | None = None,
+    token_id: str | None = None,
+) -> tuple[str, int]:
+    """A signed single-session token and its expiry (unix seconds)."""
+    if scope not in SCOPES:
+        raise ValueError(f"scope must be one of {', '.join(SCOPES)}, not {scope!r}")
+    if not (math.isfinite(ttl_s) and ttl_s >= MIN_TOKEN_TTL_S):
+        raise ValueError(f"a token lives at least {MIN_TOKEN_TTL_S:g} s, not {ttl_s!r}")
+    expires_at = int(now + ttl_s)
+    claims: dict[str, object] = {
+        "jti": token_id or secrets.token_urlsafe(16),
+        "iat": int(now),
+        "exp": expires_at,
+        "scope": scope,
+    }
+    if label is not None:
+        claims["label"] = label
+    payload = _b64(json.dumps(claims, separators=(",", ":"), sort_keys=True).encode())
+    return f"{TOKEN_PREFIX}.{payload}.{_sign(secret, payload)}", expires_at
+
+
+def looks_like_client_token(credential: str) -> bool:
+    return credential.startswith(TOKEN_PREFIX + ".")
+
+
+def verify_client_token(
+    token: str, secrets_: Sequence[bytes], now: float, max_ttl_s: float = MAX_TOKEN_TTL_S
+) -> ClientToken:
+    """The token's claims if one of ``secrets_`` signed it and it has not expired;
+    :class:`TokenError` otherwise. Single use is the ledger's job."""
+    shape = _TOKEN_SHAPE.fullmatch(token)
+    if shape is None:
+        raise TokenError("invalid_credentials", "malformed client token")
+    payload_b64, signature = shape.groups()
+    # Every secret is tried, so the time taken says nothing about which one matched.
+    matches = [hmac.compare_digest(_sign(s, payload_b64), signature) for s in secrets_]
+    if not any(matches):
+        raise TokenError("invalid_credentials", "client token not signed by this server")
+    claims = _claims(payload_b64)
+    if now >= claims.expires_at:
+        raise TokenError("token_expired", "client token expired; mint a new one")
+    if claims.expires_at - claims.issued_at > max_ttl_s + 1:  # +1: whole seconds
+        raise TokenError("invalid_credentials", "client token lives longer than allowed")
+    return claims
+
+
+def _claims(payload_b64: str) -> ClientToken:
+    try:
+        raw = json.loads(_unb64(payload_b64))
+    except (ValueError, binascii.Error, RecursionError):
+        raw = None
+    if not isinstance(raw, dict):
+        raise TokenError("invalid_credentials", "malformed client token")
+    jti, iat, exp = raw.get("jti"), raw.get("iat"), raw.get("exp")
+    scope, label = raw.get("scope", "voice"), raw.get("label")
+    if not (isinstance(jti, str) and jti and _is_int(iat) and _is_int(exp)):
+        raise TokenError("invalid_credentials", "malformed client token")
+    if scope not in SCOPES or not (label is None or isinstance(label, str)):
+        raise TokenError("invalid_credentials", "malformed client token")
+    return ClientToken(jti, iat, exp, scope, label)
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+Claim = Literal["ok", "reused", "full"]
+
+
+class TokenLedger:
+    """Ids of the client tokens that opened a session, each kept until it expires: a
+    token opens one session. Memory is bounded; when full it refuses (fails closed)
+    rather than forgetting an unexpired id, which would let that token in again."""
+
+    def __init__(self, max_entries: int = 100_000) -> None:
+        self.max_entries = max_entries
+        self._used: set[str] = set()
+        self._expiry: list[tuple[int, str]] = []  # heap of (expires_at, id)
+
+    def claim(self, token: ClientToken, now: float) -> Claim:
+        self._purge(now)
+        if token.id in self._used:
+            return "reused"
+        if len(self._used) >= self.max_entries:
+            return "full"
+        self._used.add(token.id)
+        heapq.heappush(self._expiry, (token.expires_at, token.id))
+        return "ok"
+
+    def _purge(self, now: float) -> None:
+        # A token is valid while now < expires_at, so from then on its id can go.
+        while self._expiry and self._expiry[0][0] <= now:
+            self._used.discard(heapq.heappop(self._expiry)[1])
+
+    def __len__(self) -> int:
+        return len(self._used)
+
+
+# --- decisions --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HttpReply:
+    """An HTTP answer for ``server/app.py`` to send: status, JSON body, extra headers."""
+
+    status: int
+    body: dict[str, Any]
+    headers: tuple[tuple[str, str], ...] = ()
+
+    def text(self) -> str:
+        return json.dumps(self.body) + "\n"
+
+
+Who = Literal["api_key", "client_token", "loopback-open", "insecure-open"]
+
+
+@dataclass(frozen=True)
+class Accepted:
+    who: Who
+    key_id: str | None = None  # the API key's fingerprint (api_key)
+    token: ClientToken | None = None  # the token's claims (client_token)
+
+    def describe(self) -> str:
+        """For the log line of the session: never the credential itself."""
+        if self.token is not None:
+            label = f" ({self.token.label})" if self.token.label else ""
+            return f"client_token {self.token.id}{label}"
+        return f"api_key {self.key_id}" if self.key_id else self.who
+
+
+@dataclass(frozen=True)
+class Rejected:
+    status: int  # 401 missing/invalid credentials, 403 forbidden, 503 ledger full
+    error: str
+    message: str
+
+    def reply(self) -> HttpReply:
+        headers = (("WWW-Authenticate", 'Bearer realm="quicksilver"'),)  # RFC 6750 3.
+        body = {"error": self.error, "message": self.message}
+        return HttpReply(self.status, body, headers if self.status == 401 else ())
+
+
+Decision = Accepted | Rejected
+
+
+@dataclass(frozen=True)
+class Credential:
+    value: str
+    source: Literal["authorization", "query", "subprotocol"]
+
+
+def header_list(headers: HeaderSource) -> list[tuple[str, str]]:
+    """The headers as a list, read once (``raw_items()`` is an iterator)."""
+    return list(headers.items() if isinstance(headers, Mapping) else headers)
+
+
+def header_values(headers: HeaderSource, name: str) -> list[str]:
+    """Every value of header ``name`` (case-insensitive), in order."""
+    return [v for k, v in header_list(headers) if k.lower() == name.lower()]
+
+
+def _first_header(headers: HeaderSource, name: str) -> str | None:
+    values = header_values(headers, name)
+    return values[0] if values else None
+
+
+def find_credential(path_query: str, headers: HeaderSource) -> Credential | None:
+    """The first credential presented: ``Authorization: Bearer``, the ``token`` query
+    parameter, then a ``quicksilver.token.<token>`` subprotocol."""
+    headers = header_list(headers)
+    bearer = _bearer(headers)
+    if bearer is not None:
+        return Credential(bearer, "authorization")
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(path_query).query)
+    if query.get("token"):
+        return Credential(query["token"][0], "query")
+    for offered in subprotocols(headers):
+        if offered.startswith(TOKEN_SUBPROTOCOL_PREFIX):
+            return Credential(offered.removeprefix(TOKEN_SUBPROTOCOL_PREFIX), "subprotocol")
+    return None
+
+
+def _bearer(headers: HeaderSource) -> str | None:
+    """The credential of ``Authorization: Bearer X`` (RFC 6750 2.1); another scheme
+    gives an empty, hence invalid, one; no header gives None."""
+    authorization = _first_header(headers, "Authorization")
+    if authorization is None:
+        return None
+    scheme, _, value = authorization.strip().partition(" ")
+    return value.strip() if scheme.lower() == "bearer" else ""
+
+
+def subprotocols(headers: HeaderSource) -> list[str]:
+    """The subprotocols a client offers (``Sec-WebSocket-Protocol``, comma-separated)."""
+    values = header_values(headers, "Sec-WebSocket-Protocol")
+    return [p.strip() for v in values for p in v.split(",") if p.strip()]
+
+
+def select_subprotocol(offered: Sequence[str]) -> str | None:
+    """The subprotocol to answer with. A browser that offered any fails the
+    connection unless the server selects one it offered, so: ``quicksilver.v1`` when
+    offered, else the token entry itself, else none (non-browser clients)."""
+    if SUBPROTOCOL in offered:
+        return SUBPROTOCOL
+    return next((p for p in offered if p.startswith(TOKEN_SUBPROTOCOL_PREFIX)), None)
+
+
+class Authenticator:
+    """Decides each WebSocket handshake; holds the config, the token ledger and the
+    signing secrets derived from the keys."""
+
+    def __init__(self, config: AuthConfig, ledger: TokenLedger | None = None) -> None:
+        self.config = config
+        self.ledger = ledger if ledger is not None else TokenLedger()
+        self.secrets = [derive_secret(k) for k in sorted(config.api_keys)]
+
+    def authenticate(
+        self,
+        path_query: str,
+        headers: HeaderSource,
+        remote_host: str,
+        now: float,
+        scope: str = "voice",
+    ) -> Decision:
+        """Accept or reject one handshake; an accepted client token is used up."""
+        headers = header_list(headers)
+        host = _first_header(headers, "Host")
+        if not origin_allowed(_first_header(headers, "Origin"), host, self.config):
+            return Rejected(403, "forbidden_origin", "this page's origin may not connect")
+        if not self.config.enabled:
+            return self._open(host, remote_host)
+        credential = find_credential(path_query, headers)
+        if credential is None or not credential.value:
+            return Rejected(401, "missing_credentials", _MISSING)
+        return self._check(credential, now, scope)
+
+    def _open(self, host: str | None, remote_host: str) -> Decision:
+        if self.config.insecure_no_auth:
+            return Accepted("insecure-open")
+        # Without keys only this machine may connect, and only by a loopback name: a
+        # public name in Host is DNS rebinding, a page that re-pointed its own name here.
+        if not is_loopback(remote_host):
+            return Rejected(403, "loopback_only", "this server has no API keys: loopback only")
+        if host is None or not is_loopback(_host_name(host)):
+            return Rejected(403, "forbidden_host", "connect by localhost or a loopback address")
+        return Accepted("loopback-open")
+
+    def _check(self, credential: Credential, now: float, scope: str) -> Decision:
+        key = match_api_key(self.config.api_keys, credential.value)
+        if key is not None:
+            if credential.source != "authorization":
+                return Rejected(401, "key_in_url", _KEY_IN_URL)
+            return Accepted("api_key", key_id=key_id(key))
+        if not looks_like_client_token(credential.value):
+            return Rejected(401, "invalid_credentials", "unknown API key or client token")
+        try:
+            token = verify_client_token(
+                credential.value, self.secrets, now, self.config.max_client_token_ttl_s
+            )
+        except TokenError as err:
+            return Rejected(401, err.code, err.message)
+        if token.scope != scope:
+            return Rejected(401, "wrong_scope", f"this token is for the {token.scope} endpoint")
+        return self._claim(token, now)
+
+    def _claim(self, token: ClientToken, now: float) -> Decision:
+        match self.ledger.claim(token, now):
+            case "ok":
+                return Accepted("client_token", token=token)
+            case "reused":
+                return Rejected(401, "token_reused", "this client token already opened a session")
+            case "full":
+                return Rejected(503, "busy", "too many client tokens in flight; retry shortly")
+
+
+_MISSING = (
+    "this server needs an API key (Authorization: Bearer KEY) or a client token "
+    "(?token=, or the quicksilver.token.TOKEN subprotocol)"
+)
+_KEY_IN_URL = (
+    "API keys go only in the Authorization header; give browsers a client token "
+    f"(POST {TOKEN_PATH} or quicksilver token)"
+)
+
+
+def _host_name(host_header: str) -> str:
+    """``example.com:8765`` -> ``example.com``; ``[::1]:8765`` -> ``::1``."""
+    parts = urllib.parse.urlsplit(f"//{host_header.strip()}")
+    return parts.hostname or ""
+
+
+# --- the mint endpoints -----------------------------------------------------------
+
+
+def mint_response(
+    config: AuthConfig,
+    method: str,
+    path_query: str,
+    headers: HeaderSource,
+    body: bytes,
+    now: float,
+) -> HttpReply:
+    """``POST /v1/token`` -> ``{"token", "expires_at"}``; ``POST
+    /v1/realtime/client_secrets`` -> OpenAI's shape ``{"value", "expires_at",
+    "session"}``. Both need an API key in ``Authorization: Bearer`` (a client token
+    cannot mint more). The lifetime comes from the body (``ttl_s``; OpenAI's
+    ``expires_after.seconds``) or a ``ttl_s`` query parameter, clamped to the maximum."""
+    path, _, query = path_query.partition("?")
+    if path not in MINT_PATHS:
+        return _error(404, "not_found", f"tokens are minted at {' and '.join(MINT_PATHS)}")
+    if method.upper() != "POST":
+        return replace(_error(405, "method_not_allowed", "use POST"), headers=_ALLOW_POST)
+    if not config.enabled:
+        return _error(404, "tokens_disabled", "no API keys are configured: nothing needs a token")
+    bearer = _bearer(header_list(headers))
+    key = None if bearer is None else match_api_key(config.api_keys, bearer)
+    if key is None:
+        return _error(401, "invalid_api_key", "minting needs an API key: Authorization: Bearer KEY")
+    try:
+        params = _mint_params(path, query, body, config)
+    except TokenError as err:
+        return _error(413 if err.code == "too_large" else 400, err.code, err.message)
+    ttl = min(params.ttl_s, config.max_client_token_ttl_s)
+    scope = "realtime" if path == CLIENT_SECRETS_PATH else "voice"
+    token, expires_at = mint_client_token(derive_secret(key), now, ttl, scope, params.label)
+    if path == TOKEN_PATH:
+        answer: dict[str, Any] = {"token": token, "expires_at": expires_at}
+    else:
+        answer = {"value": token, "expires_at": expires_at, "session": params.session}
+    return HttpReply(200, answer, (("Cache-Control", "no-store"),))  # RFC 6749 5.1
+
+
+_ALLOW_POST = (("Allow", "POST"),)
+
+
+def _error(status: int, code: str, message: str) -> HttpReply:
+    return Rejected(status, code, message).reply()
+
+
+@dataclass(frozen=True)
+class _MintParams:
+    ttl_s: float
+    label: str | None = None
+    session: dict[str, Any] | None = None
+
+
+def _mint_params(path: str, query: str, body: bytes, config: AuthConfig) -> _MintParams:
+    fields = _json_object(body)
+    allowed = {"ttl_s", "label"} if path == TOKEN_PATH else {"expires_after", "session"}
+    if unknown := sorted(set(fields) - allowed):
+        raise TokenError("bad_request", f"unknown field(s): {', '.join(unknown)}")
+    requested = fields.get("ttl_s") if path == TOKEN_PATH else _expires_after(fields)
+    if requested is None:
+        requested = _query_ttl(query)
+    ttl = config.client_token_ttl_s if requested is None else _ttl(requested)
+    if path == TOKEN_PATH:
+        return _MintParams(ttl, label=_label(fields.get("label")))
+    session = fields.get("session", {})
+    if not isinstance(session, dict):
+        raise TokenError("bad_request", "session must be an object")
+    return _MintParams(ttl, session={"type": "realtime", **session})
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    if len(body) > MAX_MINT_BODY_BYTES:
+        raise TokenError("too_large", f"the body is over {MAX_MINT_BODY_BYTES} bytes")
+    if not body.strip():
+        return {}
+    try:
+        fields = json.loads(body)
+    except (ValueError, RecursionError):
+        raise TokenError("bad_json", "the body is not JSON") from None
+    if not isinstance(fields, dict):
+        raise TokenError("bad_json", "the body must be a JSON object")
+    return fields
+
+
+def _expires_after(fields: dict[str, Any]) -> object:
+    """OpenAI's ``{"anchor": "created_at", "seconds": N}``."""
+    after = fields.get("expires_after")
+    if after is None:
+        return None
+    if not isinstance(after, dict) or after.get("anchor", "created_at") != "created_at":
+        raise TokenError("bad_request", 'expires_after is {"anchor": "created_at", "seconds": N}')
+    return after.get("seconds")
+
+
+def _query_ttl(query: str) -> object:
+    values = urllib.parse.parse_qs(query).get("ttl_s")
+    if not values:
+        return None
+    try:
+        return float(values[0])
+    except ValueError:
+        raise TokenError("bad_ttl", "ttl_s must be a number of seconds") from None
+
+
+def _ttl(value: object) -> float:
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    seconds = float(value) if isinstance(value, int | float) else math.nan
+    if not (number and math.isfinite(seconds) and seconds >= MIN_TOKEN_TTL_S):
+        raise TokenError("bad_ttl", f"the lifetime must be a number >= {MIN_TOKEN_TTL_S:g} s")
+    return seconds
+
+
+def _label(value: object) -> str | None:
+    if value is None:
+        return None
+    if (
+        not isinstance(value, str)
+        or len(value) > MAX_LABEL_CHARS
+        or not _LABEL_CHARS.fullmatch(value)
+    ):
+        raise TokenError(
+            "bad_request", f"label must be printable ASCII, {MAX_LABEL_CHARS} chars at most"
+        )
+    return value
+
+
+# --- TLS --------------------------------------------------------------------------
+
+
+def tls_context(cert: Path | None, key: Path | None) -> ssl.SSLContext | None:
+    """The server's TLS context for ``--tls-cert`` / ``--tls-key`` (both or neither)."""
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise AuthError("--tls-cert and --tls-key go together")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        reason = getattr(exc, "strerror", None) or getattr(exc, "reason", None) or exc
+        raise AuthError(f"cannot load TLS certificate {cert} / key {key}: {reason}") from None
+    return context
+
+
+# --- command line -----------------------------------------------------------------
+
+
+def add_key_file_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--api-key-file",
+        type=Path,
+        default=None,
+        help=f"API keys, one per line (with {ENV_VAR}, comma-separated)",
+    )
+
+
+def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
+    """The flags of ``quicksilver serve`` that docs/security.md describes."""
+    add_key_file_argument(serve)
+    serve.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help="allow a non-loopback --host without API keys: anyone who reaches it may connect",
+    )
+    serve.add_argument(
+        "--allow-origin",
+        type=origin_arg,
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a browser origin that may connect besides the server's own (repeatable)",
+    )
+    serve.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate (chain)")
+    serve.add_argument("--tls-key", type=Path, default=None, help="PEM private key")
+    serve.add_argument(
+        "--token-ttl",
+        type=float,
+        default=DEFAULT_TOKEN_TTL_S,
+        help="seconds a minted client token lives unless the request asks otherwise "
+        f"(at most {MAX_TOKEN_TTL_S:g})",
+    )
+
+
+def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> AuthConfig:
+    """The auth config of ``quicksilver serve``; :class:`AuthError` with one line."""
+    return AuthConfig(
+        api_keys=load_api_keys(env, args.api_key_file),
+        insecure_no_auth=args.insecure_no_auth,
+        allowed_origins=tuple(args.allow_origin),
+        client_token_ttl_s=args.token_ttl,
+    )
+
+
+def register(sub: Any) -> None:
+    """``quicksilver token``: mint a client token locally from an API key."""
+    cmd = sub.add_parser("token", help="mint a short-lived single-session client token")
+    add_key_file_argument(cmd)
+    cmd.add_argument(
+        "--ttl",
+        type=float,
+        default=DEFAULT_TOKEN_TTL_S,
+        help=f"seconds until it expires (at most {MAX_TOKEN_TTL_S:g})",
+    )
+    cmd.add_argument("--scope", choices=SCOPES, default="voice", help="the endpoint it opens")
+    cmd.add_argument("--label", default=None, help="who it is for, shown in the server log")
+    cmd.set_defaults(run=run_token)
+
+
+def run_token(args: argparse.Namespace) -> int:
+    """Print a token on stdout (for ``$(quicksilver token)``), its expiry on stderr."""
+    try:
+        keys = load_api_keys(os.environ, args.api_key_file)
+        label = _label(args.label)
+    except (AuthError, TokenError) as exc:
+        print(f"quicksilver: {exc}", file=sys.stderr)
+        return 2
+    if not keys:
+        print(f"quicksilver: no API keys: set {ENV_VAR} or --api-key-file", file=sys.stderr)
+        return 2
+    if not (math.isfinite(args.ttl) and args.ttl >= MIN_TOKEN_TTL_S):
+        print(f"quicksilver: --ttl must be at least {MIN_TOKEN_TTL_S:g} s", file=sys.stderr)
+        return 2
+    ttl = min(args.ttl, MAX_TOKEN_TTL_S)
+    now = time.time()
+    token, expires_at = mint_client_token(derive_secret(min(keys)), now, ttl, args.scope, label)
+    print(token, flush=True)
+    when = datetime.datetime.fromtimestamp(expires_at, datetime.UTC).isoformat(timespec="seconds")
+    print(f"expires at {when} (in {expires_at - int(now)} s); opens one session", file=sys.stderr)
+    return 0
