@@ -72,10 +72,15 @@ def test_trimming_keeps_system_and_latest_user_message() -> None:
 
 
 def test_trimmed_history_starts_with_a_user_message() -> None:
+    """At every budget: the most recent turns that fit, from a user message on; the
+    system prompt and the latest question alone when even they do not fit."""
+    starts = [i for i, m in enumerate(HISTORY) if m.role == "user"]  # 1, 3, 5
+    kept = [[SYSTEM, *HISTORY[i:]] for i in starts]  # longest first
+    assert kept[-1] == [SYSTEM, HISTORY[-1]]
     for budget in range(1, size(HISTORY) + 1):
         out = trim_history(tok, HISTORY, budget)
-        assert out[0] == SYSTEM and out[1].role == "user" and out[-1] == HISTORY[-1]
-        assert size(out) <= budget or len(out) == 2
+        assert out == next((k for k in kept if size(k) <= budget), kept[-1]), budget
+        assert out[1].role == "user"
 
 
 def test_build_prompt_ends_with_the_assistant_header() -> None:
