@@ -22,6 +22,7 @@ from model.diffusion_engine import DiffusionGenerator, DiffusionOptions, smollm2
 from model.engine import Gate, TextGenerator, ThreadedReplyEngine
 from model.modeldir import (
     FILES,
+    SHIPPED_ADAPTER,
     Variant,
     default_model_dir,
     is_complete,
@@ -60,8 +61,10 @@ def engine_adapter(engine: EngineName) -> Path | None:
         adapter = shipped_adapter()
         if adapter is None:
             raise FileNotFoundError(
-                "the diffusion engines need the trained adapter (adapters/manifest.json), "
-                "and this installation has none"
+                f"the diffusion engines need the shipped adapter in {SHIPPED_ADAPTER} "
+                "(adapter.safetensors, manifest.json), and this installation lacks that "
+                "package data: reinstall from a checkout (`pip install .`), or train one "
+                f"there (`quicksilver train --ship {SHIPPED_ADAPTER}`, docs/training.md)"
             )
         return adapter
     return None

@@ -41,12 +41,13 @@ FORMAT_VERSION = 4
 DEFAULT_NAME = f"smollm2-135m-instruct-onnx-v{FORMAT_VERSION}"
 
 
-# The trained block-diffusion adapter shipped in the repository (docs/training.md).
-SHIPPED_ADAPTER = Path(__file__).resolve().parent.parent / "adapters"
+# The trained block-diffusion adapter shipped with the package (docs/training.md):
+# package data of ``model`` (pyproject.toml), so a wheel install has it too.
+SHIPPED_ADAPTER = Path(__file__).resolve().parent / "adapters"
 
 
 def shipped_adapter() -> Path | None:
-    """``adapters/`` when the repository holds a trained adapter."""
+    """``model/adapters/`` when the installation holds the trained adapter."""
     return SHIPPED_ADAPTER if (SHIPPED_ADAPTER / "manifest.json").is_file() else None
 
 

@@ -51,7 +51,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     llm.add_argument("--prompts", type=Path, default=None, help="one question per line")
     llm.add_argument("--data", type=Path, default=Path("data/distill"))
     source = llm.add_mutually_exclusive_group()  # an exported directory has its adapter merged
-    source.add_argument("--adapter", type=Path, default=None, help="default: adapters/")
+    source.add_argument("--adapter", type=Path, default=None, help="default: model/adapters/")
     llm.add_argument("--json", type=Path, required=True, dest="json_out")
     llm.add_argument("--limit", type=int, default=None, help="first N prompts only")
     llm.add_argument("--max-tokens", type=int, default=64)

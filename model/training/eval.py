@@ -50,7 +50,7 @@ GOALS = {"similarity_median": 0.6, "clean_end_rate": 0.95}
 class EvalOptions:
     prompts: Path | None = None  # one question per line; None: the held-out split
     data: Path = Path("data/distill")  # its heldout.jsonl holds the AR greedy replies
-    adapter: Path | None = None  # None: adapters/ if it holds one, else the base model
+    adapter: Path | None = None  # None: model/adapters/ if it holds one, else the base model
     limit: int | None = None
     max_tokens: int = 64
     thresholds: tuple[float, ...] = ()  # () = (0.9,)
