@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from model.training.eval import (
+    GOALS,
     Replies,
     distinct_bigrams,
     ends_a_sentence,
@@ -57,11 +58,27 @@ def test_eval_command_end_to_end(tmp_path, smollm2_gguf):
     report = json.loads(out.read_text())
     s = report["summary"]
     assert s["setting"] == "diffusion-B4-th0.9-left"  # the engines' default fallback
-    assert 0.0 <= s["clean_end_rate"] <= 1.0 and -1.0 <= s["similarity_median"] <= 1.0
-    assert 0.0 <= s["whole_sentence_rate"] <= s["clean_end_rate"]
-    assert s["nll_ar_sampled"] > 0 and s["passes_per_reply"] >= 2
-    assert len(report["replies"]["ar-greedy"]) == 2
-    assert set(s["goals"]) == {"nll_no_worse", "similarity_median", "clean_end_rate"}
+    assert [row["setting"] for row in report["rows"]] == ["ar-greedy", "ar-t0.7", s["setting"]]
+    assert {name: len(r) for name, r in report["replies"].items()} == {
+        "ar-greedy": 2,
+        "ar-sampled": 2,
+        s["setting"]: 2,
+    }
+    for row in report["rows"]:  # rates over two replies: 0, 1/2 or 1
+        assert 2 * row["clean_end_rate"] in (0, 1, 2), row
+        assert 2 * row["whole_sentence_rate"] in (0, 1, 2), row
+        assert row["whole_sentence_rate"] <= row["clean_end_rate"], row
+    # greedy AR: one pass per token, and one more for each reply that ended
+    ar = report["rows"][0]
+    assert ar["passes_per_reply"] == ar["tokens_per_reply"] + ar["clean_end_rate"]
+    # diffusion: a prefill, at most 4 steps in each of the two blocks of 4, one commit
+    assert 2 <= s["passes_per_reply"] <= 1 + 2 * 4 + 1
+    assert -1.0 <= s["similarity_median"] <= 1.0 and s["nll_ar_sampled"] > 0
+    assert s["goals"] == {
+        "nll_no_worse": s["nll_diffusion"] <= s["nll_ar_sampled"],
+        "similarity_median": s["similarity_median"] >= GOALS["similarity_median"],
+        "clean_end_rate": s["clean_end_rate"] >= GOALS["clean_end_rate"],
+    }
 
 
 def test_eval_scores_the_exported_int8_model(tmp_path, smollm2_gguf):
