@@ -1,12 +1,16 @@
 """Fixtures shared by every test suite: speech, the real audio models, a real server.
 
 Real models are loaded once per test session; they are stateless between calls (the
-VAD keeps its state in a per-stream object), so sharing them is safe.
+VAD keeps its state in a per-stream object), so sharing them is safe. Every server a
+test starts prepares its reply model in one temporary cache of the test session
+(``model_cache``), never in ~/.cache/quicksilver: the first one builds it with
+today's exporter, as a user's first ``quicksilver serve`` does, and the rest reuse it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -41,8 +45,16 @@ def tiny() -> Transcriber:
 
 
 @pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The ``--cache-dir`` of every test server: empty when the test session starts."""
+    return tmp_path_factory.mktemp("model-cache")
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory, model_cache: Path) -> Iterator[ServerProcess]:
     """``python -m server.cli serve --port 0`` with the default models, one per test run."""
-    srv = start_server(tmp_path_factory.mktemp("server") / "server.log")
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    srv = start_server(log, "--cache-dir", str(model_cache))
+    assert list(model_cache.glob("models/*/manifest.json")), "no model built in --cache-dir"
     yield srv
     srv.stop()

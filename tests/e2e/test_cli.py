@@ -6,6 +6,7 @@ import asyncio
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from websockets.asyncio.client import connect
@@ -25,11 +26,13 @@ pytestmark = [pytest.mark.e2e, pytest.mark.models]
 )
 async def test_signal_closes_every_session_with_1001_and_exits_0(
     tmp_path_factory: pytest.TempPathFactory,
+    model_cache: Path,
     sig: signal.Signals,
     args: tuple[str, ...],
     speech_first: str,
 ) -> None:
-    srv = start_server(tmp_path_factory.mktemp("cli") / "server.log", *args)
+    log = tmp_path_factory.mktemp("cli") / "server.log"
+    srv = start_server(log, "--cache-dir", str(model_cache), *args)
     try:
         assert f"first sentence): {speech_first}" in srv.log.read_text()
         async with connect(srv.url) as a, connect(srv.url) as b:
