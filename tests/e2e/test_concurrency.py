@@ -9,10 +9,14 @@ import pytest
 from audio.speech import SpeechFactory, word_error_rate, write_wav
 from clients import loadtest
 from tests.serverproc import ServerProcess
+from tests.speech import AUSTRALIA, SPIDER
 
 pytestmark = [pytest.mark.e2e, pytest.mark.models, pytest.mark.slow]
 
-QUESTIONS = ("What is the capital of Australia?", "Who wrote the novel Pride and Prejudice?")
+# Turn 1, then turn 2 after it. Whisper sometimes hears "Pride in Prejudice", and so
+# asked the model names Elizabeth Bennet: no Austen question here.
+ASKED = (AUSTRALIA, SPIDER)
+QUESTIONS = tuple(q.text for q in ASKED)
 
 
 async def test_talkers_among_idle_sessions_all_get_answers(
@@ -31,6 +35,6 @@ async def test_talkers_among_idle_sessions_all_get_answers(
     assert summary["completed"] == 6, [t["error"] for t in turns]
     for t in turns:
         assert word_error_rate(QUESTIONS[t["turn"] - 1], t["transcript"]) <= 0.2, t
-        assert t["reply"], t
+        ASKED[t["turn"] - 1].check(t["reply"])
     lag = summary["loop_lag"]
     assert isinstance(lag, dict) and lag["n"] > 0

@@ -18,14 +18,15 @@ from clients.common import Pcm, TurnAudio, read_wav
 from clients.glasses import first_turn, start_session, stream_audio
 from server import protocol as p
 from tests.serverproc import ROOT, ServerProcess
+from tests.speech import ITALY, JAPAN
 
 pytestmark = [pytest.mark.e2e, pytest.mark.models]
 
-# The reply must be one Whisper can spell back. Asked about France, the served int8
-# diffusion model writes "Le Grand Jardin is the capital of France." (fp32: "... is
+# The reply must be right and one Whisper can spell back. Asked about France, the served
+# int8 diffusion model writes "Le Grand Jardin is the capital of France." (fp32: "... is
 # Paris."): a made-up name, from a near-tie that weight quantisation flips. Italy gets
 # "The capital of Italy is Rome." from PyTorch, fp32 and int8 alike (docs/training.md).
-QUESTION = "What is the capital of Italy?"
+QUESTION = ITALY.text
 
 
 def pcm(audio: np.ndarray) -> Pcm:
@@ -48,12 +49,13 @@ async def test_spoken_question_gets_an_intelligible_spoken_answer(
     for kind in (p.SpeechStarted, p.SpeechStopped, p.TranscriptFinal, p.ReplyText, p.Metrics):
         assert kind in kinds, f"no {kind.type} event"
     assert word_error_rate(QUESTION, result.transcript) <= 0.2, result.transcript
-    assert result.reply.strip()
+    ITALY.check(result.reply)
 
     heard = tiny.transcribe(  # a second Whisper, in the test process, hears the reply
         int16_to_float32(np.frombuffer(result.audio, "<i2"))
     ).text
     assert word_error_rate(result.reply, heard) <= 0.35, (result.reply, heard)
+    ITALY.check(heard)  # the answer is in the speech, not only in the text
 
     metrics = next(m for m in result.events if isinstance(m, p.Metrics))
     assert metrics.turn_id == result.turn_id
@@ -63,14 +65,19 @@ async def test_spoken_question_gets_an_intelligible_spoken_answer(
     assert metrics.reply_tokens > 0
 
 
+STORY = "Tell me a short story about a brave little dragon."
+INTERRUPTION = "Stop. What time is it?"
+
+
 async def test_barge_in_cancels_the_reply_and_stops_its_audio(
     server: ServerProcess, speech: SpeechFactory
 ) -> None:
     """Talk over the reply as soon as its audio starts: the rest of it never comes."""
-    question = speech.piper("Tell me a short story about a brave little dragon.", lead_s=0.3)
-    interruption = speech.piper("Stop. What time is it?", lead_s=0.1)
+    question = speech.piper(STORY, lead_s=0.3)
+    interruption = speech.piper(INTERRUPTION, lead_s=0.1)
     log: list[tuple[str, int]] = []  # (event type or "audio", turn id), in arrival order
     cancelled: p.ReplyCancelled | None = None
+    heard = ""  # the interruption's transcript
     replies: dict[int, str] = {}
     audio = TurnAudio()
     async with connect(server.url) as ws:
@@ -92,6 +99,7 @@ async def test_barge_in_cancels_the_reply_and_stops_its_audio(
                     case p.ReplyCancelled():
                         cancelled = message
                     case p.TranscriptFinal(turn_id=t) if cancelled and t > cancelled.turn_id:
+                        heard = message.text
                         break
         for task in tasks:
             task.cancel()
@@ -103,13 +111,15 @@ async def test_barge_in_cancels_the_reply_and_stops_its_audio(
     assert ("audio", first) in log[:at]
     assert ("audio", first) not in log[at:], "audio of the cancelled turn after reply_cancelled"
     assert ("reply_done", first) not in log
+    assert "dragon" in replies[first].lower(), replies[first]  # the story had begun
+    assert word_error_rate(INTERRUPTION, heard) <= 0.34, heard  # the next turn heard it
     # The conversation keeps only what was sent: a word prefix of the reply.
     spoken = cancelled.spoken_text.split()
     assert spoken == replies[first].split()[: len(spoken)]
 
 
 def test_glasses_client_cli(server: ServerProcess, speech: SpeechFactory, tmp_path: Path) -> None:
-    wav = write_wav(tmp_path / "q.wav", speech.piper("What is two plus two?", lead_s=0.3))
+    wav = write_wav(tmp_path / "q.wav", speech.piper(JAPAN.text, lead_s=0.3))
     out = tmp_path / "reply.wav"
     cmd = [sys.executable, "-m", "clients.glasses", "--url", server.url, "--wav", str(wav)]
     run = subprocess.run(
@@ -118,7 +128,8 @@ def test_glasses_client_cli(server: ServerProcess, speech: SpeechFactory, tmp_pa
     assert run.returncode == 0, run.stderr
     events = [p.decode_server(line) for line in run.stdout.splitlines() if '"audio"' not in line]
     assert isinstance(events[0], p.Ready)
-    assert any(isinstance(e, p.ReplyDone) for e in events)
+    [done] = [e for e in events if isinstance(e, p.ReplyDone)]
+    JAPAN.check(done.text)
     reply = read_wav(out)
     assert reply.rate == 16000 and reply.seconds > 0.3
 
