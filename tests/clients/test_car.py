@@ -9,13 +9,13 @@ from audio.resample import float32_to_int16
 from audio.speech import SpeechFactory, word_error_rate
 from clients.car import Car, CarOptions
 from clients.common import Pcm
+from tests.speech import AUSTRALIA, SPIDER
 
 from .conftest import Proxy, ServerProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.models]
 
-FIRST = "What is the capital of Australia?"
-SECOND = "How many kilometers are in a mile?"
+FIRST, SECOND = AUSTRALIA.text, SPIDER.text
 
 
 def pcm(audio: np.ndarray) -> Pcm:
@@ -33,7 +33,8 @@ async def test_push_to_talk_then_a_tunnel_then_resume(proxy: Proxy, speech: Spee
 
     assert word_error_rate(FIRST, first.transcript) <= 0.25, first.transcript
     assert word_error_rate(SECOND, second.transcript) <= 0.25, second.transcript
-    assert first.reply.strip() and second.reply.strip()
+    AUSTRALIA.check(first.reply)
+    SPIDER.check(second.reply)
     assert len(first.audio) > 16000 and len(second.audio) > 16000
     assert car.log.drops == 1 and proxy.accepted == 2
     readies = car.log.readies

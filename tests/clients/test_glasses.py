@@ -13,12 +13,13 @@ from clients.common import ClientError, Pcm, read_wav
 from clients.devices import WavMicrophone, WavSpeaker
 from clients.glasses import Glasses, GlassesOptions
 from server import protocol as p
+from tests.speech import JAPAN
 
 from .conftest import Proxy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.models]
 
-QUESTION = "What is two plus two?"
+QUESTION = JAPAN.text
 
 
 async def test_glasses_reconnect_after_a_drop_and_finish_the_turn(
@@ -48,7 +49,7 @@ async def test_glasses_reconnect_after_a_drop_and_finish_the_turn(
     assert readies[0].resume_token != readies[1].resume_token  # tokens are single use
     [result] = results
     assert word_error_rate(QUESTION, result.transcript) <= 0.2, result.transcript
-    assert result.reply.strip()
+    JAPAN.check(result.reply)
     reply = read_wav(out)
     assert reply.rate == 16000 and reply.seconds > 0.3
     assert np.abs(reply.samples).max() > 1000

@@ -11,10 +11,15 @@ import pytest
 
 from audio.speech import SpeechFactory, word_error_rate, write_wav
 from tests.serverproc import ROOT, ServerProcess
+from tests.speech import AUSTEN, AUSTRALIA, SPIDER
 
 pytestmark = [pytest.mark.e2e, pytest.mark.models]
 
-QUESTIONS = ("What is the capital of Australia?", "Who wrote the novel Pride and Prejudice?")
+# Turn 1, then turn 2 after it. Whisper sometimes hears "Pride in Prejudice", and so
+# asked the model names Elizabeth Bennet: Austen's question is only talked over here.
+ASKED = (AUSTRALIA, SPIDER)
+QUESTIONS = tuple(q.text for q in ASKED)
+LONG = AUSTEN.text  # a reply long enough to talk over
 INTERRUPTION = "Stop. What time is it?"
 
 
@@ -44,6 +49,7 @@ def test_two_sessions_two_turns_report_and_plot(
     for t in turns:
         assert t["error"] is None, t
         assert word_error_rate(QUESTIONS[t["turn"] - 1], t["transcript"]) <= 0.2, t
+        ASKED[t["turn"] - 1].check(t["reply"])
         # client clocks, from the ground-truth end of speech, in causal order
         assert 0 < t["final_transcript_ms"] < t["first_audio_ms"] < t["reply_done_ms"], t
         assert t["server"]["first_audio_ms"] > 0
@@ -55,7 +61,7 @@ def test_two_sessions_two_turns_report_and_plot(
 
 
 def test_barge_in_stop_time(server: ServerProcess, speech: SpeechFactory, tmp_path: Path) -> None:
-    question = write_wav(tmp_path / "q.wav", speech.piper(QUESTIONS[1], lead_s=0.3))
+    question = write_wav(tmp_path / "q.wav", speech.piper(LONG, lead_s=0.3))
     stop = write_wav(tmp_path / "stop.wav", speech.piper(INTERRUPTION, lead_s=0.1))
     out = tmp_path / "barge.json"
     run = harness("--url", server.url, "--wav", str(question), str(stop), "--turns", "1",
