@@ -11,12 +11,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import functools
 import http
 import json
 import logging
 import re
 import secrets
+import socket
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -26,18 +29,24 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
+from . import metrics
 from . import protocol as p
+from .metrics import ServerMetrics
 from .resume import ResumeStore
 from .runtime import Runtime, WorkerKind
 from .session import (
     AudioBytes,
+    AudioWritten,
     CancelTurn,
     Close,
     Disconnected,
     Effect,
     Event,
+    Expired,
     PartialTranscript,
     ReleaseTurn,
+    ReplyAudio,
+    ReplyFinished,
     RunVad,
     Send,
     SendAudio,
@@ -56,13 +65,46 @@ MAX_FRAME_BYTES = 256 * 1024  # websockets closes with 1009 above this
 
 
 @dataclass(frozen=True)
+class Limits:
+    """What one server process allows (docs/security.md, "Limits", says why each)."""
+
+    max_sessions: int = 100  # open sessions; over it: close 1013 with a retry hint
+    max_sessions_per_address: int = 20  # one car fleet's NAT may share an address
+    start_timeout_s: float = 10.0  # an open socket that never sends start
+    max_session_s: float = 4 * 3600.0  # then closed with 4005; its token resumes it
+    outbox_messages: int = 512  # queued frames to one client (~50 s of paced audio)
+    # A client that falls this far behind real time reading reply audio is closed
+    # (4003) instead of holding server memory and its turn's place.
+    max_audio_backlog_s: float = 5.0
+    shutdown_grace_s: float = 10.0  # SIGTERM: in-flight turns may finish this long
+    # The kernel's send buffer per connection. Linux grows it to megabytes for a client
+    # that stops reading, and audio in it counts as sent though nobody heard it; 64 KiB
+    # is 0.7-4 s of reply audio (48-8 kHz), far above one round trip of a slow link.
+    socket_send_buffer: int = 64 * 1024
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     session: SessionConfig = field(default_factory=SessionConfig)
     pacing: Pacing = field(default_factory=Pacing)
     resume_ttl_s: float = 120.0  # how long a dropped session's conversation is kept
+    limits: Limits = field(default_factory=Limits)
+    # where parked conversations are saved on shutdown and restored from on start
+    resume_file: Path | None = None
 
 
 _CLOSE = object()
+_RETRY_AFTER_S = 10
+
+
+@dataclass(frozen=True)
+class _Frame:
+    """A frame of reply audio on its way to the client."""
+
+    turn_id: int
+    sentence: int
+    samples: int
+    data: bytes
 
 
 class Connection:
@@ -72,22 +114,43 @@ class Connection:
         rt: Runtime,
         config: ServerConfig,
         resume: ResumeStore | None,
+        metrics: ServerMetrics | None = None,
     ) -> None:
         self.ws = ws
         self.rt = rt
         self.config = config
+        self.metrics = metrics
         names = (rt.asr_name, rt.reply.name)
         token = secrets.token_urlsafe(18)
         self.session = Session(uuid.uuid4().hex[:12], config.session, *names, resume, token)
         self.vad_state = rt.vad.new_state()
         self.loop = asyncio.get_running_loop()
-        self.outbox: asyncio.Queue[str | bytes | Close | object] = asyncio.Queue()
+        # Bounded: a client that stops reading is closed, never buffered without end.
+        self.outbox: asyncio.Queue[str | bytes | _Frame | Close | object] = asyncio.Queue(
+            config.limits.outbox_messages + 1  # + room for the final close
+        )
         self.turns: dict[int, tuple[asyncio.Task[None], asyncio.Event]] = {}
-        self.tasks: set[asyncio.Task[None]] = set()
+        self.tasks: set[asyncio.Task[object]] = set()
+        self.cancelled: set[int] = set()  # turns whose queued audio is dropped
+        self.unwritten: dict[int, int] = {}  # turn -> samples queued, not yet written
+        self.stalled: dict[int, float] = {}  # turn -> seconds it waited on the client
+        self.write_waiters: list[asyncio.Future[None]] = []  # woken by each frame written
+        self.aborted = False
+        self.closed = asyncio.Event()  # run() has returned
 
     async def run(self) -> None:
         log.info("session %s connected from %s", self.session.id, self.ws.remote_address)
         writer = asyncio.create_task(self._write())
+        limits = self.config.limits
+        timers = [
+            self.loop.call_later(limits.start_timeout_s, self._start_overdue),
+            self.loop.call_later(
+                limits.max_session_s,
+                self.expire,
+                p.CloseCode.SESSION_TOO_LONG,
+                f"session length limit ({limits.max_session_s:.0f} s); resume with your token",
+            ),
+        ]
         try:
             async for frame in self.ws:
                 await self.apply(self._receive_frame(frame))
@@ -96,16 +159,28 @@ class Connection:
         except ConnectionClosed:
             pass
         finally:
+            for timer in timers:
+                timer.cancel()
             await self.apply(self.session.receive(Disconnected(), self.loop.time()))
             for task in [*self.tasks, *(t for t, _ in self.turns.values())]:
                 task.cancel()
             for task in [*self.tasks, *(t for t, _ in self.turns.values())]:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
-            self.outbox.put_nowait(_CLOSE)
+            self._put(_CLOSE, force=True)
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await writer
+            self.closed.set()
             log.info("session %s closed", self.session.id)
+
+    def _start_overdue(self) -> None:
+        if self.session.state is State.IDLE:
+            limit = self.config.limits.start_timeout_s
+            self.expire(p.CloseCode.START_TIMEOUT, f"no start message within {limit:g} s")
+
+    def expire(self, code: int, reason: str) -> None:
+        """End the session from outside its receive loop (a limit, shutdown)."""
+        self._spawn(self.apply(self.session.receive(Expired(code, reason), self.loop.time())))
 
     def _receive_frame(self, frame: str | bytes) -> list[Effect]:
         now = self.loop.time()
@@ -118,17 +193,25 @@ class Connection:
         return self.session.receive(message, now)
 
     async def deliver(self, event: Event) -> None:
+        if isinstance(event, ReplyFinished):
+            await self._drained(event.turn_id)  # the history keeps only written words
         await self.apply(self.session.receive(event, self.loop.time()))
+        if isinstance(event, ReplyAudio):
+            await self._keep_up(event.turn_id)
 
     async def apply(self, effects: list[Effect]) -> None:
         for effect in effects:
             match effect:
                 case Send(message=message):
-                    self.outbox.put_nowait(p.encode(message))
+                    self._put(p.encode(message))
+                    if self.metrics is not None:
+                        self.metrics.sent(message)
                     if isinstance(message, p.Metrics):
                         log.info("metrics %s %s", self.session.id, p.encode(message))
-                case SendAudio(turn_id=turn_id, seq=seq, pcm=pcm):
-                    self.outbox.put_nowait(p.pack_audio(turn_id, seq, pcm))
+                case SendAudio(turn_id=turn_id, seq=seq, pcm=pcm, sentence=sentence):
+                    samples = len(pcm) // 2
+                    self.unwritten[turn_id] = self.unwritten.get(turn_id, 0) + samples
+                    self._put(_Frame(turn_id, sentence, samples, p.pack_audio(turn_id, seq, pcm)))
                 case RunVad(samples=samples):
                     probs = await self.rt.worker(WorkerKind.VAD).run(
                         self.rt.vad.process, self.vad_state, samples
@@ -148,14 +231,89 @@ class Connection:
                     if (entry := self.turns.get(turn_id)) is not None:
                         entry[1].set()
                 case CancelTurn(turn_id=turn_id):
+                    self.cancelled.add(turn_id)  # before reply_cancelled is queued
                     await self._cancel(turn_id)
-                case Close():
-                    self.outbox.put_nowait(effect)
+                case Close(code=code):
+                    if self.metrics is not None:
+                        self.metrics.closes.labels(str(code)).inc()
+                    if self.aborted:  # the outbox is stuck: close past it
+                        self._spawn(self.ws.close(effect.code, effect.reason))
+                    else:
+                        self._put(effect, force=True)
+
+    def _put(self, item: object, force: bool = False) -> None:
+        """Queue a frame for the writer; a full outbox means the client stopped reading."""
+        if self.aborted and item is not _CLOSE:
+            return
+        if self.outbox.full() and not force:
+            self._abort("stopped reading (outbox full)")
+            return
+        if self.outbox.full():  # the close itself: make room, the client reads nothing
+            self.outbox.get_nowait()
+        self.outbox.put_nowait(item)
+
+    def _abort(self, why: str) -> None:
+        """Close a client that does not keep up, without waiting for it to read."""
+        if self.aborted:
+            return
+        log.warning("session %s: closing a slow client: %s", self.session.id, why)
+        self.aborted = True
+        while not self.outbox.empty():
+            item = self.outbox.get_nowait()
+            if isinstance(item, _Frame):
+                self._written(item)
+        self.expire(p.CloseCode.SLOW_CONSUMER, f"client too slow: {why}")
+
+    async def _keep_up(self, turn_id: int) -> None:
+        """Pace a turn's audio by what the client has taken, not only by the clock: wait
+        while more than the pacing lead is queued."""
+        rate = self.session.output_rate
+        while self.unwritten.get(turn_id, 0) > self.config.pacing.lead_ms / 1000 * rate:
+            if not await self._wait_for_client(turn_id):
+                return
+
+    async def _drained(self, turn_id: int) -> None:
+        """Wait until every queued frame of the turn is written (or dropped)."""
+        while self.unwritten.get(turn_id, 0) > 0:
+            if not await self._wait_for_client(turn_id):
+                return
+
+    async def _wait_for_client(self, turn_id: int) -> bool:
+        """Wait for the writer to hand the client a frame. The time a turn spends
+        waiting on its client adds up to how far the client is behind real time (the
+        turn itself is paced at real time); past max_audio_backlog_s the client is
+        closed. False: closed, stop waiting."""
+        if self.aborted:
+            return False
+        t0 = self.loop.time()
+        waiter = self.loop.create_future()
+        self.write_waiters.append(waiter)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(waiter, 0.25)
+        stalled = self.stalled.get(turn_id, 0.0) + self.loop.time() - t0
+        self.stalled[turn_id] = stalled
+        limit = self.config.limits.max_audio_backlog_s
+        if stalled > limit:
+            self._abort(f"more than {limit:g} s behind real time")
+            return False
+        return True
+
+    def _written(self, frame: _Frame) -> None:
+        left = self.unwritten.get(frame.turn_id, 0) - frame.samples
+        if left > 0:
+            self.unwritten[frame.turn_id] = left
+        else:
+            self.unwritten.pop(frame.turn_id, None)
+        waiters, self.write_waiters = self.write_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _forget_turn(self, turn_id: int, task: asyncio.Task[None]) -> None:
         entry = self.turns.get(turn_id)
         if entry is not None and entry[0] is task:
             del self.turns[turn_id]
+        self.stalled.pop(turn_id, None)
 
     async def _cancel(self, turn_id: int) -> None:
         entry = self.turns.pop(turn_id, None)
@@ -167,8 +325,8 @@ class Connection:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    def _spawn(self, coro: Awaitable[None]) -> None:
-        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+    def _spawn(self, coro: Awaitable[object]) -> None:
+        task: asyncio.Task[object] = asyncio.ensure_future(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
@@ -183,11 +341,19 @@ class Connection:
     async def _write(self) -> None:
         while (item := await self.outbox.get()) is not _CLOSE:
             try:
-                if isinstance(item, Close):
-                    await self.ws.close(item.code, item.reason)
-                    return
-                assert isinstance(item, str | bytes)
-                await self.ws.send(item)
+                match item:
+                    case Close(code=code, reason=reason):
+                        await self.ws.close(code, reason)
+                        return
+                    case _Frame(turn_id=turn_id) if turn_id in self.cancelled:
+                        self._written(item)  # barged in: never sent
+                    case _Frame():
+                        await self.ws.send(item.data)
+                        self._written(item)
+                        written = AudioWritten(item.turn_id, item.sentence, item.samples)
+                        await self.apply(self.session.receive(written, self.loop.time()))
+                    case str() | bytes():
+                        await self.ws.send(item)
             except ConnectionClosed:
                 return
 
@@ -254,10 +420,18 @@ class App:
     lag: LagMonitor = field(default_factory=LagMonitor)
     sessions: set[Connection] = field(default_factory=set)
     resume: ResumeStore | None = field(init=False)
+    metrics: ServerMetrics = field(init=False)
+    closing: bool = False  # shutting down: new connections are refused
+    _per_address: collections.Counter[str] = field(default_factory=collections.Counter)
 
     def __post_init__(self) -> None:
         ttl = self.config.resume_ttl_s
         self.resume = ResumeStore(ttl) if ttl > 0 else None
+        self.metrics = ServerMetrics(
+            sessions=lambda: len(self.sessions),
+            resumable=lambda: len(self.resume) if self.resume is not None else 0,
+            queued=lambda: {k.value: w.pending for k, w in self.rt.workers.items()},
+        )
 
     def route(self, connection: ServerConnection, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]
@@ -267,27 +441,116 @@ class App:
             return connection.respond(http.HTTPStatus.OK, "ok\n")
         if path == "/stats":
             return connection.respond(http.HTTPStatus.OK, json.dumps(self.stats()) + "\n")
+        if path == "/metrics":
+            response = connection.respond(http.HTTPStatus.OK, "")
+            return _with_body(response, self.metrics.exposition(), metrics.CONTENT_TYPE)
         if (page := web_file(path)) is not None:
             return _file_response(connection, page)
         body = json.dumps({"error": "not_found", "message": f"the voice endpoint is {p.PATH}"})
         return connection.respond(http.HTTPStatus.NOT_FOUND, body + "\n")
 
     def stats(self) -> dict[str, object]:
-        pending = {name: w.pending for name, w in self.rt.workers.items()}
+        pending = {kind.value: w.pending for kind, w in self.rt.workers.items()}
         return {
             "sessions": len(self.sessions),
             "resumable": len(self.resume) if self.resume is not None else 0,
             "loop_lag": self.lag.summary(),
             "queued": pending,
+            "tasks": len(asyncio.all_tasks()),
         }
 
+    def refusal(self, address: str) -> tuple[int, str] | None:
+        """Why a new connection from ``address`` is refused (close code, reason)."""
+        limits = self.config.limits
+        if self.closing:
+            return p.CloseCode.GOING_AWAY, "server shutting down; reconnect in a moment"
+        if len(self.sessions) >= limits.max_sessions:
+            return (
+                p.CloseCode.TRY_AGAIN_LATER,
+                f"server full ({limits.max_sessions} sessions); retry in {_RETRY_AFTER_S} s",
+            )
+        if self._per_address[address] >= limits.max_sessions_per_address:
+            n = limits.max_sessions_per_address
+            return p.CloseCode.POLICY_VIOLATION, f"too many connections from your address ({n})"
+        return None
+
     async def handle(self, ws: ServerConnection) -> None:
-        connection = Connection(ws, self.rt, self.config, self.resume)
+        address = str(ws.remote_address[0]) if ws.remote_address else "?"
+        if (refused := self.refusal(address)) is not None:
+            code, reason = refused
+            self.metrics.rejected.labels(_REJECTED[code]).inc()
+            log.warning("refused a connection from %s: %s", address, reason)
+            await ws.close(code, reason)
+            return
+        sock = ws.transport.get_extra_info("socket")
+        if sock is not None and self.config.limits.socket_send_buffer:
+            sock.setsockopt(
+                socket.SOL_SOCKET, socket.SO_SNDBUF, self.config.limits.socket_send_buffer
+            )
+        connection = Connection(ws, self.rt, self.config, self.resume, self.metrics)
         self.sessions.add(connection)
+        self._per_address[address] += 1
         try:
             await connection.run()
         finally:
             self.sessions.discard(connection)
+            self._per_address[address] -= 1
+            if not self._per_address[address]:
+                del self._per_address[address]
+
+    async def drain(self, grace_s: float) -> None:
+        """Shutdown: let the turns in flight finish (up to ``grace_s``), then end every
+        session with 1001; their conversations are parked for resumption."""
+        self.closing = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+        while (turns := [t for c in self.sessions for t, _ in c.turns.values()]) and (
+            left := deadline - loop.time()
+        ) > 0:
+            await asyncio.wait(turns, timeout=left)
+        closing = [asyncio.create_task(c.closed.wait()) for c in self.sessions]
+        for connection in list(self.sessions):
+            connection.expire(p.CloseCode.GOING_AWAY, "server shutting down")
+        if closing:
+            await asyncio.wait(closing, timeout=5)
+        for task in closing:
+            task.cancel()
+
+    def save_resumable(self, now: float) -> None:
+        path = self.config.resume_file
+        if path is None or self.resume is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.resume.dump(now, time.time())))
+        tmp.replace(path)  # atomic: a crash never leaves half a file
+        log.info("saved %d resumable conversation(s) to %s", len(self.resume), path)
+
+    def load_resumable(self, now: float) -> None:
+        path = self.config.resume_file
+        if path is None or self.resume is None or not path.is_file():
+            return
+        try:
+            n = self.resume.load(json.loads(path.read_text()), now, time.time())
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("ignoring %s: not a resumable-sessions file (%s)", path, exc)
+            return
+        log.info("restored %d resumable conversation(s) from %s", n, path)
+
+
+_REJECTED: dict[int, str] = {
+    p.CloseCode.GOING_AWAY: "shutting_down",
+    p.CloseCode.TRY_AGAIN_LATER: "server_full",
+    p.CloseCode.POLICY_VIOLATION: "per_address",
+}
+
+
+def _with_body(response: Response, body: bytes, content_type: str) -> Response:
+    del response.headers["Content-Type"]
+    del response.headers["Content-Length"]
+    response.headers["Content-Type"] = content_type
+    response.headers["Content-Length"] = str(len(body))
+    return dataclasses.replace(response, body=body)
 
 
 async def start_server(
@@ -295,6 +558,7 @@ async def start_server(
 ) -> tuple[Server, App]:
     """Start listening; the caller closes the returned server (sessions get 1001)."""
     app = App(rt, config or ServerConfig())
+    app.load_resumable(asyncio.get_running_loop().time())
     server = await serve(
         app.handle, host, port, process_request=app.route, max_size=MAX_FRAME_BYTES
     )
@@ -314,7 +578,13 @@ async def run_until(
     sock_host, sock_port = server.sockets[0].getsockname()[:2]
     on_ready(f"ws://{sock_host}:{sock_port}{p.PATH}")
     await stop.wait()
-    log.info("shutting down: closing %d session(s)", len(app.sessions))
-    server.close()  # every open session gets a close frame with 1001 (going away)
+    grace = app.config.limits.shutdown_grace_s
+    log.info(
+        "shutting down: %d session(s), up to %.0f s for turns in flight", len(app.sessions), grace
+    )
+    server.close(close_connections=False)  # stop accepting; open sessions go on
+    await app.drain(grace)
+    server.close()  # whoever is left gets 1001 (going away)
     await server.wait_closed()
+    app.save_resumable(asyncio.get_running_loop().time())
     monitor.cancel()

@@ -283,7 +283,12 @@ class CloseCode(IntEnum):
     """WebSocket close codes the server uses (docs/protocol.md)."""
 
     NORMAL = 1000
-    GOING_AWAY = 1001  # server shutting down
+    GOING_AWAY = 1001  # server shutting down (conversation parked: resume it)
+    POLICY_VIOLATION = 1008  # too many connections from one address
     MESSAGE_TOO_BIG = 1009  # frame over the server's size limit (sent by websockets)
     INTERNAL_ERROR = 1011
+    TRY_AGAIN_LATER = 1013  # server full: the reason says when to retry
     TOO_MANY_ERRORS = 4002  # the client kept sending invalid messages
+    SLOW_CONSUMER = 4003  # the client fell too far behind reading reply audio
+    START_TIMEOUT = 4004  # no start message in time after connecting
+    SESSION_TOO_LONG = 4005  # session length limit (conversation parked: resume it)

@@ -9,8 +9,9 @@ new one), so a leaked token cannot be replayed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from model.engine import ChatMessage
+from model.engine import ChatMessage, Role
 
 from .protocol import ProtocolError
 
@@ -53,5 +54,40 @@ class ResumeStore:
         while len(self._expired) > self.max_entries:
             del self._expired[next(iter(self._expired))]
 
+    def dump(self, now: float, wall: float) -> dict[str, object]:
+        """The parked conversations as JSON, expiry in wall-clock seconds (``now`` is
+        this store's clock, ``wall`` time.time() at the same instant): another process
+        restores them with :meth:`load`."""
+        self._purge(now)
+        entries = {
+            token: {
+                "expires_at": wall + (parked.expires_at - now),
+                "conversation": [[m.role, m.content] for m in parked.conversation],
+            }
+            for token, parked in self._parked.items()
+        }
+        return {"version": 1, "parked": entries}
+
+    def load(self, data: dict[str, Any], now: float, wall: float) -> int:
+        """Restore what :meth:`dump` wrote; entries past their expiry are dropped.
+        Returns how many were restored."""
+        if data.get("version") != 1:
+            raise ValueError(f"unknown version {data.get('version')!r}")
+        restored = 0
+        for token, entry in data["parked"].items():
+            expires_at = now + (float(entry["expires_at"]) - wall)
+            if expires_at <= now or len(self._parked) >= self.max_entries:
+                continue
+            messages = tuple(ChatMessage(_role(r), str(c)) for r, c in entry["conversation"])
+            self._parked[str(token)] = _Parked(messages, expires_at)
+            restored += 1
+        return restored
+
     def __len__(self) -> int:
         return len(self._parked)
+
+
+def _role(value: object) -> Role:
+    if value not in ("system", "user", "assistant"):
+        raise ValueError(f"not a chat role: {value!r}")
+    return value

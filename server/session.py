@@ -71,6 +71,13 @@ class SessionConfig:
     min_partial_speech_ms: int = 500
     ring_seconds: float = 40.0
     max_errors: int = 20  # protocol errors before the connection is closed
+    # Conversation kept (user and assistant messages, oldest dropped first): the reply
+    # model reads only its prompt budget of it, and a long session must not grow
+    # without bound (docs/security.md, "Limits").
+    max_history_messages: int = 40
+    # `text` messages: a burst of text_burst, then one per 60 / text_per_minute s.
+    text_per_minute: float = 20.0
+    text_burst: int = 5
 
 
 # --- internal events (inputs besides client messages) ----------------------------
@@ -124,6 +131,24 @@ class ReplyAudio:
 
 
 @dataclass(frozen=True)
+class AudioWritten:
+    """A frame of reply audio left for the client (the socket took it): what the
+    conversation keeps of a cut-off reply counts only these."""
+
+    turn_id: int
+    sentence: int
+    samples: int
+
+
+@dataclass(frozen=True)
+class Expired:
+    """A server limit ended the session (idle before start, session length)."""
+
+    code: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class ReplyFinished:
     turn_id: int
     stats: GenerationStats | None
@@ -149,8 +174,10 @@ Event = (
     | FinalTranscript
     | ReplySentence
     | ReplyAudio
+    | AudioWritten
     | ReplyFinished
     | TurnFailed
+    | Expired
     | Disconnected
 )
 
@@ -168,6 +195,7 @@ class SendAudio:
     turn_id: int
     seq: int
     pcm: bytes
+    sentence: int = 0  # reported back with AudioWritten once the frame is written
 
 
 @dataclass(frozen=True)
@@ -244,7 +272,9 @@ class _Turn:
     held: list[p.ServerMessage] = field(default_factory=list)
     sentences: list[str] = field(default_factory=list)
     sentence_samples: dict[int, int] = field(default_factory=dict)
-    sent_samples: dict[int, int] = field(default_factory=dict)
+    sent_samples: dict[int, int] = field(default_factory=dict)  # written, per sentence
+    queued_samples: int = 0  # handed to the connection, written or not
+    written_samples: int = 0
     finished: ReplyFinished | None = None
     seq: int = 0
     final_time: float | None = None
@@ -296,6 +326,13 @@ class Session:
         self._utterance: _Utterance | None = None
         self._turn: _Turn | None = None
         self._errors = 0
+        self._text_tokens = float(config.text_burst)
+        self._text_at = 0.0
+
+    @property
+    def output_rate(self) -> int:
+        """Sample rate of the reply audio (0 before start)."""
+        return self._output_rate
 
     # -- entry point --
 
@@ -308,6 +345,8 @@ class Session:
                 return self._on_start(event)
             case Disconnected():
                 return self._on_disconnect()
+            case Expired(code=code, reason=reason):
+                return self._close(code, reason)
             case _ if self.state is State.IDLE:
                 return self._error("not_started", "send a start message first")
             case AudioBytes(data=data):
@@ -328,6 +367,8 @@ class Session:
                 return self._on_sentence(event)
             case ReplyAudio():
                 return self._on_reply_audio(event, now)
+            case AudioWritten():
+                return self._on_audio_written(event)
             case ReplyFinished():
                 return self._on_finished(event)
             case TurnFailed():
@@ -423,12 +464,26 @@ class Session:
         return [RunVad(samples)] if samples.size else []
 
     def _on_text(self, text: str, now: float) -> list[Effect]:
+        if not self._take_text_token(now):
+            per = self.config.text_per_minute
+            return self._error("rate_limited", f"text: at most {per:g} messages a minute")
         out = self._cancel_turn("new_input")
         out += self._drop_speculation()
         self._utterance = None
         turn = _Turn(id=self._new_turn_id(), speech_end_time=now, transcript=text)
         turn.final_time = now
         return out + self._begin_turn(turn, audio=None, text=text, release=True)
+
+    def _take_text_token(self, now: float) -> bool:
+        """Token bucket (burst text_burst, refilled at text_per_minute)."""
+        cfg = self.config
+        refill = max(0.0, now - self._text_at) * cfg.text_per_minute / 60
+        self._text_tokens = min(float(cfg.text_burst), self._text_tokens + refill)
+        self._text_at = now
+        if self._text_tokens < 1:
+            return False
+        self._text_tokens -= 1
+        return True
 
     def _on_end_of_input(self, now: float) -> list[Effect]:
         events = self._endpointer.end_input(self._ring.total_written)
@@ -585,8 +640,17 @@ class Session:
 
     def _commit_user(self, turn: _Turn) -> None:
         if turn.released and turn.transcript and not turn.user_committed:
-            self.conversation.append(ChatMessage("user", turn.transcript))
+            self._remember(ChatMessage("user", turn.transcript))
             turn.user_committed = True
+
+    def _remember(self, message: ChatMessage) -> None:
+        self.conversation.append(message)
+        if (extra := len(self.conversation) - self.config.max_history_messages) > 0:
+            del self.conversation[:extra]
+
+    @staticmethod
+    def _spoken(turn: _Turn) -> str:
+        return truncate_to_sent(turn.sentences, turn.sent_samples, turn.sentence_samples)
 
     def _current(self, turn_id: int) -> _Turn | None:
         turn = self._turn
@@ -621,15 +685,23 @@ class Session:
         turn = self._current(event.turn_id)
         if turn is None or not turn.released:  # audio of a cancelled turn is never sent
             return []
-        i = event.sentence
-        turn.sentence_samples[i] = event.sentence_samples
-        turn.sent_samples[i] = turn.sent_samples.get(i, 0) + len(event.pcm) // 2
+        turn.sentence_samples[event.sentence] = event.sentence_samples
+        turn.queued_samples += len(event.pcm) // 2
         if turn.first_audio_time is None:
             turn.first_audio_time = now
             turn.tts_first_ms = event.tts_ms
             self._to(State.SPEAKING)
         turn.seq += 1
-        return [SendAudio(turn.id, turn.seq - 1, event.pcm)]
+        return [SendAudio(turn.id, turn.seq - 1, event.pcm, event.sentence)]
+
+    def _on_audio_written(self, event: AudioWritten) -> list[Effect]:
+        turn = self._current(event.turn_id)
+        if turn is None:  # cancelled: its spoken part is already in the conversation
+            return []
+        i = event.sentence
+        turn.sent_samples[i] = turn.sent_samples.get(i, 0) + event.samples
+        turn.written_samples += event.samples
+        return []
 
     def _on_finished(self, event: ReplyFinished) -> list[Effect]:
         turn = self._current(event.turn_id)
@@ -642,8 +714,9 @@ class Session:
 
     def _complete(self, turn: _Turn, event: ReplyFinished) -> list[Effect]:
         text = " ".join(turn.sentences)
-        if text:
-            self.conversation.append(ChatMessage("assistant", text))
+        kept = text if turn.written_samples >= turn.queued_samples else self._spoken(turn)
+        if kept:
+            self._remember(ChatMessage("assistant", kept))
         self._turn = None
         self._to(State.LISTENING)
         return [Send(p.ReplyDone(turn.id, text)), Send(self._metrics(turn, event))]
@@ -689,9 +762,9 @@ class Session:
         if turn is None or not turn.released:
             return []
         self._turn = None
-        spoken = truncate_to_sent(turn.sentences, turn.sent_samples, turn.sentence_samples)
+        spoken = self._spoken(turn)
         if spoken:
-            self.conversation.append(ChatMessage("assistant", spoken))
+            self._remember(ChatMessage("assistant", spoken))
         self._to(State.LISTENING)
         out: list[Effect] = [CancelTurn(turn.id)]
         if reason != "closed":

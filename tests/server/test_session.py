@@ -18,6 +18,7 @@ from server.resume import ResumeStore
 from server.session import (
     TRANSITIONS,
     AudioBytes,
+    AudioWritten,
     CancelTurn,
     Close,
     Disconnected,
@@ -52,13 +53,22 @@ def settings(**kwargs: object) -> SessionConfig:
 
 @dataclass
 class Driver:
-    """Feeds a session and keeps the clock (audio time == wall time here)."""
+    """Feeds a session and keeps the clock (audio time == wall time here). Like the
+    connection's writer, it reports each audio frame written at once (``write_audio``
+    False: the client reads nothing, every frame stays unwritten)."""
 
     s: Session
     now: float = 0.0
+    write_audio: bool = True
 
     def send(self, event: object) -> list[Effect]:
-        return self.s.receive(event, self.now)  # type: ignore[arg-type]
+        out = self.s.receive(event, self.now)  # type: ignore[arg-type]
+        for e in out if self.write_audio else []:
+            if isinstance(e, SendAudio):
+                out += self.s.receive(
+                    AudioWritten(e.turn_id, e.sentence, len(e.pcm) // 2), self.now
+                )
+        return out
 
     def frames(self, prob: float, n: int) -> list[Effect]:
         out: list[Effect] = []
@@ -288,7 +298,7 @@ def test_reply_audio_speaking_done_and_metrics() -> None:
     d.send(ReplySentence(turn, 0, "Paris.", 40.0))
     d.now += 0.3
     out = d.send(ReplyAudio(turn, 0, b"\x01\x00" * 100, 100, 30.0))
-    assert of(out, SendAudio) == [SendAudio(turn, 0, b"\x01\x00" * 100)]
+    assert of(out, SendAudio) == [SendAudio(turn, 0, b"\x01\x00" * 100, 0)]
     assert d.s.state is State.SPEAKING
     out = d.send(ReplyAudio(turn, 0, b"\x01\x00" * 100, 100, None))
     assert of(out, SendAudio)[0].seq == 1  # type: ignore[attr-defined]
@@ -353,6 +363,57 @@ def test_barge_in_cancels_and_keeps_only_what_was_sent() -> None:
     assert d.send(ReplyAudio(turn, 1, b"\x00\x00" * 50, 100, None)) == []
     assert d.send(ReplyFinished(turn, None, 1.0)) == []
     assert d.s.state is State.LISTENING
+
+
+def test_barge_in_keeps_only_audio_the_client_was_written() -> None:
+    """Audio handed to a slow connection but not yet written was never heard: a
+    barge-in keeps only the frames the socket took (issue 17)."""
+    d = make()
+    turn = released_turn(d)
+    d.send(ReplySentence(turn, 0, "Paris is the capital of France.", 40.0))
+    d.send(ReplyAudio(turn, 0, b"\x00\x00" * 50, 100, 20.0))  # written: half the sentence
+    d.write_audio = False
+    d.send(ReplyAudio(turn, 0, b"\x00\x00" * 50, 100, None))  # queued, never written
+    cancelled = sent(d.speak(5), p.ReplyCancelled)[0]
+    assert cancelled == p.ReplyCancelled(turn, "barge_in", "Paris is the")
+    assert d.s.conversation[-1] == ChatMessage("assistant", "Paris is the")
+
+
+def test_a_finished_reply_keeps_only_what_was_written() -> None:
+    d = make()
+    turn = released_turn(d)
+    d.send(ReplySentence(turn, 0, "Paris is the capital of France.", 40.0))
+    d.send(ReplySentence(turn, 1, "It has many museums.", 60.0))
+    d.send(ReplyAudio(turn, 0, b"\x00\x00" * 100, 100, 20.0))
+    d.write_audio = False
+    d.send(ReplyAudio(turn, 1, b"\x00\x00" * 100, 100, None))
+    out = d.send(ReplyFinished(turn, None, 1.0))
+    assert sent(out, p.ReplyDone)[0] == p.ReplyDone(
+        turn, "Paris is the capital of France. It has many museums."
+    )
+    assert d.s.conversation[-1] == ChatMessage("assistant", "Paris is the capital of France.")
+
+
+def test_history_is_bounded_and_text_is_rate_limited() -> None:
+    d = make(settings(max_history_messages=4, text_per_minute=60, text_burst=2))
+    for i in range(3):
+        d.now += 1.0  # one token back per second
+        (start,) = of(d.send(p.Text(f"question {i}")), StartTurn)
+        d.send(ReplySentence(start.turn_id, 0, f"Answer {i}.", 1.0))  # type: ignore[attr-defined]
+        d.send(ReplyFinished(start.turn_id, None, 1.0))  # type: ignore[attr-defined]
+    assert [m.content for m in d.s.conversation] == [
+        "question 1",
+        "Answer 1.",
+        "question 2",
+        "Answer 2.",
+    ]
+    d.now += 2.0  # the bucket is full again: a burst of two
+    assert of(d.send(p.Text("burst one")), StartTurn)
+    assert of(d.send(p.Text("burst two")), StartTurn)
+    (error,) = sent(d.send(p.Text("one too many")))
+    assert isinstance(error, p.Error) and error.code == "rate_limited"
+    d.now += 1.0
+    assert of(d.send(p.Text("after a second")), StartTurn)
 
 
 def test_client_cancel_while_thinking() -> None:
