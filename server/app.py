@@ -19,18 +19,21 @@ import logging
 import re
 import secrets
 import socket
+import ssl
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
+from websockets.typing import Subprotocol
 
-from . import metrics
+from . import auth, metrics
 from . import protocol as p
+from .auth import AuthConfig
 from .metrics import ServerMetrics
 from .resume import ResumeStore
 from .runtime import Runtime, WorkerKind
@@ -91,6 +94,8 @@ class ServerConfig:
     limits: Limits = field(default_factory=Limits)
     # where parked conversations are saved on shutdown and restored from on start
     resume_file: Path | None = None
+    auth: AuthConfig = field(default_factory=AuthConfig)  # docs/security.md
+    tls: ssl.SSLContext | None = None
 
 
 _CLOSE = object()
@@ -422,9 +427,11 @@ class App:
     resume: ResumeStore | None = field(init=False)
     metrics: ServerMetrics = field(init=False)
     closing: bool = False  # shutting down: new connections are refused
+    authenticator: auth.Authenticator = field(init=False)
     _per_address: collections.Counter[str] = field(default_factory=collections.Counter)
 
     def __post_init__(self) -> None:
+        self.authenticator = auth.Authenticator(self.config.auth)
         ttl = self.config.resume_ttl_s
         self.resume = ResumeStore(ttl) if ttl > 0 else None
         self.metrics = ServerMetrics(
@@ -436,7 +443,14 @@ class App:
     def route(self, connection: ServerConnection, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]
         if path == p.PATH:
-            return None
+            return self._admit(connection, request)
+        if path in auth.MINT_PATHS:
+            headers = list(request.headers.raw_items())
+            # websockets reads no request body: the lifetime comes as ?ttl_s=N
+            reply = auth.mint_response(
+                self.config.auth, request.method, request.path, headers, b"", time.time()
+            )
+            return _json_response(connection, reply)
         if path == "/healthz":
             return connection.respond(http.HTTPStatus.OK, "ok\n")
         if path == "/stats":
@@ -448,6 +462,19 @@ class App:
             return _file_response(connection, page)
         body = json.dumps({"error": "not_found", "message": f"the voice endpoint is {p.PATH}"})
         return connection.respond(http.HTTPStatus.NOT_FOUND, body + "\n")
+
+    def _admit(self, connection: ServerConnection, request: Request) -> Response | None:
+        """The voice endpoint's handshake: credentials and origin (server/auth.py)."""
+        peer = connection.remote_address[0] if connection.remote_address else ""
+        decision = self.authenticator.authenticate(
+            request.path, list(request.headers.raw_items()), str(peer), time.time()
+        )
+        if isinstance(decision, auth.Rejected):
+            self.metrics.rejected.labels(decision.error).inc()
+            log.warning("refused a handshake from %s: %s", peer, decision.error)
+            return _json_response(connection, decision.reply())
+        log.info("handshake from %s accepted: %s", peer, decision.describe())
+        return None
 
     def stats(self) -> dict[str, object]:
         pending = {kind.value: w.pending for kind, w in self.rt.workers.items()}
@@ -545,6 +572,20 @@ _REJECTED: dict[int, str] = {
 }
 
 
+def _subprotocol(_: ServerConnection, offered: Sequence[Subprotocol]) -> Subprotocol | None:
+    """Browsers pass a client token as a subprotocol and fail the connection unless
+    the server picks one they offered (docs/security.md)."""
+    chosen = auth.select_subprotocol(offered)
+    return Subprotocol(chosen) if chosen is not None else None
+
+
+def _json_response(connection: ServerConnection, reply: auth.HttpReply) -> Response:
+    response = connection.respond(http.HTTPStatus(reply.status), "")
+    for name, value in reply.headers:
+        response.headers[name] = value
+    return _with_body(response, reply.text().encode(), "application/json")
+
+
 def _with_body(response: Response, body: bytes, content_type: str) -> Response:
     del response.headers["Content-Type"]
     del response.headers["Content-Length"]
@@ -560,7 +601,13 @@ async def start_server(
     app = App(rt, config or ServerConfig())
     app.load_resumable(asyncio.get_running_loop().time())
     server = await serve(
-        app.handle, host, port, process_request=app.route, max_size=MAX_FRAME_BYTES
+        app.handle,
+        host,
+        port,
+        process_request=app.route,
+        select_subprotocol=_subprotocol,
+        max_size=MAX_FRAME_BYTES,
+        ssl=app.config.tls,
     )
     return server, app
 
@@ -576,7 +623,8 @@ async def run_until(
     server, app = await start_server(rt, host, port, config)
     monitor = asyncio.create_task(app.lag.run())
     sock_host, sock_port = server.sockets[0].getsockname()[:2]
-    on_ready(f"ws://{sock_host}:{sock_port}{p.PATH}")
+    scheme = "wss" if app.config.tls is not None else "ws"
+    on_ready(f"{scheme}://{sock_host}:{sock_port}{p.PATH}")
     await stop.wait()
     grace = app.config.limits.shutdown_grace_s
     log.info(

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
+import os
 import signal
 import sys
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import NoReturn
 
 from export.commands import register as register_export
 from model.assemble import (
@@ -22,17 +26,39 @@ from model.assemble import (
 from model.modeldir import is_complete
 from model.training.commands import register as register_model_commands
 
+from . import auth
 from . import protocol as p
+from .app import Limits, ServerConfig, run_until
+from .metrics import JsonFormatter
 from .runtime import DEFAULT_ASR, RuntimeOptions, load_runtime
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+RESUME_FILE = "resumable-sessions.json"
 
 log = logging.getLogger("quicksilver")
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad option values end in one line naming the option, not the whole usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def package_version() -> str:
+    try:
+        return version("quicksilver")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown"
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="quicksilver", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="quicksilver", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"quicksilver {package_version()}")
+    sub: argparse._SubParsersAction[argparse.ArgumentParser]
+    sub = parser.add_subparsers(dest="command", required=True)  # type: ignore[assignment]
     serve = sub.add_parser("serve", help="run the voice WebSocket server")
-    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
     serve.add_argument("--port", type=int, default=8765, help="0 picks a free port")
     serve.add_argument(
         "--asr",
@@ -40,12 +66,13 @@ def _parser() -> argparse.ArgumentParser:
         help="Whisper model: tiny.en or base (offline packages), or a CTranslate2 model directory",
     )
     serve.add_argument("--engine", default=DEFAULT_ENGINE, choices=ENGINES, help="reply model")
-    serve.add_argument("--max-reply-tokens", type=int, default=64)
+    serve.add_argument("--max-reply-tokens", type=int, default=64, help="longest reply, in tokens")
     serve.add_argument(
         "--cache-dir",
         type=Path,
         default=None,
-        help="where prepared models go (~/.cache/quicksilver)",
+        help="where prepared models and parked conversations go (None: ~/.cache/quicksilver;"
+        " conversations are saved across restarts only when it is given)",
     )
     serve.add_argument(
         "--speech-first",
@@ -60,28 +87,74 @@ def _parser() -> argparse.ArgumentParser:
         default=120.0,
         help="seconds a dropped session's conversation is kept for resumption (0: off)",
     )
+    limits = Limits()
+    serve.add_argument(
+        "--max-sessions", type=int, default=limits.max_sessions, help="open sessions at once"
+    )
+    serve.add_argument(
+        "--max-sessions-per-address",
+        type=int,
+        default=limits.max_sessions_per_address,
+        help="open sessions from one client address",
+    )
+    serve.add_argument(
+        "--max-session-minutes",
+        type=float,
+        default=limits.max_session_s / 60,
+        help="a session is closed after this long (its resume token continues it)",
+    )
+    serve.add_argument(
+        "--log-format", choices=("text", "json"), default="text", help="server log lines"
+    )
+    auth.add_serve_arguments(serve)
     serve.set_defaults(run=_serve)
     register_model_commands(sub)
     # Other commands register themselves here: each module's register(sub) adds a
     # subparser with set_defaults(run=function taking the parsed args, returning rc).
     register_export(sub)
+    auth.register(sub)
     for command in sub.choices.values():
-        command.add_argument("--log-level", default="INFO")
+        command.formatter_class = argparse.ArgumentDefaultsHelpFormatter
+        command.add_argument(
+            "--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS, help="log detail"
+        )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    if getattr(args, "log_format", "text") == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=args.log_level, handlers=[handler])
     rc: int = args.run(args)
     return rc
 
 
 def _serve(args: argparse.Namespace) -> int:
+    try:
+        auth_config = auth.config_from_args(args, os.environ)
+        tls = auth.tls_context(args.tls_cert, args.tls_key)
+    except auth.AuthError as exc:
+        print(f"quicksilver: {exc}", file=sys.stderr)
+        return 2
+    if (refusal := auth.check_bind(args.host, auth_config)) is not None:
+        print(refusal, file=sys.stderr)
+        return 2
+    config = ServerConfig(
+        resume_ttl_s=args.resume_ttl,
+        limits=dataclasses.replace(
+            Limits(),
+            max_sessions=args.max_sessions,
+            max_sessions_per_address=args.max_sessions_per_address,
+            max_session_s=args.max_session_minutes * 60,
+        ),
+        resume_file=args.cache_dir / RESUME_FILE if args.cache_dir is not None else None,
+        auth=auth_config,
+        tls=tls,
+    )
     options = RuntimeOptions(
         asr=args.asr,
         engine=args.engine,
@@ -105,9 +178,6 @@ def _serve(args: argparse.Namespace) -> int:
         def ready(url: str) -> None:
             print(f"Quicksilver listening on {url} (protocol v{p.PROTOCOL_VERSION})", flush=True)
 
-        from .app import ServerConfig, run_until
-
-        config = ServerConfig(resume_ttl_s=args.resume_ttl)
         await run_until(rt, args.host, args.port, stop, ready, config)
 
     try:
