@@ -36,6 +36,7 @@ from .common import (
     Pcm,
     ResumeRefused,
     TurnAudio,
+    auth_headers,
     backoff,
     frames,
     read_wav,
@@ -103,7 +104,9 @@ class Car:
         await self.close()
 
     async def connect(self) -> p.Ready:
-        ws = await connect(self.options.url, open_timeout=10, max_size=None)
+        ws = await connect(
+            self.options.url, open_timeout=10, max_size=None, additional_headers=auth_headers()
+        )
         try:
             ready = await self._start(ws)
         except BaseException:

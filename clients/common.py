@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import time
 import wave
@@ -63,6 +64,16 @@ class Pcm:
 
         out = float32_to_int16(resample(int16_to_float32(self.samples), self.rate, rate))
         return Pcm(out.astype(np.int16), rate)
+
+
+API_KEY_ENV = "QUICKSILVER_API_KEY"
+
+
+def auth_headers() -> dict[str, str]:
+    """``Authorization`` for a server with API keys: $QUICKSILVER_API_KEY holds an API
+    key or a client token from ``quicksilver token`` (docs/security.md)."""
+    credential = os.environ.get(API_KEY_ENV, "").strip()
+    return {"Authorization": f"Bearer {credential}"} if credential else {}
 
 
 def read_wav(path: Path) -> Pcm:

@@ -38,6 +38,7 @@ from .common import (
     Pcm,
     ResumeRefused,
     TurnAudio,
+    auth_headers,
     backoff,
     frames,
     read_wav,
@@ -176,7 +177,9 @@ class Glasses:
 
     async def _connection(self) -> bool:
         """One connection; True when enough turns completed."""
-        async with connect(self.options.url, open_timeout=10, max_size=None) as ws:
+        async with connect(
+            self.options.url, open_timeout=10, max_size=None, additional_headers=auth_headers()
+        ) as ws:
             ready = await self._start(ws)
             self.connections += 1
             self.on_frame(ready, p.encode(ready))

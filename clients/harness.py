@@ -46,6 +46,7 @@ from .common import (
     Inbox,
     Pacer,
     Pcm,
+    auth_headers,
     frames,
     read_wav,
     silence,
@@ -295,7 +296,7 @@ class Progress:
 
 async def connect_talker(url: str, index: int, rate: int, client: str) -> Talker:
     try:
-        ws = await connect(url, open_timeout=30, max_size=None)
+        ws = await connect(url, open_timeout=30, max_size=None, additional_headers=auth_headers())
     except (OSError, TimeoutError) as exc:
         raise unreachable(url, exc) from None
     await start_session(ws, rate, client)

@@ -76,7 +76,7 @@ class VoiceSession {
 
   connect() {
     setState(this.retries ? "reconnecting" : "connecting", `connecting to ${this.url}`);
-    const ws = (this.ws = new WebSocket(this.url));
+    const ws = (this.ws = new WebSocket(this.url, voiceProtocols()));
     ws.binaryType = "arraybuffer";
     ws.onopen = () => {
       const start = { type: "start", sample_rate: INPUT_RATE, client: "web", output_sample_rate: this.outputRate };
@@ -250,6 +250,13 @@ function voiceUrl() {
   const override = new URLSearchParams(location.search).get("ws");
   if (override) return override;
   return `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/v1/voice`;
+}
+
+// A page opened as /?token=<client token> passes it the one way a browser can: as a
+// WebSocket subprotocol (docs/security.md). A token opens one session.
+function voiceProtocols() {
+  const token = new URLSearchParams(location.search).get("token");
+  return token ? ["quicksilver.v1", `quicksilver.token.${token}`] : [];
 }
 
 let session = null;
