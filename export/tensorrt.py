@@ -51,8 +51,8 @@ def unavailable_reason() -> str | None:
             "and the `tensorrt` Python package is missing. "
         )
     return (
-        head + "On an NVIDIA GPU host install the gpu extra (pip install 'quicksilver[gpu]', "
-        "onnxruntime-gpu instead of onnxruntime, built with TensorRT) and TensorRT "
+        head + "On an NVIDIA GPU host swap onnxruntime for onnxruntime-gpu, built with "
+        "TensorRT (docs/export.md, On a GPU host), and install TensorRT "
         "(pip install tensorrt), then rerun `quicksilver export --tensorrt`. The int8 CPU "
         "and fp16 models do not need it."
     )

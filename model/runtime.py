@@ -6,8 +6,9 @@ reply owns its :class:`OrtCache`.
 
 Execution providers are picked by availability and configuration: ``"auto"`` takes
 TensorRT, then CUDA, then CPU, whichever the installed onnxruntime offers (the
-``onnxruntime-gpu`` package, installed by the ``gpu`` extra instead of ``onnxruntime``,
-brings CUDA and TensorRT); naming one that is not available is an error that says so.
+``onnxruntime-gpu`` package, swapped in for ``onnxruntime`` on a GPU host as
+docs/export.md says, brings CUDA and TensorRT); naming one that is not available is an
+error that says so.
 """
 
 from __future__ import annotations
@@ -18,10 +19,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import onnxruntime as ort
 from numpy.typing import NDArray
 
 from model.backend import Attend, Logits, Offsets, Rows, check_draft_step, unfed_draft
+
+try:
+    import onnxruntime as ort
+except ImportError as exc:  # neither onnxruntime nor onnxruntime-gpu, or a broken one
+    raise SystemExit(
+        f"quicksilver: cannot import onnxruntime ({exc}): pip install 'onnxruntime>=1.22', "
+        "or on a CUDA host 'onnxruntime-gpu>=1.22' instead, never both (docs/export.md)"
+    ) from exc
 
 Device = Literal["auto", "cpu", "cuda", "tensorrt"]
 _PROVIDERS = {
@@ -51,8 +59,8 @@ def choose_providers(
         if _PROVIDERS[device] not in have:
             raise ProviderUnavailableError(
                 f"{_PROVIDERS[device]} is not available in this onnxruntime "
-                f"(it offers {', '.join(have)}); install onnxruntime-gpu "
-                "(pip install 'quicksilver[gpu]') on a host with CUDA"
+                f"(it offers {', '.join(have)}); on a host with CUDA swap onnxruntime "
+                "for onnxruntime-gpu (docs/export.md, On a GPU host)"
                 + (" and TensorRT" if device == "tensorrt" else "")
             )
         wanted = ["tensorrt", "cuda"] if device == "tensorrt" else ["cuda"]
