@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
+import subprocess
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from server.app import ServerConfig
-from server.auth import AuthConfig
+from server.auth import AuthConfig, tls_context
 from tests.inproc import serving, until
 
 pytestmark = pytest.mark.models
@@ -84,3 +87,36 @@ async def test_a_foreign_page_is_refused_and_the_own_page_is_not() -> None:
         assert await refused(url, origin="https://evil.example") == 403
         host = url.split("//")[1].split("/")[0]
         await answered(await connect(url, origin=f"http://{host}"))  # type: ignore[arg-type]
+
+
+def self_signed(tmp: Path) -> tuple[Path, Path]:
+    cert, key = tmp / "cert.pem", tmp / "key.pem"
+    subject = ["-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"]
+    files = ["-keyout", str(key), "-out", str(cert)]
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            *subject,
+            *files,
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+async def test_tls_serves_wss(tmp_path: Path) -> None:
+    cert, key = self_signed(tmp_path)
+    config = ServerConfig(tls=tls_context(cert, key))
+    async with serving(config=config) as (url, _):
+        client = ssl.create_default_context(cafile=str(cert))
+        await answered(await connect(url.replace("ws://", "wss://"), ssl=client))
+        with pytest.raises(ssl.SSLError):  # a client that does not trust it gets nowhere
+            await connect(url.replace("ws://", "wss://"), ssl=ssl.create_default_context())
