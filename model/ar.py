@@ -19,6 +19,7 @@ from model.backend import StepBackend
 from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt
 from model.engine import ChatMessage, GenerationStats
 from model.generate import greedy
+from model.prefix import PrefixCache
 from model.tokenizer import Tokenizer, decoded
 
 
@@ -29,6 +30,8 @@ class AROptions:
     dtype: str = "float32"  # a torch dtype name; the PyTorch engine only
     prompt_budget: int = 1024  # tokens of conversation kept (oldest turns dropped first)
     system_prompt: str = SPOKEN_SYSTEM_PROMPT
+    # conversations whose KV cache is kept for their next turn (model/prefix.py)
+    cache_sessions: int = 16
 
 
 class ARGenerator:
@@ -45,6 +48,7 @@ class ARGenerator:
         self.tokenizer = tokenizer
         self.options = options
         self.name = name
+        self.prefixes = PrefixCache(backend, options.cache_sessions)
 
     def generate(
         self,
@@ -57,8 +61,28 @@ class ARGenerator:
             tok, conversation, self.options.prompt_budget, self.options.system_prompt
         )
         decoder = tok.stream_decoder()
-        tokens = greedy(self.backend, prompt, max_tokens, tok.stop_ids, should_stop)
-        stats = yield from decoded(tokens, decoder.push)
+        max_tokens = min(max_tokens, self.backend.max_len - len(prompt))
+        prefix = self.prefixes.take(prompt)
+        said: list[int] = []
+        tokens = greedy(self.backend, prompt, max_tokens, tok.stop_ids, should_stop, prefix)
+        try:
+            stats = yield from decoded(_recorded(tokens, said), decoder.push)
+        finally:  # the cache holds prompt + the reply tokens fed: the next turn's start
+            self.prefixes.put([*prompt, *said], prefix.cache)
         if stats.stopped_by != "cancel" and (rest := decoder.flush()):
             yield rest
         return stats
+
+
+def _recorded(
+    tokens: Generator[int, None, GenerationStats], into: list[int]
+) -> Generator[int, None, GenerationStats]:
+    """``tokens``, each also appended to ``into``; returns the stream's stats."""
+    while True:
+        try:
+            token = next(tokens)
+        except StopIteration as done:
+            stats: GenerationStats = done.value
+            return stats
+        into.append(token)
+        yield token

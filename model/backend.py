@@ -24,6 +24,7 @@ forgets the draft, and the block's commit pass recomputes it exactly.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import numpy as np
@@ -96,3 +97,11 @@ class StepBackend(Protocol):
         ``at``: the tokens' offsets after the committed prefix (None: 0..T-1); ``keep``:
         chunk indices whose keys and values go to the draft (see the module docstring)."""
         ...
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """A backend cache whose first ``length`` positions hold the prompt's first tokens."""
+
+    cache: Any
+    length: int

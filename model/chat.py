@@ -49,26 +49,35 @@ def with_system_prompt(
     return [ChatMessage("system", system_prompt), *conversation]
 
 
+# Oldest messages are dropped in steps of this many, so that the next turns of a
+# conversation keep the same start and reuse its KV cache (model/prefix.py) instead of
+# prefilling the whole history again after every drop.
+TRIM_STEP = 4
+
+
 def trim_history(tok: Tokenizer, messages: Sequence[ChatMessage], budget: int) -> list[ChatMessage]:
     """Drop the oldest turns until the prompt fits in ``budget`` tokens.
 
     The system prompt and the latest message are always kept, even if they alone
-    exceed the budget. After a drop the history restarts at a user message, so the
-    model never sees an answer without its question.
+    exceed the budget. Messages go in steps of :data:`TRIM_STEP` counted from the start
+    of the conversation, and after a drop the history restarts at a user message, so
+    the model never sees an answer without its question.
     """
     msgs = list(messages)
     head = msgs[:1] if msgs and msgs[0].role == "system" else []
     body = msgs[len(head) :]
-    sizes = [len(encode_message(tok, m)) for m in msgs]
-    total = sum(sizes) + len(encode_chat(tok, []))  # + "<|im_start|>assistant\n"
-    sizes = sizes[len(head) :]
-    while len(body) > 1 and total > budget:
-        total -= sizes.pop(0)
-        body.pop(0)
-        while len(body) > 1 and body[0].role != "user":
-            total -= sizes.pop(0)
-            body.pop(0)
-    return head + body
+    sizes = [len(encode_message(tok, m)) for m in body]
+    total = sum(len(encode_message(tok, m)) for m in head) + sum(sizes)
+    total += len(encode_chat(tok, []))  # + "<|im_start|>assistant\n"
+    drop = 0
+    while drop < len(body) - 1 and total > budget:
+        total -= sizes[drop]
+        drop += 1
+    if drop:  # round up to the step, then on to a user message
+        drop = min(-(-drop // TRIM_STEP) * TRIM_STEP, len(body) - 1)
+        while drop < len(body) - 1 and body[drop].role != "user":
+            drop += 1
+    return head + body[drop:]
 
 
 def build_prompt(

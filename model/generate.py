@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection, Generator, Sequence
 
 import numpy as np
 
-from model.backend import StepBackend, last_row
+from model.backend import Prefix, StepBackend, last_row
 from model.engine import GenerationStats
 
 
@@ -29,10 +29,14 @@ def greedy(
     max_new_tokens: int,
     stop_ids: Collection[int],
     should_stop: Callable[[], bool] = _never,
+    prefix: Prefix | None = None,
 ) -> Generator[int, None, GenerationStats]:
     """Yield reply token ids (stop tokens excluded); return what the reply cost.
 
     The reply needs ``len(prompt) + max_new_tokens`` positions of ``backend``'s cache.
+    ``prefix``: a cache that already holds the first ``prefix.length`` prompt tokens
+    (an earlier turn's, :class:`model.prefix.PrefixCache`): only the rest is prefilled,
+    and the cache is left holding the prompt and the reply tokens fed, for the next turn.
     ``stopped_by`` is "end" on a stop token,
     "budget" after ``max_new_tokens`` tokens, "cancel" when ``should_stop()`` turned
     true.
@@ -40,8 +44,10 @@ def greedy(
     n_tokens = passes = 0
     if max_new_tokens <= 0:
         return GenerationStats(0, 0, "budget")
-    cache = backend.new_cache()
-    x = np.asarray(prompt, dtype=np.int64)  # (T,)
+    cache = prefix.cache if prefix is not None else backend.new_cache()
+    start = 0 if prefix is None else min(prefix.length, len(prompt) - 1)  # >= 1 new token
+    backend.truncate(cache, start)
+    x = np.asarray(prompt[start:], dtype=np.int64)  # (T,)
     while True:
         if should_stop():
             return GenerationStats(n_tokens, passes, "cancel")

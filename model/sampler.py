@@ -45,7 +45,7 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from model.backend import StepBackend, last_row
+from model.backend import Prefix, StepBackend, last_row
 from model.engine import GenerationStats
 
 Rule = Literal["threshold", "lowconf"]
@@ -148,14 +148,6 @@ def schedule_label(first_blocks: tuple[int, ...]) -> str:
     if len(first_blocks) > 2 and len(set(first_blocks)) == 1:
         return f"{first_blocks[0]}x{len(first_blocks)}"
     return ".".join(map(str, first_blocks))
-
-
-@dataclass(frozen=True)
-class Prefix:
-    """A backend cache whose first ``length`` positions hold the prompt's first tokens."""
-
-    cache: Any
-    length: int
 
 
 # ---------------------------------------------------------------------------- decisions

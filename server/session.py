@@ -645,8 +645,15 @@ class Session:
 
     def _remember(self, message: ChatMessage) -> None:
         self.conversation.append(message)
-        if (extra := len(self.conversation) - self.config.max_history_messages) > 0:
-            del self.conversation[:extra]
+        limit = self.config.max_history_messages
+        if len(self.conversation) <= limit:
+            return
+        # Drop a quarter at once, from the oldest, on to a user message: the reply
+        # engines keep the KV cache of the conversation's start, and every drop moves it.
+        drop = len(self.conversation) - limit + limit // 4
+        while drop < len(self.conversation) - 1 and self.conversation[drop].role != "user":
+            drop += 1
+        del self.conversation[:drop]
 
     @staticmethod
     def _spoken(turn: _Turn) -> str:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from model.chat import (
     SPOKEN_SYSTEM_PROMPT,
+    TRIM_STEP,
     build_prompt,
     encode_chat,
     encode_message,
@@ -59,10 +60,26 @@ def test_no_trimming_when_it_fits() -> None:
     assert trim_history(tok, HISTORY, size(HISTORY)) == HISTORY
 
 
-def test_trimming_drops_oldest_turn_first() -> None:
-    out = trim_history(tok, HISTORY, size(HISTORY) - 1)
-    assert out == [SYSTEM, *HISTORY[3:]]  # first question *and* its answer went
-    assert size(out) <= size(HISTORY) - 1
+LONG = (
+    [SYSTEM]
+    + [
+        ChatMessage(role, f"{role} message number {i}")  # type: ignore[arg-type]
+        for i in range(12)
+        for role in ("user", "assistant")
+    ]
+    + [ChatMessage("user", "latest question")]
+)
+
+
+def test_trimming_drops_the_oldest_turns_in_steps() -> None:
+    """One token over the budget drops the oldest TRIM_STEP messages, not one: the
+    next turns then keep the same start (and reuse its KV cache)."""
+    out = trim_history(tok, LONG, size(LONG) - 1)
+    assert out == [SYSTEM, *LONG[1 + TRIM_STEP :]]
+    assert size(out) <= size(LONG) - 1
+    # two more messages later the start has not moved
+    longer = [*LONG, ChatMessage("assistant", "an answer"), ChatMessage("user", "and?")]
+    assert trim_history(tok, longer, size(LONG) - 1)[:2] == out[:2]
 
 
 def test_trimming_keeps_system_and_latest_user_message() -> None:
@@ -72,15 +89,20 @@ def test_trimming_keeps_system_and_latest_user_message() -> None:
 
 
 def test_trimmed_history_starts_with_a_user_message() -> None:
-    """At every budget: the most recent turns that fit, from a user message on; the
-    system prompt and the latest question alone when even they do not fit."""
-    starts = [i for i, m in enumerate(HISTORY) if m.role == "user"]  # 1, 3, 5
-    kept = [[SYSTEM, *HISTORY[i:]] for i in starts]  # longest first
-    assert kept[-1] == [SYSTEM, HISTORY[-1]]
-    for budget in range(1, size(HISTORY) + 1):
-        out = trim_history(tok, HISTORY, budget)
-        assert out == next((k for k in kept if size(k) <= budget), kept[-1]), budget
-        assert out[1].role == "user"
+    """At every budget: the oldest messages dropped in steps of TRIM_STEP, as few
+    steps as make it fit, on to a user message; the system prompt and the latest
+    question alone when even they do not fit."""
+    body = LONG[1:]
+    for budget in range(1, size(LONG) + 1):
+        out = trim_history(tok, LONG, budget)
+        assert out[0] == SYSTEM and out[1].role == "user" and out[-1] == LONG[-1]
+        dropped = len(body) - (len(out) - 1)
+        fits = size(out) <= budget
+        assert fits or out == [SYSTEM, LONG[-1]], budget
+        if dropped and out != [SYSTEM, LONG[-1]]:
+            assert dropped % TRIM_STEP == 0, budget  # user messages fall on the step here
+            # one step less would not fit
+            assert size([SYSTEM, *body[dropped - TRIM_STEP :]]) > budget, budget
 
 
 def test_build_prompt_ends_with_the_assistant_header() -> None:

@@ -20,7 +20,6 @@ from model.chat import build_prompt
 from model.diffusion_engine import (
     DiffusionGenerator,
     DiffusionOptions,
-    PrefixCache,
     smollm2_diffusion_config,
 )
 from model.engine import ChatMessage, GenerationStats, ReplyEnd, ThreadedReplyEngine, drain
@@ -28,6 +27,7 @@ from model.nn.backend import TorchBackend
 from model.nn.diffusion import add_mask_row, block_causal_mask, load_smollm2_diffusion
 from model.nn.gguf import gguf_tokenizer
 from model.nn.llama import Llama, LlamaConfig
+from model.prefix import PrefixCache
 from model.sampler import DiffusionConfig, SamplerSettings, sample
 from tests.model.conftest import tiny_tokenizer
 

@@ -396,17 +396,13 @@ def test_a_finished_reply_keeps_only_what_was_written() -> None:
 
 def test_history_is_bounded_and_text_is_rate_limited() -> None:
     d = make(settings(max_history_messages=4, text_per_minute=60, text_burst=2))
-    for i in range(3):
+    for i in range(3):  # the fifth message drops the oldest 1 + a quarter of 4
         d.now += 1.0  # one token back per second
         (start,) = of(d.send(p.Text(f"question {i}")), StartTurn)
         d.send(ReplySentence(start.turn_id, 0, f"Answer {i}.", 1.0))  # type: ignore[attr-defined]
         d.send(ReplyFinished(start.turn_id, None, 1.0))  # type: ignore[attr-defined]
-    assert [m.content for m in d.s.conversation] == [
-        "question 1",
-        "Answer 1.",
-        "question 2",
-        "Answer 2.",
-    ]
+    kept = [m.content for m in d.s.conversation]
+    assert kept == ["question 1", "Answer 1.", "question 2", "Answer 2."]
     d.now += 2.0  # the bucket is full again: a burst of two
     assert of(d.send(p.Text("burst one")), StartTurn)
     assert of(d.send(p.Text("burst two")), StartTurn)
