@@ -31,11 +31,43 @@ class Sentence:
 _SENTENCE_END = re.compile(r"[.!?…]+[\"')\]]*\s+")
 
 
-class SentenceSplitter:
-    """Accumulates streamed text and releases complete sentences."""
+# Where a long first sentence may be cut for a quick first audio chunk: after a clause
+# mark, or before a word that starts a clause, once enough words are there to sound
+# like a phrase.
+_CLAUSE_MARK = re.compile(r"[,;:—]\s+")
+_CLAUSE_WORDS = frozenset(
+    [
+        "and",
+        "but",
+        "so",
+        "because",
+        "which",
+        "that",
+        "when",
+        "while",
+        "if",
+        "or",
+        "with",
+        "where",
+        "although",
+    ]
+)
+FIRST_CLAUSE_WORDS = 3  # at a clause mark
+FIRST_PHRASE_WORDS = 6  # before a clause word, with no mark yet
 
-    def __init__(self) -> None:
+
+class SentenceSplitter:
+    """Accumulates streamed text and releases complete sentences.
+
+    With ``first_clause``, the reply's first sentence is released early at its first
+    natural break (docs/latency.md, "First audio from the first clause"): Piper's time
+    to a first chunk grows with the chunk, and the listener is waiting for it.
+    """
+
+    def __init__(self, first_clause: bool = False) -> None:
         self._buffer = ""
+        self._first_clause = first_clause
+        self._released = 0
 
     def feed(self, piece: str) -> list[str]:
         self._buffer += piece
@@ -45,7 +77,29 @@ class SentenceSplitter:
             self._buffer = self._buffer[m.end() :]
             if sentence:
                 out.append(sentence)
+        if self._first_clause and not self._released and not out:
+            out += self._clause()
+        self._released += len(out)
         return out
+
+    def _clause(self) -> list[str]:
+        """The first sentence's first clause, if its break has come."""
+        words = self._buffer.split()
+        cut = None
+        for m in _CLAUSE_MARK.finditer(self._buffer):
+            if len(self._buffer[: m.start()].split()) >= FIRST_CLAUSE_WORDS:
+                cut = m.end()
+                break
+        if cut is None and len(words) > FIRST_PHRASE_WORDS:
+            # before the first clause word after enough words; its word must be whole
+            for i in range(FIRST_PHRASE_WORDS, len(words) - 1):
+                if words[i].lower() in _CLAUSE_WORDS:
+                    cut = _word_offset(self._buffer, i)
+                    break
+        if cut is None:
+            return []
+        clause, self._buffer = self._buffer[:cut].strip(), self._buffer[cut:]
+        return [clause] if clause else []
 
     def flush(self) -> list[str]:
         rest, self._buffer = self._buffer.strip(), ""
@@ -97,10 +151,16 @@ class PassGate:
                 return
 
 
+def _word_offset(text: str, i: int) -> int:
+    """Where the i-th whitespace-separated word of ``text`` starts."""
+    return [m.start() for m in re.finditer(r"\S+", text)][i]
+
+
 async def sentences(stream: AsyncIterator[ReplyChunk]) -> AsyncIterator[Sentence | ReplyEnd]:
-    """The reply's sentences, numbered from 0, then its :class:`ReplyEnd`; a cancelled
-    reply (no ReplyEnd) keeps its unfinished last sentence to itself."""
-    splitter, index = SentenceSplitter(), 0
+    """The reply's sentences (a long first one cut at its first clause), numbered from
+    0, then its :class:`ReplyEnd`; a cancelled reply (no ReplyEnd) keeps its unfinished
+    last sentence to itself."""
+    splitter, index = SentenceSplitter(first_clause=True), 0
     async for chunk in stream:
         texts = splitter.flush() if isinstance(chunk, ReplyEnd) else splitter.feed(chunk)
         for text in texts:

@@ -1,0 +1,48 @@
+"""The reply's text cut into chunks for Piper (no models)."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.speech import SentenceSplitter
+
+
+def split(text: str, first_clause: bool) -> list[str]:
+    """Fed a word at a time, as a reply model streams."""
+    splitter = SentenceSplitter(first_clause=first_clause)
+    out: list[str] = []
+    for i, word in enumerate(text.split(" ")):
+        out += splitter.feed(word if i == 0 else " " + word)
+    return out + splitter.flush()
+
+
+@pytest.mark.parametrize(
+    ("text", "chunks"),
+    [
+        (  # a clause mark after enough words
+            "Paris is the capital of France, and it is known for art. It rains.",
+            ["Paris is the capital of France,", "and it is known for art.", "It rains."],
+        ),
+        (  # before a clause word, when no mark comes
+            "The weather in Paris will be sunny and warm with a light breeze. Enjoy.",
+            ["The weather in Paris will be sunny", "and warm with a light breeze.", "Enjoy."],
+        ),
+        ("Sure. I can help, of course.", ["Sure.", "I can help, of course."]),  # short first
+        ("Yes, it is.", ["Yes, it is."]),  # too few words before the comma
+        (  # only the first sentence is cut
+            "Hello there. Paris is the capital of France, and more.",
+            ["Hello there.", "Paris is the capital of France, and more."],
+        ),
+    ],
+)
+def test_a_long_first_sentence_is_cut_at_its_first_clause(text: str, chunks: list[str]) -> None:
+    assert split(text, first_clause=True) == chunks
+    assert " ".join(chunks) == text  # nothing lost or moved
+
+
+def test_without_first_clause_only_sentences_are_released() -> None:
+    text = "Paris is the capital of France, and it is known for art. It rains."
+    assert split(text, first_clause=False) == [
+        "Paris is the capital of France, and it is known for art.",
+        "It rains.",
+    ]
