@@ -28,14 +28,15 @@ Int16Array = NDArray[np.int16]
 
 
 class Synthesizer:
-    def __init__(self, voice: PiperVoicePaths | None = None, threads: int = 0):
-        """``threads``: ONNX Runtime intra-op threads (0: its default, all cores)."""
+    def __init__(self, voice: PiperVoicePaths | None = None, threads: int = 0, device: str = "cpu"):
+        """``threads``: ONNX Runtime intra-op threads (0: its default, all cores);
+        ``device`` "cuda": the CUDA provider first (onnxruntime-gpu), else the CPU."""
         paths = voice if voice is not None else piper_voice_paths()
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads
         opts.log_severity_level = 3
         session = ort.InferenceSession(
-            str(paths.model), sess_options=opts, providers=["CPUExecutionProvider"]
+            str(paths.model), sess_options=opts, providers=_providers(device)
         )
         config = PiperConfig.from_dict(json.loads(Path(paths.config).read_text("utf-8")))
         self.voice = PiperVoice(session=session, config=config)
@@ -61,3 +62,10 @@ class Synthesizer:
             if config is not None and config.volume != 1.0:
                 audio = audio * config.volume
             yield np.round(np.clip(audio, -1.0, 1.0) * 32767.0).astype(np.int16)
+
+
+def _providers(device: str) -> list[str]:
+    cpu = ["CPUExecutionProvider"]
+    if device == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
+        return ["CUDAExecutionProvider", *cpu]
+    return cpu

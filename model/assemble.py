@@ -30,7 +30,7 @@ from model.modeldir import (
     read_manifest,
     shipped_adapter,
 )
-from model.runtime import OrtBackend, RuntimeConfig, choose_providers
+from model.runtime import Device, OrtBackend, RuntimeConfig, choose_providers
 
 EngineName = Literal["diffusion-onnx", "diffusion", "smollm2-ar-onnx", "smollm2-ar"]
 ENGINES: tuple[EngineName, ...] = get_args(EngineName)
@@ -40,19 +40,20 @@ ONNX_ENGINES: tuple[EngineName, ...] = ("smollm2-ar-onnx", "diffusion-onnx")
 DEFAULT_ENGINE: EngineName = "diffusion-onnx"
 
 
-def reply_on_cpu(engine: EngineName) -> bool:
+def reply_on_cpu(engine: EngineName, device: Device = "auto") -> bool:
     """Whether the reply model ``engine`` shares the CPU with Piper: the PyTorch engines
-    run on it here, the ONNX ones unless ONNX Runtime offers a GPU provider."""
+    run on it here, the ONNX ones unless ``device`` (auto: whatever ONNX Runtime offers)
+    puts them on a GPU."""
     if engine not in ONNX_ENGINES:
         return True
-    return bool(choose_providers("auto")[0] == "CPUExecutionProvider")
+    return bool(choose_providers(device)[0] == "CPUExecutionProvider")
 
 
-def serving_variant(engine: EngineName) -> Literal["int8", "fp16"]:
+def serving_variant(engine: EngineName, device: Device = "auto") -> Literal["int8", "fp16"]:
     """The graph an ONNX engine serves: int8 on the CPU (its quality is validated as
     served, docs/training.md), fp16 on a GPU (the file whose attention the CUDA and
     TensorRT providers can run, docs/export.md)."""
-    return "int8" if reply_on_cpu(engine) else "fp16"
+    return "int8" if reply_on_cpu(engine, device) else "fp16"
 
 
 def engine_adapter(engine: EngineName) -> Path | None:
@@ -109,7 +110,9 @@ def load_onnx_diffusion_generator(
     return DiffusionGenerator(backend, tok, model, options, name="diffusion-onnx")
 
 
-def load_generator(engine: EngineName, cache_dir: Path | None = None) -> TextGenerator:
+def load_generator(
+    engine: EngineName, cache_dir: Path | None = None, device: Device = "auto"
+) -> TextGenerator:
     """The blocking generator of ``engine``. An ONNX engine's model directory must be
     complete (``quicksilver serve`` builds it on first start, :mod:`export.build`)."""
     if engine == "smollm2-ar":
@@ -122,7 +125,7 @@ def load_generator(engine: EngineName, cache_dir: Path | None = None) -> TextGen
         return load_diffusion_generator(adapter=engine_adapter(engine))
     if engine not in ONNX_ENGINES:
         raise ValueError(f"unknown reply engine {engine!r}; choose one of {', '.join(ENGINES)}")
-    variant = serving_variant(engine)
+    variant = serving_variant(engine, device)
     model_dir = engine_model_dir(engine, cache_dir)
     if not is_complete(model_dir, variant):
         raise FileNotFoundError(
@@ -130,8 +133,10 @@ def load_generator(engine: EngineName, cache_dir: Path | None = None) -> TextGen
             "first start, or `quicksilver export --out DIR` where PyTorch is installed"
         )
     if engine == "smollm2-ar-onnx":
-        return load_onnx_ar_generator(model_dir, variant)
-    return load_onnx_diffusion_generator(model_dir, variant)
+        return load_onnx_ar_generator(model_dir, variant, RuntimeConfig(device=device))
+    cache_len = DiffusionOptions().cache_len
+    config = RuntimeConfig(device=device, max_len=cache_len)
+    return load_onnx_diffusion_generator(model_dir, variant, config)
 
 
 def load_engine(
@@ -139,7 +144,8 @@ def load_engine(
     executor: Executor,
     cache_dir: Path | None = None,
     gate: Gate | None = None,
+    device: Device = "auto",
 ) -> ThreadedReplyEngine:
     """The async reply engine ``engine`` on ``executor``'s thread, waiting at ``gate``
     between forward passes."""
-    return ThreadedReplyEngine(load_generator(engine, cache_dir), executor, gate)
+    return ThreadedReplyEngine(load_generator(engine, cache_dir, device), executor, gate)

@@ -24,6 +24,7 @@ from model.assemble import (
     serving_variant,
 )
 from model.modeldir import is_complete
+from model.runtime import Device
 from model.training.commands import register as register_model_commands
 
 from . import auth
@@ -63,7 +64,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--asr",
         default=DEFAULT_ASR,
-        help="Whisper model: tiny.en or base (offline packages), or a CTranslate2 model directory",
+        help="Whisper model: tiny.en or base (offline packages), a CTranslate2 model "
+        "directory, or auto (tiny.en on the CPU, base on a GPU)",
     )
     serve.add_argument("--engine", default=DEFAULT_ENGINE, choices=ENGINES, help="reply model")
     serve.add_argument("--max-reply-tokens", type=int, default=64, help="longest reply, in tokens")
@@ -105,6 +107,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--log-format", choices=("text", "json"), default="text", help="server log lines"
+    )
+    serve.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda", "tensorrt"),
+        default="auto",
+        help="where ASR, TTS and the reply model run (auto: a GPU when onnxruntime-gpu and "
+        "CTranslate2 see one; tensorrt: the reply model through TensorRT)",
     )
     auth.add_serve_arguments(serve)
     serve.set_defaults(run=_serve)
@@ -161,9 +170,10 @@ def _serve(args: argparse.Namespace) -> int:
         cache_dir=args.cache_dir,
         max_reply_tokens=args.max_reply_tokens,
         speech_first={"auto": None, "on": True, "off": False}[args.speech_first],
+        device=args.device,
     )
     try:
-        prepare_model(options.engine, options.cache_dir)
+        prepare_model(options.engine, options.cache_dir, options.device)
         rt = load_runtime(options)
     except (FileNotFoundError, ValueError, RuntimeError) as exc:
         print(f"quicksilver: cannot load models: {exc}", file=sys.stderr)
@@ -191,12 +201,12 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def prepare_model(engine: EngineName, cache_dir: Path | None) -> None:
+def prepare_model(engine: EngineName, cache_dir: Path | None, device: Device = "auto") -> None:
     """Build an ONNX engine's model directory on first start (PyTorch, about a minute);
     later starts find it complete and never import torch."""
     if engine not in ONNX_ENGINES:
         return
-    variant = serving_variant(engine)
+    variant = serving_variant(engine, device)
     if not is_complete(engine_model_dir(engine, cache_dir), variant):
         from export.build import ensure_model_dir
 

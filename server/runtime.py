@@ -16,13 +16,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import ParamSpec, TypeVar
+from typing import Literal, ParamSpec, TypeVar
 
-from audio.asr import Transcriber, load_transcriber
+import onnxruntime as ort
+
+from audio.asr import AsrOptions, Transcriber, load_transcriber, recommended_model
 from audio.tts import Synthesizer
 from audio.vad import SileroVad
 from model.assemble import DEFAULT_ENGINE, EngineName, load_engine, reply_on_cpu
 from model.engine import ReplyEngine
+from model.runtime import Device
 
 from .speech import PassGate
 
@@ -31,7 +34,8 @@ log = logging.getLogger("quicksilver")
 P = ParamSpec("P")
 T = TypeVar("T")
 
-DEFAULT_ASR = "tiny.en"  # chosen by measured accuracy and latency: docs/audio.md
+# "auto": tiny.en on the CPU, base on a GPU (audio.asr.recommended_model, docs/audio.md)
+DEFAULT_ASR = "auto"
 
 
 class WorkerKind(StrEnum):
@@ -89,6 +93,21 @@ class RuntimeOptions:
     cache_dir: Path | None = None
     max_reply_tokens: int = 64
     speech_first: bool | None = None  # None: when the reply model is on the CPU
+    device: Device = "auto"  # auto: the GPU when ONNX Runtime and CTranslate2 see one
+
+
+def resolve_device(device: Device) -> Literal["cpu", "cuda"]:
+    """ "auto" -> "cuda" when both ONNX Runtime (onnxruntime-gpu) and CTranslate2 can use
+    a GPU here, else "cpu"; "tensorrt" serves the reply model through TensorRT and the
+    rest on CUDA."""
+    if device == "cpu":
+        return "cpu"
+    if device in ("cuda", "tensorrt"):
+        return "cuda"
+    import ctranslate2
+
+    gpu = "CUDAExecutionProvider" in ort.get_available_providers()
+    return "cuda" if gpu and ctranslate2.get_cuda_device_count() > 0 else "cpu"
 
 
 def _timed(what: str, fn: Callable[[], T]) -> T:
@@ -103,11 +122,17 @@ def load_runtime(options: RuntimeOptions) -> Runtime:
     """Load every model once; say what is happening, since first start takes a while."""
     workers = {kind: Worker(kind.value) for kind in WorkerKind}
     vad = _timed("Silero VAD", SileroVad)
-    asr = _timed(f"Whisper {options.asr}", lambda: load_transcriber(options.asr, options.cache_dir))
-    tts = _timed("Piper voice en_US-joe-medium", Synthesizer)
+    device = resolve_device(options.device)
+    asr_name = recommended_model(device) if options.asr == "auto" else options.asr
+    asr_options = AsrOptions(device=device, compute_type="int8" if device == "cpu" else "float16")
+    asr = _timed(
+        f"Whisper {asr_name} on {device}",
+        lambda: load_transcriber(asr_name, options.cache_dir, asr_options),
+    )
+    tts = _timed("Piper voice en_US-joe-medium", lambda: Synthesizer(device=device))
     speech_first = options.speech_first
     if speech_first is None:
-        speech_first = reply_on_cpu(options.engine)
+        speech_first = reply_on_cpu(options.engine, options.device)
     gate = PassGate(enabled=speech_first)
     log.info(
         "speech first (the reply model pauses for a reply's first sentence): %s",
@@ -116,7 +141,11 @@ def load_runtime(options: RuntimeOptions) -> Runtime:
     reply = _timed(
         f"reply engine {options.engine}",
         lambda: load_engine(
-            options.engine, workers[WorkerKind.REPLY].executor, options.cache_dir, gate
+            options.engine,
+            workers[WorkerKind.REPLY].executor,
+            options.cache_dir,
+            gate,
+            options.device,
         ),
     )
-    return Runtime(vad, asr, tts, reply, options.asr, options.max_reply_tokens, workers, gate)
+    return Runtime(vad, asr, tts, reply, asr_name, options.max_reply_tokens, workers, gate)

@@ -20,3 +20,23 @@ def test_the_reply_model_shares_the_cpu_unless_onnx_runtime_offers_a_gpu(
     monkeypatch.setattr(ort, "get_available_providers", lambda: gpu)
     assert not reply_on_cpu("diffusion-onnx")
     assert serving_variant("diffusion-onnx") == serving_variant("smollm2-ar-onnx") == "fp16"
+    # an explicit --device cpu keeps the CPU graph even where a GPU is offered
+    assert (
+        reply_on_cpu("diffusion-onnx", "cpu") and serving_variant("diffusion-onnx", "cpu") == "int8"
+    )
+
+
+def test_device_auto_needs_both_runtimes_to_see_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ctranslate2
+
+    from server.runtime import resolve_device
+
+    gpu = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    monkeypatch.setattr(ort, "get_available_providers", lambda: gpu)
+    monkeypatch.setattr(ctranslate2, "get_cuda_device_count", lambda: 0)
+    assert resolve_device("auto") == "cpu"  # onnxruntime-gpu, but CTranslate2 sees none
+    monkeypatch.setattr(ctranslate2, "get_cuda_device_count", lambda: 1)
+    assert resolve_device("auto") == "cuda"
+    assert resolve_device("cpu") == "cpu" and resolve_device("tensorrt") == "cuda"
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    assert resolve_device("auto") == "cpu"
