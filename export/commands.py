@@ -91,6 +91,20 @@ def register(sub: Any) -> None:
     )
     llm.set_defaults(run=run_bench)
     llm.add_argument("--log-level", default="INFO")
+    register_bench_loop(bench_sub)
+
+
+def register_bench_loop(bench_sub: Any) -> None:
+    """``quicksilver bench loop``: WAVs through a real server, as a user hears it."""
+    from export.bench import loop
+
+    parser = bench_sub.add_parser(
+        "loop",
+        help="end of speech -> first reply audio, per turn",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    loop.add_arguments(parser)
+    parser.set_defaults(run=loop.run_command)
 
 
 def run_export(args: argparse.Namespace) -> int:
