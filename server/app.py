@@ -225,6 +225,8 @@ class Connection:
                 case StartPartial():
                     self._spawn(self._partial(effect))
                 case StartTurn():
+                    # a turn held open goes on under the id of its dropped speculation
+                    self.cancelled.discard(effect.turn_id)
                     released = asyncio.Event()
                     task = asyncio.create_task(
                         run_turn(self.rt, effect, released, self.deliver, self.config.pacing)

@@ -73,12 +73,6 @@ def test_one_turn_per_utterance_and_never_early(loop_report: dict[str, Any]) -> 
     assert loop_report["commit"] and loop_report["reply_engine"] == "diffusion-onnx"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="server/app.py keeps a turn id in Connection.cancelled when the user goes on "
-    "talking after a speculative start, and the turn continues under that id: its audio "
-    "is dropped (reply_text and reply_done are sent)",
-)
 def test_a_paused_utterance_is_answered_aloud(loop_report: dict[str, Any]) -> None:
     paused = loop_report["runs"][0]["utterances"][2]
     assert paused["latency_ms"] is not None, paused

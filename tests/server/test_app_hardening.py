@@ -76,3 +76,27 @@ async def test_a_cancel_queued_behind_another_sessions_reply_keeps_the_session_l
         assert (await asyncio.wait_for(until(a, "reply_done"), 30))["text"] == replies.reply
         await a.close()
         await b.close()
+
+
+async def test_a_turn_that_goes_on_after_a_pause_is_answered_aloud(speech: SpeechFactory) -> None:
+    """The user pauses (a speculative reply starts), then goes on talking: the turn
+    continues under the same id, and its reply audio must reach the client. The id of
+    the dropped speculation once stayed on the connection's cancelled list, and every
+    frame of the real reply was dropped."""
+    half = speech.piper("Add milk, eggs,", lead_s=0.3, trail_s=0.6)
+    rest = speech.piper("and bread to my list.", trail_s=2.0)
+    # a transcript that reads unfinished: the session holds the turn open at the pause
+    async with serving(asr=ScriptedAsr(text="Add milk, eggs, and")) as (url, _):
+        ws, _ = await started(url)
+        await stream(ws, np.concatenate([half, rest]))
+        audio: list[bytes] = []
+        done = await asyncio.wait_for(until(ws, "reply_done", audio), 30)
+        assert done["text"] == ScriptedReplies().reply
+        assert audio and {p_unpack(frame) for frame in audio} == {done["turn_id"]}
+        await ws.close()
+
+
+def p_unpack(frame: bytes) -> int:
+    from server import protocol as p
+
+    return p.unpack_audio(frame)[0]
