@@ -17,13 +17,20 @@ import pytest
 
 from audio.speech import SpeechFactory, word_error_rate, write_wav
 from tests.serverproc import ServerProcess
-from tests.speech import ITALY, missing
+from tests.speech import AUSTEN, ITALY, missing
 
 pytestmark = [pytest.mark.e2e, pytest.mark.models]
 
 CHROMIUM = Path("/usr/bin/chromium")
 QUESTION = ITALY.text
-STORY = "Tell me a short story about a brave little dragon."
+# Answered in one long sentence without a break ("The novel Pride and Prejudice by
+# Jane Austen is attributed to the English novelist Jane Austen."; misheard as "Pride
+# in Prejudice": "The author of the novel ... is Elizabeth Bennet."), which Piper
+# synthesizes as one chunk whose audio then streams without a gap, so it is still
+# playing when the page cuts it. (A reply's chunks are synthesized one by one, and on a
+# loaded machine the next may not be ready when the last one has played: nothing
+# queued, nothing to stop.)
+LONG = AUSTEN.text
 INTERRUPTION = "Stop. What time is it?"
 
 
@@ -157,7 +164,7 @@ async def test_barge_in_in_the_browser_stops_the_cancelled_reply(
     """Talk over the reply once the page plays it: the page drops that turn's audio."""
     from playwright.async_api import async_playwright
 
-    story = speech.piper(STORY, lead_s=0.3, trail_s=1.0)
+    question = speech.piper(LONG, lead_s=0.3, trail_s=1.0)
     interruption = speech.piper(INTERRUPTION, lead_s=0.1, trail_s=1.0)
     errors: list[str] = []
     async with async_playwright() as pw:
@@ -171,7 +178,7 @@ async def test_barge_in_in_the_browser_stops_the_cancelled_reply(
             await page.click("#toggle")
             await page.wait_for_function("window.qsStats.state === 'listening'")
             await page.evaluate(WATCH)
-            await say(page, story)
+            await say(page, question)
             await page.wait_for_function(
                 "qsLog.some((e) => e.what === 'post audio')", timeout=150_000
             )
@@ -208,7 +215,7 @@ async def test_barge_in_in_the_browser_stops_the_cancelled_reply(
     # The page shows it: the cut turn interrupted, the interruption heard and answered.
     views = {t["turn"]: t for t in turns}
     assert views[cut]["cancelled"] and "interrupted (barge-in)" in views[cut]["status"]
-    assert "dragon" in views[cut]["bot"].lower(), views[cut]
+    assert views[cut]["bot"].strip(), views[cut]
     [next_turn] = [t for t in turns if t["turn"] > cut]
     assert word_error_rate(INTERRUPTION, next_turn["you"]) <= 0.34, next_turn
     assert next_turn["bot"].strip() and not next_turn["cancelled"], next_turn
