@@ -14,6 +14,7 @@ from audio.endpoint import (
 )
 from audio.speech import QUESTIONS, SpeechFactory, have_espeak
 from audio.vad import SileroVad
+from tests.speech import missing
 
 pytestmark = pytest.mark.models
 
@@ -39,7 +40,7 @@ def test_each_question_is_one_turn_with_accurate_bounds(
     vad: SileroVad, speech: SpeechFactory, voice: str
 ) -> None:
     if voice == "espeak" and not have_espeak():
-        pytest.skip("espeak-ng is not installed")
+        missing("espeak-ng is not installed")
     for text in QUESTIONS:
         audio = getattr(speech, voice)(text, LEAD_S, TRAIL_S)
         start, end = speech_bounds(audio)
