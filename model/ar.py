@@ -64,25 +64,16 @@ class ARGenerator:
         max_tokens = min(max_tokens, self.backend.max_len - len(prompt))
         prefix = self.prefixes.take(prompt)
         said: list[int] = []
+
+        def push(token: int) -> str:
+            said.append(token)
+            return decoder.push(token)
+
         tokens = greedy(self.backend, prompt, max_tokens, tok.stop_ids, should_stop, prefix)
         try:
-            stats = yield from decoded(_recorded(tokens, said), decoder.push)
+            stats = yield from decoded(tokens, push)
         finally:  # the cache holds prompt + the reply tokens fed: the next turn's start
             self.prefixes.put([*prompt, *said], prefix.cache)
         if stats.stopped_by != "cancel" and (rest := decoder.flush()):
             yield rest
         return stats
-
-
-def _recorded(
-    tokens: Generator[int, None, GenerationStats], into: list[int]
-) -> Generator[int, None, GenerationStats]:
-    """``tokens``, each also appended to ``into``; returns the stream's stats."""
-    while True:
-        try:
-            token = next(tokens)
-        except StopIteration as done:
-            stats: GenerationStats = done.value
-            return stats
-        into.append(token)
-        yield token
