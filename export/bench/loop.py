@@ -84,6 +84,7 @@ class Utterance:
     pause_s: float = 0.0
     set: str = ""
     voice: str = ""
+    longest_gap_s: float | None = None  # the longest silence inside the speech
 
 
 def load_utterances(wavs: Sequence[Path], manifest: Path | None) -> list[Utterance]:
@@ -123,6 +124,7 @@ def _utterance(path: Path, entry: dict[str, Any] | None) -> Utterance:
         float(entry.get("pause_s", 0.0)),
         str(entry.get("set", "")),
         str(entry.get("voice", "")),
+        entry.get("longest_gap_s"),
     )
 
 
@@ -229,6 +231,7 @@ class UtteranceReport:
     pause_s: float
     speech_end_s: float
     warmup: bool
+    longest_gap_s: float | None = None
     latency_ms: float | None = None  # first reply audio (any turn) - true end of speech
     answer_latency_ms: float | None = None  # the same for the turn that answered
     early: bool = False  # reply audio or reply_text before the end of speech
@@ -244,8 +247,9 @@ class UtteranceReport:
 
 def report(run: int, index: int, u: Utterance, warmup: bool, w: Watch) -> UtteranceReport:
     r = UtteranceReport(
-        run, index, u.file, u.set, u.voice, u.text, u.pause_s, u.speech_end_s, warmup
-    )
+        run, index, u.file, u.set, u.voice, u.text, u.pause_s, u.speech_end_s, warmup,
+        u.longest_gap_s,
+    )  # fmt: skip
 
     def ms(t: float) -> float:
         return round((t - w.speech_end_at) * 1000, 1)
@@ -445,7 +449,8 @@ async def run(opts: Options) -> dict[str, Any]:
 def print_table(result: dict[str, Any], out: Any = None) -> None:
     """Per utterance, then the p50 / p95 / max lines of each run and of all runs."""
     out = out or sys.stdout
-    head = f"{'run':>3} {'file':28s} {'pause':>5} {'latency':>8} {'early':>5} {'turns':>5} "
+    head = f"{'run':>3} {'file':28s} {'pause':>5} {'gap':>4} {'latency':>8} {'early':>5} "
+    head += f"{'turns':>5} "
     head += " ".join(f"{k.removesuffix('_ms')[:14]:>14}" for k in STAGES)
     print(head, file=out)
     for r in result["runs"]:
@@ -455,6 +460,7 @@ def print_table(result: dict[str, Any], out: Any = None) -> None:
             stages = " ".join(f"{_num(u['stages'].get(k)):>14}" for k in STAGES)
             print(
                 f"{u['run']:>3} {u['file'][:28]:28s} {u['pause_s']:5.2f} "
+                f"{_num((u['longest_gap_s'] or 0) * 1000):>4} "
                 f"{_num(u['latency_ms']):>8} {'yes' if u['early'] else '-':>5} "
                 f"{u['turns']:>5} {stages}",
                 file=out,
@@ -512,6 +518,7 @@ def peer_result(
         r = UtteranceReport(
             1, i, t["file"], u.set if u else "", u.voice if u else "", u.text if u else "",
             u.pause_s if u else 0.0, u.speech_end_s if u else end - lo, bool(t["warmup"]),
+            u.longest_gap_s if u else None,
         )  # fmt: skip
         latency = t.get("latency_s")
         r.latency_ms = None if latency is None else round(latency * 1000, 1)

@@ -106,6 +106,7 @@ class Entry:
     duration_s: float
     voice: str
     set: str
+    longest_gap_s: float  # longest stretch under -40 dBFS inside the speech (commas too)
 
 
 def trim(audio: Float32Array, dbfs: float = TRIM_DBFS) -> Float32Array:
@@ -118,6 +119,19 @@ def trim(audio: Float32Array, dbfs: float = TRIM_DBFS) -> Float32Array:
     if loud.size == 0:
         raise ValueError("the synthesizer returned silence")
     return audio[loud[0] * TRIM_WINDOW : (loud[-1] + 1) * TRIM_WINDOW]
+
+
+def longest_gap(speech: Float32Array, dbfs: float = -40.0) -> float:
+    """The longest run of 10 ms windows quieter than ``dbfs``, in seconds: the pauses
+    a synthesizer makes at commas, and the one a paused utterance has on purpose."""
+    n = len(speech) // TRIM_WINDOW
+    windows = speech[: n * TRIM_WINDOW].reshape(n, TRIM_WINDOW).astype(np.float64)
+    quiet = np.sqrt((windows**2).mean(axis=1)) < 10 ** (dbfs / 20)
+    best = run = 0
+    for q in quiet:
+        run = run + 1 if q else 0
+        best = max(best, run)
+    return best * TRIM_WINDOW / SAMPLE_RATE
 
 
 def synthesize(speech: SpeechFactory, text: str, voice: Voice) -> Float32Array:
@@ -184,6 +198,9 @@ def write_set(out: Path, specs: Sequence[Spec], speech: SpeechFactory | None = N
                 duration_s=round(len(audio) / SAMPLE_RATE, 4),
                 voice=voice.label,
                 set=kind,
+                longest_gap_s=longest_gap(
+                    audio[round(LEAD_S * SAMPLE_RATE) : round(end_s * SAMPLE_RATE)]
+                ),
             )
         )
     manifest = [asdict(e) for e in entries]

@@ -46,6 +46,7 @@ def test_the_speech_set_knows_where_speech_ends(speechset: Path) -> None:
     manifest = json.loads((speechset / "manifest.json").read_text())
     assert [m["file"] for m in manifest] == ["c01-piper-joe.wav", "p01-piper-joe.wav"]
     assert [m["pause_s"] for m in manifest] == [0.0, 0.6]
+    assert manifest[0]["longest_gap_s"] < 0.3 <= 0.6 <= manifest[1]["longest_gap_s"] < 0.7
     assert manifest[1]["text"] == " ".join(PAUSED)
     for m, u in zip(manifest, load_utterances([speechset], None), strict=True):
         assert 0.5 < m["speech_end_s"] == u.speech_end_s
