@@ -1,19 +1,42 @@
 """The end-of-turn decision's text side: does what the user said so far read as finished?
 
 The endpointer (:mod:`audio.endpoint`) finds pauses from voice activity alone; the
-session makes a pause the end of the turn once its transcript is known, and waits
-longer when the transcript stops mid-sentence ("Add milk, eggs, and").
+session makes a pause the end of the turn once its transcript is known. What the words
+say decides how much silence that takes (docs/turn_end.md):
+
+- :class:`EndOfTurnModel` scores a transcript: the probability that the turn is
+  complete, read off SmolLM2's next-token distribution after the user's words (the
+  idea behind LiveKit's turn detector, which fine-tunes this same 135M model; here the
+  served model is used as it is, so the score costs one short causal prefill on the
+  backend the server already has loaded);
+- :func:`looks_incomplete` is the word heuristic: a trailing comma, article,
+  conjunction or filler;
+- :class:`TurnEndPolicy` turns (transcript, probability, silence so far) into "final
+  now" or "wait", with an ``eagerness`` of low / medium / high (as OpenAI's
+  semantic_vad) choosing its thresholds and how long an unfinished turn is held.
+
+Pure logic apart from the scorer's one forward pass; no clock, no I/O.
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from model.backend import StepBackend
+    from model.runtime import Device
+    from model.tokenizer import Tokenizer
 
 # Words after which an English sentence (almost) never ends: articles, possessives,
 # conjunctions, a few prepositions that are never particles ("turn it on" ends in one),
-# fillers. Deliberately short: a false "unfinished" costs
-# the session's incomplete_end_of_turn_ms of waiting, a false "finished" answers half a
-# question.
+# fillers. Deliberately short: a false "unfinished" costs the hold
+# (TurnEndPolicy.hold_ms) of waiting, a false "finished" answers half a question.
 _DANGLING = frozenset(
     [
         *("a", "an", "the", "my", "your", "our", "their", "its"),
@@ -28,12 +51,225 @@ def looks_incomplete(text: str) -> bool:
     """Heuristic on a (speculative) transcript: does it stop mid-sentence?
 
     True when it is empty of words, ends with a comma, dash or ellipsis, or ends with a
-    word no English sentence ends with. The session (server/session.py) holds a turn
-    whose transcript looks incomplete open for longer before it answers
-    (``SessionConfig.incomplete_end_of_turn_ms``).
+    word no English sentence ends with. :class:`TurnEndPolicy` (``use_words``) never
+    answers such a transcript early and holds it when the model is unsure too.
     """
     t = text.strip()
     if t.endswith((",", "-", "\u2014", "...", "\u2026", ";", ":")):
         return True
     words = re.findall(r"[a-z']+", t.lower())
     return not words or words[-1] in _DANGLING
+
+
+# -- the model's score ----------------------------------------------------------------
+
+# What may follow the last word: final punctuation, closing quotes, an ellipsis, a
+# dangling comma. Whisper writes a final "." or "?" on many cut-off utterances too
+# ("What's the weather like in?"; 31-71% of those measured, docs/turn_end.md), so the
+# score reads the words without it.
+_TAIL = re.compile(r"[\s.?!,;:\"\u2026\u2014-]*$")
+# A token that ends a sentence: ".", "?", "!", " ?", "?!", ... but not an ellipsis.
+_STOP = re.compile(r" ?[.?!]+")
+
+
+def normalize_transcript(text: str) -> str:
+    """The transcript as the scorer reads it: NFKC, one space between words, stripped."""
+    return " ".join(unicodedata.normalize("NFKC", text).split())
+
+
+def split_tail(text: str) -> tuple[str, str]:
+    """``(words, tail)``: the transcript without its final punctuation, and that."""
+    m = _TAIL.search(text)
+    assert m is not None  # the pattern matches the empty string at the end
+    return text[: m.start()], text[m.start() :]
+
+
+@dataclass(frozen=True)
+class TurnEndScores:
+    """The two readings of one transcript, from one prefill."""
+
+    complete: float  # P(the sentence ends here | the words, final punctuation removed)
+    end_token: float  # P(<|im_end|> next | the transcript as the ASR wrote it)
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    z = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    out: np.ndarray = z / z.sum(axis=-1, keepdims=True)
+    return out
+
+
+class EndOfTurnModel:
+    """P(the user's turn is complete | transcript) under SmolLM2, one causal prefill.
+
+    The prompt is the ChatML opening of a user message, ``<|im_start|>user\\n`` and the
+    transcript's words. The instruct model ends a finished message with a full stop
+    (or "?", "!") and then ``<|im_end|>``; after an unfinished one ("Set a timer for")
+    it puts almost all its mass on more words. Whisper, though, writes final
+    punctuation on cut-off speech as well, so :meth:`probability` strips the tail and
+    sums the probability of every sentence-ending token and ``<|im_end|>`` after the
+    bare words. :meth:`scores` also gives P(``<|im_end|>``) after the transcript as
+    written, the plain LiveKit-style reading, read off the same pass (measured in
+    docs/results/2026-12-end-of-turn.md: the stripped reading is the one that works
+    on Whisper's output).
+
+    ``backend`` is any :class:`model.backend.StepBackend` of SmolLM2 (the server's
+    reply backend can be shared: ONNX Runtime's ``run`` is thread-safe and each call
+    uses its own cache); blocking, call it from a worker thread.
+    """
+
+    def __init__(self, backend: StepBackend, tokenizer: Tokenizer, max_tokens: int = 96) -> None:
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.max_tokens = max_tokens  # the last words decide: a long turn is cut on the left
+        self._head = [tokenizer.im_start_id, *tokenizer.encode_plain("user\n")]
+        self.stop_ids = np.asarray(sorted(_stop_tokens(tokenizer)), np.int64)
+
+    @classmethod
+    def from_model_dir(
+        cls,
+        model_dir: Path,
+        variant: Literal["int8", "fp16", "fp32"] = "int8",
+        threads: int = 1,
+        device: Device = "cpu",
+    ) -> EndOfTurnModel:
+        """A scorer with its own ONNX Runtime session on ``model_dir`` (an exported
+        model directory, :mod:`model.modeldir`), ``threads`` intra-op threads."""
+        from model.assemble import load_onnx_backend
+        from model.modeldir import load_tokenizer
+        from model.runtime import RuntimeConfig
+
+        config = RuntimeConfig(device=device, threads=threads, max_len=256)
+        return cls(load_onnx_backend(model_dir, variant, config), load_tokenizer(model_dir))
+
+    def probability(self, transcript: str) -> float:
+        """P(complete) in [0, 1]; 0 for a transcript with no words. Blocking."""
+        return self.scores(transcript).complete
+
+    def scores(self, transcript: str) -> TurnEndScores:
+        words, tail = split_tail(normalize_transcript(transcript))
+        if not words:
+            return TurnEndScores(0.0, 0.0)
+        tok = self.tokenizer
+        # The pre-tokenizer splits letters from punctuation, so the words' tokens are a
+        # prefix of the whole transcript's: one pass reads both positions.
+        body = tok.encode_plain(words)[-(self.max_tokens - len(self._head)) :]
+        ids = [*self._head, *body, *tok.encode_plain(tail.strip())]
+        rows = sorted({len(self._head) + len(body) - 1, len(ids) - 1})
+        cache = self.backend.new_cache()
+        logits = self.backend.step(cache, np.asarray(ids, np.int64), "causal", True, rows=rows)
+        p = _softmax(logits.astype(np.float64))  # (1 or 2, V): after the words, after all
+        return TurnEndScores(float(p[0, self.stop_ids].sum()), float(p[-1, tok.im_end_id]))
+
+
+def _stop_tokens(tok: Tokenizer) -> set[int]:
+    """``<|im_end|>``, end of text, and every token that ends a sentence."""
+    out = {tok.im_end_id, tok.eos_id}
+    for i in range(tok.vocab_size):
+        if i in tok.special_ids:
+            continue
+        text = tok.token_bytes(i).decode("utf-8", errors="replace")
+        if _STOP.fullmatch(text) and not text.lstrip().startswith(".."):
+            out.add(i)
+    return out
+
+
+# -- the policy -----------------------------------------------------------------------
+
+Eagerness = Literal["low", "medium", "high"]
+Tier = Literal["complete", "unsure", "incomplete", "empty"]
+
+
+@dataclass(frozen=True)
+class TurnEndPolicy:
+    """How much silence a paused turn needs before it is final, from what was said.
+
+    Three tiers by P(complete) (:class:`EndOfTurnModel`):
+
+    - ``p >= complete_at``: final after ``complete_ms`` of silence (200 ms: "What is
+      the capital of Australia?" is answered ~200 ms sooner than by silence alone);
+    - ``p < hold_below``: held up to ``hold_ms`` ("What's the weather like in"); speech
+      within that time continues the same turn;
+    - in between, and a transcript with no words: ``default_ms``, the silence the
+      endpointer waits anyway (``EndpointConfig.end_of_turn_ms``);
+    - no probability (no scorer, or its score not in yet): today's rule, the hold if
+      :func:`looks_incomplete`, else ``default_ms``; a slow scorer never makes a turn
+      wait longer than it did without one.
+
+    With ``use_words``, a transcript :func:`looks_incomplete` calls unfinished never
+    takes the 200 ms path and is held unless the model calls it complete. The
+    defaults (:meth:`from_eagerness`) were chosen on the tuning half of
+    ``export.bench.turn_end``'s labelled set and checked on its held-out half
+    (docs/turn_end.md).
+    """
+
+    complete_at: float = 0.2
+    hold_below: float = 0.01
+    hold_ms: float = 1200.0
+    complete_ms: float = 200.0
+    default_ms: float = 416.0
+    use_words: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.hold_below <= self.complete_at <= 1.0:
+            raise ValueError("need 0 <= hold_below <= complete_at <= 1")
+        if not 0 <= self.complete_ms <= self.default_ms <= self.hold_ms:
+            raise ValueError("need 0 <= complete_ms <= default_ms <= hold_ms")
+
+    @classmethod
+    def from_eagerness(
+        cls, eagerness: Eagerness = "medium", default_ms: float = 416.0
+    ) -> TurnEndPolicy:
+        """The documented setting for ``eagerness`` (:data:`EAGERNESS`)."""
+        if eagerness not in EAGERNESS:
+            raise ValueError(f"eagerness must be one of {', '.join(EAGERNESS)}, got {eagerness!r}")
+        return replace(EAGERNESS[eagerness], default_ms=default_ms)
+
+    def tier(self, transcript: str, probability: float | None) -> Tier:
+        """Which path the turn takes; ``probability`` None (no scorer, or its score is
+        not in yet) is today's rule: held if the words look unfinished, else default."""
+        if not split_tail(normalize_transcript(transcript))[0]:
+            return "empty"
+        words_say_unfinished = self.use_words and looks_incomplete(transcript)
+        if probability is None:
+            return "incomplete" if looks_incomplete(transcript) else "unsure"
+        if probability >= self.complete_at:
+            return "unsure" if words_say_unfinished else "complete"
+        if probability < self.hold_below or words_say_unfinished:
+            return "incomplete"
+        return "unsure"
+
+    def silence_needed_ms(self, transcript: str, probability: float | None) -> float:
+        """Silence after the end of speech at which the turn is final."""
+        match self.tier(transcript, probability):
+            case "complete":
+                return self.complete_ms
+            case "incomplete":
+                return self.hold_ms
+            case _:
+                return self.default_ms
+
+    def decide(
+        self, transcript: str, probability: float | None, silence_ms: float
+    ) -> TurnEndDecision:
+        """Final now, or wait ``wait_ms`` more of silence (speech in that time goes on
+        with the same turn)."""
+        tier = self.tier(transcript, probability)
+        wait = self.silence_needed_ms(transcript, probability) - silence_ms
+        return TurnEndDecision(wait <= 0, max(0.0, wait), tier)
+
+
+@dataclass(frozen=True)
+class TurnEndDecision:
+    final: bool
+    wait_ms: float  # more silence needed before the turn is final (0 when final)
+    tier: Tier  # why: which of the policy's tiers the transcript fell in
+
+
+# The documented defaults (docs/turn_end.md has the figures behind them). Higher
+# eagerness answers sooner: a lower bar for the 200 ms path, fewer turns held, a
+# shorter hold. "medium" holds an unfinished turn 1.2 s, today's tested bound.
+EAGERNESS: dict[Eagerness, TurnEndPolicy] = {
+    "low": TurnEndPolicy(complete_at=0.5, hold_below=0.02, hold_ms=2000.0),
+    "medium": TurnEndPolicy(complete_at=0.2, hold_below=0.01, hold_ms=1200.0),
+    "high": TurnEndPolicy(complete_at=0.05, hold_below=0.002, hold_ms=800.0),
+}
