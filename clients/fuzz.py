@@ -12,16 +12,18 @@ frames of any size and parity (empty, odd, over one second of audio, past the 25
 frame limit). A client whose connection the server closes (4002 after 20 invalid
 messages, 1009 for a frame over the limit, 1007 for invalid UTF-8) reconnects and goes
 on until ``--frames`` have been sent or ``--max-seconds`` have passed. Every close
-code is recorded per connection; 1011 (internal error) is a failure.
+code is recorded per connection; 1011 (internal error) or any code the server has no
+reason to send is a failure.
 
-Meanwhile one well-behaved session on its own connection asks text questions and
-checks each answer (``reply_done`` with text; "Paris" for the capital of France).
-With ``--pid`` the server's RSS, open fds and threads are sampled from /proc.
+Meanwhile a well-behaved session on its own connection asks text questions and checks
+each answer: a ``reply_done`` whose text holds the expected word ("blue" for the
+colour of the sky). Every ``--witness-turns`` questions it starts a fresh session, one
+at a time. With ``--pid`` the server's RSS, open fds and threads are sampled from /proc.
 
-Exits non-zero on any 1011 close, any wrong or missing answer, a server message that
-does not decode, or a dead server. Only loopback URLs are accepted. Each connection's
-frames come from a generator seeded with ``SEED/CLIENT/CONNECTION``; the last frames
-before a 1011 go into the report as base64, to replay.
+Exits non-zero on a 1011 or unexpected close, a wrong or missing answer, a server
+message that does not decode, or a dead server. Only loopback URLs are accepted. Each
+connection's frames come from a generator seeded with ``SEED/CLIENT/CONNECTION``; the
+last frames before a bad close go into the report as base64, to replay.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ from websockets.protocol import Event
 
 from server import protocol as p
 
-from .common import Inbox
+from .common import Inbox, auth_headers
 
 FRAME_LIMIT = 256 * 1024  # the server closes with 1009 above this (docs/protocol.md)
 # Every ACK_EVERY frames a marker goes out whose error names it (an unknown field,
@@ -111,8 +113,9 @@ def http_base(url: str) -> str:
 def http_get(url: str, timeout: float = 10) -> bytes | None:
     """GET without any proxy from the environment (the target is loopback)."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    request = urllib.request.Request(url, headers=auth_headers())
     try:
-        with opener.open(url, timeout=timeout) as response:
+        with opener.open(request, timeout=timeout) as response:
             body: bytes = response.read()
     except (OSError, ValueError):
         return None
@@ -152,6 +155,7 @@ async def open_ws(url: str, compression: str | None = "deflate") -> FuzzConnecti
         ping_interval=None,
         close_timeout=10,
         compression=compression,
+        additional_headers=auth_headers(),  # $QUICKSILVER_API_KEY, for a server with keys
         create_connection=FuzzConnection,
     )
     assert isinstance(ws, FuzzConnection)
@@ -584,6 +588,9 @@ class Options:
     progress_every_s: float = 5.0
     answer_timeout_s: float = 180.0
     ask_gap_s: float = 3.5  # the server takes at most 20 text messages a minute
+    # Questions per well-behaved session: after ~30 turns of the same three questions
+    # the reply model's answers shrink ("The sky is a deep,"), load or not.
+    witness_turns: int = 12
     keep_frames: int = 32  # frames per connection kept for a reproducer
 
 
@@ -622,7 +629,10 @@ class Witness:
     rate_limited: int = 0
     failures: list[dict[str, object]] = field(default_factory=list)
     reply_ms: list[float] = field(default_factory=list)
-    close_code: int | None = None
+    replies: collections.Counter[str] = field(default_factory=collections.Counter)
+    answers: list[dict[str, object]] = field(default_factory=list)  # in order
+    sessions: int = 0
+    close_codes: collections.Counter[int] = field(default_factory=collections.Counter)
 
 
 class Fuzz:
@@ -772,8 +782,10 @@ class Fuzz:
                     self.server_errors[code] += 1
             self.server_events[message.type] += 1
             match message:
-                case p.Ready(resume_token=token) if token:
-                    self.shared.tokens.append(token)
+                case p.Ready(resume_token=token, resumed=resumed):
+                    self.server_events["ready_resumed"] += resumed
+                    if token:
+                        self.shared.tokens.append(token)
 
     def _closed(
         self, ws: ClientConnection, record: ConnectionRecord, ring: collections.deque[Frame]
@@ -794,20 +806,32 @@ class Fuzz:
     # -- the well-behaved session --
 
     async def _witness(self) -> None:
+        """Well-behaved sessions, one at a time, each asking ``witness_turns`` questions
+        (0: one session for the whole run)."""
         w = self.witness
-        try:
-            ws = await open_ws(self.opts.url)
-        except (OSError, InvalidHandshake, TimeoutError) as exc:
-            w.failures.append({"error": f"cannot connect: {exc!r}"})
-            return
+        while not self.stop.is_set() or w.asked == 0:
+            try:
+                ws = await open_ws(self.opts.url)
+            except (OSError, InvalidHandshake, TimeoutError) as exc:
+                w.failures.append({"error": f"cannot connect: {exc!r}"})
+                return
+            w.sessions += 1
+            if not await self._witness_session(ws):
+                return
+
+    async def _witness_session(self, ws: ClientConnection) -> bool:
+        """Ask questions on one connection; False if it was lost."""
+        w = self.witness
         inbox = Inbox(ws)
         try:
             await ws.send(p.encode(p.Start(16000, client="fuzz-witness", output_sample_rate=16000)))
             await self._next_message(inbox, p.Ready)
-            k = 0
-            while not self.stop.is_set() or w.asked == 0:
-                question, expect = WITNESS_QUESTIONS[k % len(WITNESS_QUESTIONS)]
-                k += 1
+            asked = 0
+            while (not self.stop.is_set() or w.asked == 0) and (
+                not self.opts.witness_turns or asked < self.opts.witness_turns
+            ):
+                question, expect = WITNESS_QUESTIONS[asked % len(WITNESS_QUESTIONS)]
+                asked += 1
                 t_ask = time.monotonic()
                 await self._ask(ws, inbox, question, expect)
                 gap = self.opts.ask_gap_s - (time.monotonic() - t_ask)
@@ -815,12 +839,14 @@ class Fuzz:
                     await asyncio.wait_for(self.stop.wait(), max(0.0, gap))
         except (ConnectionClosed, OSError, p.ProtocolError, ConnectionError) as exc:
             w.failures.append({"error": f"the well-behaved session lost its connection: {exc!r}"})
+            return False
         finally:
             await inbox.close()
             with contextlib.suppress(ConnectionClosed, OSError):
                 await ws.close()
             rcvd = ws.protocol.close_rcvd
-            w.close_code = rcvd.code if rcvd is not None else 1006
+            w.close_codes[rcvd.code if rcvd is not None else 1006] += 1
+        return True
 
     async def _next_message(self, inbox: Inbox, kind: type[p.ServerMessage]) -> p.ServerMessage:
         async with asyncio.timeout(60):
@@ -863,7 +889,10 @@ class Fuzz:
         except TimeoutError:
             w.failures.append({"question": question, "error": "no reply_done in time"})
             return
-        w.reply_ms.append(round((time.monotonic() - t0) * 1000, 1))
+        ms = round((time.monotonic() - t0) * 1000, 1)
+        w.reply_ms.append(ms)
+        w.replies[reply] += 1
+        w.answers.append({"session": w.sessions, "question": question, "reply": reply, "ms": ms})
         if reply.strip() and any(word in reply.lower() for word in expect):
             w.ok += 1
         else:
@@ -916,8 +945,8 @@ class Fuzz:
         w = self.witness
         if w.failures or w.ok == 0:
             out.append(f"well-behaved session: {w.ok}/{w.asked} answers correct")
-        if w.close_code not in (None, 1000):
-            out.append(f"well-behaved session closed with {w.close_code}")
+        if set(w.close_codes) - {1000}:
+            out.append(f"well-behaved sessions closed with {dict(w.close_codes)}")
         if self.undecodable:
             out.append(f"{len(self.undecodable)} server message(s) did not decode")
         if self.server_died:
@@ -950,7 +979,9 @@ class Fuzz:
                 "failures": w.failures,
                 "reply_ms_median": _median(w.reply_ms),
                 "reply_ms_max": max(w.reply_ms, default=None),
-                "close_code": w.close_code,
+                "replies": dict(w.replies.most_common(10)),
+                "sessions": w.sessions,
+                "close_codes": {str(c): n for c, n in w.close_codes.items()},
             },
             "server": proc_summary(self.samples),
             "server_alive": not self.server_died,
@@ -962,6 +993,7 @@ class Fuzz:
             "crashes": self.crashes,
             "samples": [asdict(s) for s in self.samples],
             "connections": [asdict(r) for r in self.records],
+            "answers": w.answers,
         }
 
 
@@ -1031,13 +1063,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pid", type=int, help="the server's pid: sample RSS, fds, threads")
     parser.add_argument("--max-seconds", type=float, default=1800.0)
     parser.add_argument("--answer-timeout", type=float, default=180.0, help="seconds per answer")
+    parser.add_argument(
+        "--witness-turns", type=int, default=12, help="questions per well-behaved session (0: one)"
+    )
     parser.add_argument("--json", type=Path, help="write the full report here")
     args = parser.parse_args(argv)
     if args.frames < 1 or args.connections < 1:
         parser.error("--frames and --connections must be at least 1")
     opts = Options(
         args.url, args.frames, args.connections, args.seed, args.pid, args.max_seconds,
-        answer_timeout_s=args.answer_timeout,
+        answer_timeout_s=args.answer_timeout, witness_turns=args.witness_turns,
     )  # fmt: skip
     try:
         report = asyncio.run(run(opts))

@@ -39,7 +39,7 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from server import protocol as p
 
-from .common import FRAME_MS, Pacer, frames, silence, start_session
+from .common import FRAME_MS, Pacer, auth_headers, frames, silence, start_session
 from .fuzz import http_base, http_get, read_proc, require_loopback
 from .harness import Talker, TurnRecord, Utterance, run_turn
 
@@ -172,7 +172,14 @@ class Soak:
         for i in range(self.opts.sessions):
             host = f"127.0.0.{2 + i // self.opts.per_address}" if self.opts.per_address else None
             extra: dict[str, Any] = {"local_addr": (host, 0)} if host else {}
-            ws = await connect(self.opts.url, proxy=None, max_size=None, open_timeout=30, **extra)
+            ws = await connect(
+                self.opts.url,
+                proxy=None,
+                max_size=None,
+                open_timeout=30,
+                additional_headers=auth_headers(),
+                **extra,
+            )
             await start_session(ws, rate, "soak")
             self.talkers.append(SoakTalker(i, ws, rate, self.opts.idle_gap_s, self.opts.burst_ms))
         print(f"soak: {len(self.talkers)} sessions connected", file=sys.stderr, flush=True)
@@ -331,6 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pid", type=int, help="the server's pid: sample RSS, fds, threads")
     parser.add_argument("--sample-every", type=float, default=10.0, help="seconds")
     parser.add_argument("--max-growth", type=float, default=0.05, help="fail at this growth")
+    parser.add_argument(
+        "--warmup", type=float, default=0.2, help="fraction of the run left out of the growth"
+    )
     parser.add_argument("--per-address", type=int, default=10, help="sessions per 127.0.0.x")
     parser.add_argument("--wav", type=Path, nargs="*", help="questions (default: Piper speech)")
     parser.add_argument("--json", type=Path, help="write the full report here")
@@ -339,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("need 0 < --talking <= --sessions")
     opts = Options(
         args.url, args.sessions, args.talking, args.minutes, args.pid, args.sample_every,
-        max_growth=args.max_growth, per_address=args.per_address,
+        warmup=args.warmup, max_growth=args.max_growth, per_address=args.per_address,
     )  # fmt: skip
     try:
         require_loopback(opts.url)  # before any speech is synthesized
