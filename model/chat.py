@@ -86,7 +86,13 @@ def build_prompt(
     budget: int,
     system_prompt: str = SPOKEN_SYSTEM_PROMPT,
 ) -> list[int]:
-    """Token ids of the prompt that asks for the next assistant reply."""
-    return encode_chat(
-        tok, trim_history(tok, with_system_prompt(conversation, system_prompt), budget)
-    )
+    """Token ids of the prompt that asks for the next assistant reply. A latest message
+    that alone passes the budget is cut to fit (its start kept)."""
+    messages = trim_history(tok, with_system_prompt(conversation, system_prompt), budget)
+    ids = encode_chat(tok, messages)
+    if len(ids) <= budget or not messages:
+        return ids
+    *head, last = messages
+    fixed = len(encode_chat(tok, [*head, ChatMessage(last.role, "")]))
+    body = tok.encode_plain(last.content)[: max(0, budget - fixed)]
+    return encode_chat(tok, [*head, ChatMessage(last.role, tok.decode(body))])

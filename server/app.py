@@ -158,9 +158,11 @@ class Connection:
         ]
         try:
             async for frame in self.ws:
-                await self.apply(self._receive_frame(frame))
-                if self.session.state is State.CLOSED:
-                    break
+                # After the session closed, frames are still read (and dropped) until the
+                # client answers the close: unread frames would hold the connection, and
+                # its slot, until websockets' close timeout.
+                if self.session.state is not State.CLOSED:
+                    await self.apply(self._receive_frame(frame))
         except ConnectionClosed:
             pass
         finally:

@@ -112,3 +112,13 @@ def test_build_prompt_ends_with_the_assistant_header() -> None:
     assert tok.decode(ids, skip_special=False).startswith(
         f"<|im_start|>system\n{SPOKEN_SYSTEM_PROMPT}<|im_end|>"
     )
+
+
+def test_a_latest_message_over_the_budget_is_cut_to_fit() -> None:
+    """A 2,000-character text of emoji tokenizes past the reply model's prompt budget;
+    the prompt keeps its start rather than overflow the cache."""
+    huge = [ChatMessage("user", "tell me " + "abc " * 400)]
+    ids = build_prompt(tok, huge, budget=200)
+    assert len(ids) <= 200 + 2  # a token or two of BPE re-merging at the cut
+    text = tok.decode(ids)
+    assert "tell me abc" in text and text.endswith("assistant\n")

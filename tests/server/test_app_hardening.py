@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+from websockets.asyncio.client import connect
 
 from audio.speech import SpeechFactory
 from tests.inproc import ScriptedAsr, ScriptedReplies, pcm16, serving, started, until
@@ -100,3 +101,19 @@ def p_unpack(frame: bytes) -> int:
     from server import protocol as p
 
     return p.unpack_audio(frame)[0]
+
+
+async def test_a_closed_session_does_not_hold_its_slot_for_unread_frames() -> None:
+    """A client that sent 30 bad frames without reading is closed with 4002; its
+    unread frames once kept the connection (and its per-address slot) open until
+    websockets' 10 s close timeout."""
+    async with serving() as (url, app):
+        # the client reads whatever arrives (no queue limit), so the close gets through
+        ws = await connect(url, max_queue=None)
+        await ws.send(json.dumps({"type": "start", "sample_rate": 16000}))
+        for _ in range(30):
+            await ws.send("not json")
+        (connection,) = app.sessions
+        await asyncio.wait_for(connection.closed.wait(), 8)  # well inside the 10 s
+        await ws.wait_closed()
+        assert ws.close_code == 4002

@@ -71,3 +71,12 @@ def test_deep_nesting_is_a_protocol_error_not_a_crash() -> None:
     for raw in ("[" * 100_000, '{"a":' * 100_000, "[" * 100_000 + "]" * 100_000):
         err = decode(raw)
         assert isinstance(err, p.ProtocolError) and err.code == "bad_json"
+
+
+def test_a_lone_surrogate_is_not_text() -> None:
+    """JSON may escape one; the tokenizer cannot encode it, and the turn once failed."""
+    err = decode('{"type": "text", "text": "\\ud800 lone surrogate"}')
+    assert isinstance(err, p.ProtocolError) and err.code == "bad_message"
+    assert decode('{"type": "text", "text": "\\ud83d\\ude00 a pair is fine"}') == p.Text(
+        "😀 a pair is fine"
+    )
