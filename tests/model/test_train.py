@@ -85,9 +85,10 @@ def test_make_batch_layout_rows_targets_and_weights():
 
 
 def contract_mask(P: int, R: int, B: int) -> torch.Tensor:
-    """CONTRACT.md 3 written out by hand for [prompt | clean reply | noised reply]:
-    prompt causal; clean block k sees the prompt and clean blocks <= k; noised block k
-    sees the prompt, clean blocks < k and its own noised block."""
+    """The block-causal training pattern (docs/diffusion.md) written out by hand for
+    [prompt | clean reply | noised reply]: prompt causal; clean block k sees the prompt
+    and clean blocks <= k; noised block k sees the prompt, clean blocks < k and its own
+    noised block."""
     T = P + 2 * R
     m = torch.zeros(T, T, dtype=torch.bool)
     for i in range(T):
