@@ -17,7 +17,10 @@ from tests.serverproc import ServerProcess
 pytestmark = [pytest.mark.e2e, pytest.mark.models]
 
 COMPLETE = "What is the capital of Australia?"
-PAUSED = ("Add milk, eggs,", "and bread to my shopping list.")
+# The first half ends on a word no sentence ends with, so holding the turn does not hang
+# on whether Whisper writes "eggs," or "eggs." for a bare list (it writes either on
+# the same audio): the speech set's own pauses measure that, this test the loop.
+PAUSED = ("Add milk, eggs, and", "bread to my shopping list.")
 
 
 @pytest.fixture(scope="module")
