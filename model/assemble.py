@@ -13,13 +13,12 @@ module only loads a directory that is already complete.
 
 from __future__ import annotations
 
-from concurrent.futures import Executor
 from pathlib import Path
 from typing import Literal, get_args
 
 from model.ar import ARGenerator, AROptions
 from model.diffusion_engine import DiffusionGenerator, DiffusionOptions, smollm2_diffusion_config
-from model.engine import Gate, TextGenerator, ThreadedReplyEngine
+from model.engine import TextGenerator
 from model.modeldir import (
     FILES,
     SHIPPED_ADAPTER,
@@ -137,15 +136,3 @@ def load_generator(
     cache_len = DiffusionOptions().cache_len
     config = RuntimeConfig(device=device, max_len=cache_len)
     return load_onnx_diffusion_generator(model_dir, variant, config)
-
-
-def load_engine(
-    engine: EngineName,
-    executor: Executor,
-    cache_dir: Path | None = None,
-    gate: Gate | None = None,
-    device: Device = "auto",
-) -> ThreadedReplyEngine:
-    """The async reply engine ``engine`` on ``executor``'s thread, waiting at ``gate``
-    between forward passes."""
-    return ThreadedReplyEngine(load_generator(engine, cache_dir, device), executor, gate)

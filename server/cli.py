@@ -13,6 +13,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import NoReturn
 
+from audio.endpoint import EndpointConfig
 from export.commands import register as register_export
 from model.assemble import (
     DEFAULT_ENGINE,
@@ -32,6 +33,8 @@ from . import protocol as p
 from .app import Limits, ServerConfig, run_until
 from .metrics import JsonFormatter
 from .runtime import DEFAULT_ASR, RuntimeOptions, load_runtime
+from .session import SessionConfig
+from .turn_end import EAGERNESS, TurnEndPolicy
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 RESUME_FILE = "resumable-sessions.json"
@@ -82,6 +85,20 @@ def _parser() -> argparse.ArgumentParser:
         default="auto",
         help="pause the reply model while a reply's first sentence is synthesized "
         "(auto: when the reply model runs on the CPU, as Piper does)",
+    )
+    serve.add_argument(
+        "--eagerness",
+        choices=tuple(EAGERNESS),
+        default="medium",
+        help="how soon a paused turn is answered: high answers sooner and cuts in more "
+        "often, low waits longer for the user to go on (docs/turn_end.md)",
+    )
+    serve.add_argument(
+        "--turn-end",
+        choices=("model", "words"),
+        default="model",
+        help="what ends a paused turn besides silence: the reply model's score of the "
+        "transcript and its last word, or the last word only",
     )
     serve.add_argument(
         "--resume-ttl",
@@ -152,7 +169,9 @@ def _serve(args: argparse.Namespace) -> int:
     if (refusal := auth.check_bind(args.host, auth_config)) is not None:
         print(refusal, file=sys.stderr)
         return 2
+    turn_end = TurnEndPolicy.from_eagerness(args.eagerness, EndpointConfig().end_of_turn_ms)
     config = ServerConfig(
+        session=SessionConfig(turn_end=turn_end),
         resume_ttl_s=args.resume_ttl,
         limits=dataclasses.replace(
             Limits(),
@@ -171,6 +190,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_reply_tokens=args.max_reply_tokens,
         speech_first={"auto": None, "on": True, "off": False}[args.speech_first],
         device=args.device,
+        turn_model=args.turn_end == "model",
     )
     try:
         prepare_model(options.engine, options.cache_dir, options.device)

@@ -162,6 +162,10 @@ class Metrics:
     speculative: bool = False
     reply_tokens: int = 0
     forward_passes: int = 0
+    # How the end of the turn was decided (docs/turn_end.md): "complete" (scored complete,
+    # final after 200 ms), "unsure" (the endpointer's 416 ms), "incomplete" (held open),
+    # "empty" (no words); None for a text turn, end_of_input or the length limit.
+    end_of_turn: str | None = None
 
 
 @dataclass(frozen=True)

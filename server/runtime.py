@@ -23,11 +23,14 @@ import onnxruntime as ort
 from audio.asr import AsrOptions, Transcriber, load_transcriber, recommended_model
 from audio.tts import Synthesizer
 from audio.vad import SileroVad
-from model.assemble import DEFAULT_ENGINE, EngineName, load_engine, reply_on_cpu
-from model.engine import ReplyEngine
+from model.ar import ARGenerator
+from model.assemble import DEFAULT_ENGINE, EngineName, load_generator, reply_on_cpu
+from model.diffusion_engine import DiffusionGenerator
+from model.engine import ReplyEngine, TextGenerator, ThreadedReplyEngine
 from model.runtime import Device
 
 from .speech import PassGate
+from .turn_end import EndOfTurnModel
 
 log = logging.getLogger("quicksilver")
 
@@ -45,6 +48,7 @@ class WorkerKind(StrEnum):
     ASR = "asr"
     TTS = "tts"
     REPLY = "reply"
+    TURN_END = "turn_end"
 
 
 class Worker:
@@ -77,6 +81,8 @@ class Runtime:
     workers: dict[WorkerKind, Worker] = field(default_factory=dict)
     # held while the first sentence of a reply is synthesized (server/turn.py)
     gate: PassGate = field(default_factory=lambda: PassGate(enabled=False))
+    # scores paused turns' transcripts (server/turn_end.py); None: silence and words only
+    turn_end: EndOfTurnModel | None = None
 
     def worker(self, kind: WorkerKind) -> Worker:
         return self.workers[kind]
@@ -94,6 +100,7 @@ class RuntimeOptions:
     max_reply_tokens: int = 64
     speech_first: bool | None = None  # None: when the reply model is on the CPU
     device: Device = "auto"  # auto: the GPU when ONNX Runtime and CTranslate2 see one
+    turn_model: bool = True  # score paused turns with the reply model (docs/turn_end.md)
 
 
 def resolve_device(device: Device) -> Literal["cpu", "cuda"]:
@@ -138,14 +145,23 @@ def load_runtime(options: RuntimeOptions) -> Runtime:
         "speech first (the reply model pauses for a reply's first sentence): %s",
         "on" if speech_first else "off",
     )
-    reply = _timed(
+    generator = _timed(
         f"reply engine {options.engine}",
-        lambda: load_engine(
-            options.engine,
-            workers[WorkerKind.REPLY].executor,
-            options.cache_dir,
-            gate,
-            options.device,
-        ),
+        lambda: load_generator(options.engine, options.cache_dir, options.device),
     )
-    return Runtime(vad, asr, tts, reply, asr_name, options.max_reply_tokens, workers, gate)
+    reply = ThreadedReplyEngine(generator, workers[WorkerKind.REPLY].executor, gate)
+    turn_end = turn_end_model(generator) if options.turn_model else None
+    log.info(
+        "end of turn: %s", "scored by the reply model" if turn_end else "silence and words only"
+    )
+    return Runtime(
+        vad, asr, tts, reply, asr_name, options.max_reply_tokens, workers, gate, turn_end
+    )
+
+
+def turn_end_model(generator: TextGenerator) -> EndOfTurnModel | None:
+    """The end-of-turn scorer on the reply model's own backend (one more pass per paused
+    turn, no second copy of the weights); None for a generator without one."""
+    if isinstance(generator, ARGenerator | DiffusionGenerator):
+        return EndOfTurnModel(generator.backend, generator.tokenizer)
+    return None

@@ -11,16 +11,19 @@ Turns. Every user turn has an id. When the user pauses, the final ASR and the re
 start *speculatively*; their messages are held back until the turn is final and thrown
 away if the user goes on speaking. A turn is final once the endpointer's silence has
 passed *and* its transcript is known: nothing could be sent before the transcript
-anyway, and it lets a transcript that stops mid-sentence ("Add milk, eggs, and") hold
-the turn open longer, so half a question is not answered. Once released, a turn's
-audio is sent as it is produced; barge-in cancels it, and the conversation keeps only
-the part sent as audio.
+anyway. How much silence it takes depends on what was said (server/turn_end.py,
+docs/turn_end.md): a transcript the end-of-turn model scores complete is final after
+200 ms, one that stops mid-sentence ("Add milk, eggs, and") is held open longer so half
+a question is not answered, anything else waits the endpointer's end of turn. Once
+released, a turn's audio is sent as it is produced; barge-in cancels it, and the
+conversation keeps only the part sent as audio.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import cached_property
 
 import numpy as np
 
@@ -39,7 +42,7 @@ from model.engine import ChatMessage, GenerationStats
 
 from . import protocol as p
 from .resume import ResumeStore
-from .turn_end import looks_incomplete
+from .turn_end import TurnEndPolicy
 
 SAMPLE_RATE = 16_000  # everything inside the session runs at 16 kHz
 
@@ -64,9 +67,9 @@ TRANSITIONS: dict[State, frozenset[State]] = {
 @dataclass(frozen=True)
 class SessionConfig:
     endpoint: EndpointConfig = field(default_factory=EndpointConfig)
-    # Silence after which a turn whose transcript looks unfinished is answered anyway
-    # (docs/audio.md); endpoint.end_of_turn_ms applies to every other turn.
-    incomplete_end_of_turn_ms: int = 1200
+    # Silence a paused turn needs, from its transcript and end-of-turn score
+    # (docs/turn_end.md). None: medium eagerness, endpoint.end_of_turn_ms otherwise.
+    turn_end: TurnEndPolicy | None = None
     partial_interval_ms: int = 700  # new speech between partial transcripts
     min_partial_speech_ms: int = 500
     ring_seconds: float = 40.0
@@ -78,6 +81,12 @@ class SessionConfig:
     # `text` messages: a burst of text_burst, then one per 60 / text_per_minute s.
     text_per_minute: float = 20.0
     text_burst: int = 5
+
+    @cached_property
+    def end_of_turn(self) -> TurnEndPolicy:
+        if self.turn_end is not None:
+            return self.turn_end
+        return TurnEndPolicy.from_eagerness("medium", self.endpoint.end_of_turn_ms)
 
 
 # --- internal events (inputs besides client messages) ----------------------------
@@ -109,6 +118,14 @@ class FinalTranscript:
     turn_id: int
     text: str
     asr_ms: float
+
+
+@dataclass(frozen=True)
+class TurnEndScored:
+    """P(the user's turn is complete | its final transcript), server/turn_end.py."""
+
+    turn_id: int
+    probability: float
 
 
 @dataclass(frozen=True)
@@ -172,6 +189,7 @@ Event = (
     | VadResult
     | PartialTranscript
     | FinalTranscript
+    | TurnEndScored
     | ReplySentence
     | ReplyAudio
     | AudioWritten
@@ -268,6 +286,8 @@ class _Turn:
     released: bool = False
     speculative: bool = False  # started during the trailing silence
     transcript: str | None = None
+    complete_p: float | None = None  # the end-of-turn score, once it is in
+    end_of_turn: str | None = None  # the policy's tier when the turn was released
     user_committed: bool = False
     held: list[p.ServerMessage] = field(default_factory=list)
     sentences: list[str] = field(default_factory=list)
@@ -363,6 +383,8 @@ class Session:
                 return self._on_partial(event)
             case FinalTranscript():
                 return self._on_final_transcript(event, now)
+            case TurnEndScored():
+                return self._on_turn_end_scored(event, now)
             case ReplySentence():
                 return self._on_sentence(event)
             case ReplyAudio():
@@ -569,16 +591,21 @@ class Session:
         return out + self._maybe_final(now)
 
     def _maybe_final(self, now: float) -> list[Effect]:
-        """Release the held turn once its transcript is known and reads as finished."""
+        """Release the paused turn once its transcript is known and the silence since
+        is what the policy asks for it: from the pause on, so a turn scored complete
+        need not wait for the endpointer's end of turn (which then finds no utterance,
+        and speech after it is a barge-in)."""
         u, turn = self._utterance, self._turn
-        if u is None or not u.ended or turn is None or turn.released or turn.id != u.turn_id:
+        if u is None or u.end is None or turn is None or turn.released or turn.id != u.turn_id:
             return []
         if turn.transcript is None or self._endpointer.hearing_speech:
             return []
-        silence_ms = (self._ring.total_written - (u.end or 0)) * 1000 / SAMPLE_RATE
-        unfinished = turn.transcript.strip() != "" and looks_incomplete(turn.transcript)
-        if unfinished and silence_ms < self.config.incomplete_end_of_turn_ms:
+        silence_ms = (self._ring.total_written - u.end) * 1000 / SAMPLE_RATE
+        decision = self.config.end_of_turn.decide(turn.transcript, turn.complete_p, silence_ms)
+        # The endpointer's end of turn ends every turn the words do not hold open.
+        if not (decision.final or (u.ended and decision.tier != "incomplete")):
             return []
+        turn.end_of_turn = decision.tier
         self._utterance = None
         return self._release(turn, now)
 
@@ -679,6 +706,13 @@ class Session:
         self._commit_user(turn)
         return [Send(p.TranscriptFinal(turn.id, event.text))]
 
+    def _on_turn_end_scored(self, event: TurnEndScored, now: float) -> list[Effect]:
+        turn = self._current(event.turn_id)
+        if turn is None or turn.released:
+            return []
+        turn.complete_p = event.probability
+        return self._maybe_final(now)
+
     def _on_sentence(self, event: ReplySentence) -> list[Effect]:
         turn = self._current(event.turn_id)
         if turn is None:
@@ -744,6 +778,7 @@ class Session:
             speculative=turn.speculative,
             reply_tokens=stats.tokens if stats else 0,
             forward_passes=stats.forward_passes if stats else 0,
+            end_of_turn=turn.end_of_turn,
         )
 
     def _on_failed(self, event: TurnFailed) -> list[Effect]:

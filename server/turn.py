@@ -29,6 +29,7 @@ from .session import (
     ReplyFinished,
     ReplySentence,
     StartTurn,
+    TurnEndScored,
     TurnFailed,
 )
 from .speech import Sentence, sentences
@@ -96,10 +97,25 @@ async def _run(
     conversation = (*start.history, ChatMessage("user", text))
     chunks: asyncio.Queue[_Chunk | None] = asyncio.Queue()
     async with asyncio.TaskGroup() as tg:
+        if start.audio is not None and not released.is_set():
+            tg.create_task(_score_turn_end(rt, start.turn_id, text, deliver))
         produced = tg.create_task(_produce(rt, start, conversation, chunks, deliver))
         tg.create_task(_send(start, released, chunks, deliver, pacing))
     stats, reply_ms = produced.result()
     await deliver(ReplyFinished(start.turn_id, stats, reply_ms))
+
+
+async def _score_turn_end(rt: Runtime, turn_id: int, text: str, deliver: Deliver) -> None:
+    """Score a paused turn's transcript beside its reply; a turn whose score fails (or
+    never comes) waits the endpointer's silence as it would without a scorer."""
+    if rt.turn_end is None:
+        return
+    try:
+        probability = await rt.worker(WorkerKind.TURN_END).run(rt.turn_end.probability, text)
+    except Exception:
+        log.exception("end-of-turn score of turn %d failed", turn_id)
+        return
+    await deliver(TurnEndScored(turn_id, probability))
 
 
 async def _produce(

@@ -219,10 +219,18 @@ class TurnEndPolicy:
     def from_eagerness(
         cls, eagerness: Eagerness = "medium", default_ms: float = 416.0
     ) -> TurnEndPolicy:
-        """The documented setting for ``eagerness`` (:data:`EAGERNESS`)."""
+        """The documented setting for ``eagerness`` (:data:`EAGERNESS`) around an
+        endpointer that ends turns after ``default_ms`` (the 200 ms path and the hold are
+        clamped to it when it is shorter or longer)."""
         if eagerness not in EAGERNESS:
             raise ValueError(f"eagerness must be one of {', '.join(EAGERNESS)}, got {eagerness!r}")
-        return replace(EAGERNESS[eagerness], default_ms=default_ms)
+        base = EAGERNESS[eagerness]
+        return replace(
+            base,
+            default_ms=default_ms,
+            complete_ms=min(base.complete_ms, default_ms),
+            hold_ms=max(base.hold_ms, default_ms),
+        )
 
     def tier(self, transcript: str, probability: float | None) -> Tier:
         """Which path the turn takes; ``probability`` None (no scorer, or its score is

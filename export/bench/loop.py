@@ -38,6 +38,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -241,6 +242,7 @@ class UtteranceReport:
     reply: str = ""
     stages: dict[str, float | None] = field(default_factory=dict)
     speculative: bool | None = None
+    end_of_turn: str | None = None  # the answering turn's end-of-turn tier (metrics)
     cancelled: dict[int, str] = field(default_factory=dict)
     error: str | None = None
 
@@ -270,6 +272,7 @@ def report(run: int, index: int, u: Utterance, warmup: bool, w: Watch) -> Uttera
     m = w.metrics.get(answer, {}) if answer is not None else {}
     r.stages = {k: m.get(k) for k in STAGES}
     r.speculative = m.get("speculative")
+    r.end_of_turn = m.get("end_of_turn")
     r.cancelled = {t: w.cancelled[t] for t in w.turn_ids if t in w.cancelled}
     if w.errors:
         r.error = "; ".join(w.errors)
@@ -387,6 +390,7 @@ def summarize(reports: Sequence[UtteranceReport]) -> dict[str, Any]:
             "turns": [r.turns for r in paused],
             "early_replies": sum(r.early for r in paused),
         },
+        "end_of_turn": dict(Counter(r.end_of_turn or "none" for r in scored)),
         "stages_ms": {
             k: spread([v for r in scored if isinstance(v := r.stages.get(k), int | float)])
             for k in STAGES
@@ -488,6 +492,10 @@ def _summary_line(label: str, s: dict[str, Any], out: Any) -> None:
     )
     if stages:
         print(f"  stage p50 (ms): {stages}", file=out)
+    tiers = s.get("end_of_turn", {})
+    if set(tiers) - {"none"}:
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(tiers.items()))
+        print(f"  end of turn: {counts}", file=out)
 
 
 def _num(value: object) -> str:

@@ -18,10 +18,17 @@ from tests.serverproc import ROOT, start_server
 pytestmark = [pytest.mark.e2e, pytest.mark.models]
 
 
-# The SIGINT server also checks --speech-first: "auto" is on here (a CPU host).
+# The SIGINT server also checks --speech-first ("auto" is on here, a CPU host) and
+# --turn-end (the default scores paused turns with the reply model).
+SCORED, WORDS = "scored by the reply model", "silence and words only"
+
+
 @pytest.mark.parametrize(
-    ("sig", "args", "speech_first"),
-    [(signal.SIGTERM, (), "on"), (signal.SIGINT, ("--speech-first", "off"), "off")],
+    ("sig", "args", "speech_first", "turn_end"),
+    [
+        (signal.SIGTERM, (), "on", SCORED),
+        (signal.SIGINT, ("--speech-first", "off", "--turn-end", "words"), "off", WORDS),
+    ],
     ids=["SIGTERM", "SIGINT"],
 )
 async def test_signal_closes_every_session_with_1001_and_exits_0(
@@ -30,11 +37,13 @@ async def test_signal_closes_every_session_with_1001_and_exits_0(
     sig: signal.Signals,
     args: tuple[str, ...],
     speech_first: str,
+    turn_end: str,
 ) -> None:
     log = tmp_path_factory.mktemp("cli") / "server.log"
     srv = start_server(log, "--cache-dir", str(model_cache), *args)
     try:
         assert f"first sentence): {speech_first}" in srv.log.read_text()
+        assert f"end of turn: {turn_end}" in srv.log.read_text()
         async with connect(srv.url) as a, connect(srv.url) as b:
             for ws in (a, b):
                 await ws.send(p.encode(p.Start(sample_rate=16000)))

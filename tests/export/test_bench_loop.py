@@ -67,6 +67,10 @@ def test_one_turn_per_utterance_and_never_early(loop_report: dict[str, Any]) -> 
         assert not u["early"], u
         assert set(u["stages"]) == set(STAGES)
     assert "australia" in complete["transcript"].lower()
+    # The scorer is wired in: a finished question takes the 200 ms path, the list that
+    # stops at "and" is never answered in half (its whole reads finished or unsure).
+    assert complete["end_of_turn"] == "complete", complete
+    assert paused["end_of_turn"] in ("complete", "unsure"), paused
     assert complete["reply"] and complete["latency_ms"] is not None
     assert "milk" in paused["transcript"].lower() and "bread" in paused["transcript"].lower()
     summary = loop_report["summary"]

@@ -37,14 +37,17 @@ from server.session import (
     StartPartial,
     StartTurn,
     State,
+    TurnEndScored,
     TurnFailed,
     VadResult,
     truncate_to_sent,
 )
+from server.turn_end import TurnEndPolicy
 
 FRAME = 512
 SPEECH, SILENCE = 0.9, 0.05
 ENDPOINT = EndpointConfig(min_speech_ms=96, pause_ms=224, end_of_turn_ms=608)
+HOLD_30_FRAMES = TurnEndPolicy(hold_ms=960, default_ms=608)  # held turns: 960 ms
 
 
 def settings(**kwargs: object) -> SessionConfig:
@@ -258,7 +261,7 @@ def test_turn_waits_for_its_transcript_after_the_silence() -> None:
 
 
 def test_unfinished_transcript_holds_the_turn_open() -> None:
-    d = make(settings(incomplete_end_of_turn_ms=960))  # 30 frames
+    d = make(settings(turn_end=HOLD_30_FRAMES))
     turn = spoken_turn(d, "Add milk, eggs, and")
     assert not of(d.silence(12), ReleaseTurn)  # the usual end of turn: held
     assert not of(d.silence(10), ReleaseTurn)  # 29 frames
@@ -268,7 +271,7 @@ def test_unfinished_transcript_holds_the_turn_open() -> None:
 
 def test_unconfirmed_speech_delays_the_held_decision() -> None:
     """A word starting just as the hold runs out is not cut off by it."""
-    d = make(settings(incomplete_end_of_turn_ms=960))  # 30 frames
+    d = make(settings(turn_end=HOLD_30_FRAMES))
     turn = spoken_turn(d, "Add milk, eggs, and")
     d.silence(22)  # 29 silent frames
     out = d.speak(2)  # shorter than min speech: not yet a turn, but not silence
@@ -289,6 +292,73 @@ def test_going_on_after_an_unfinished_pause_continues_the_same_turn() -> None:
     (again,) = of(out, StartTurn)
     assert isinstance(again, StartTurn) and again.turn_id == turn
     assert again.audio is not None and again.audio.size > 16000  # both halves
+
+
+def test_a_turn_scored_complete_is_final_before_the_endpointer() -> None:
+    d = make()
+    turn = spoken_turn(d)  # 7 silent frames, 224 ms: past the 200 ms path
+    assert not of(d.silence(1), ReleaseTurn)  # no score yet: the endpointer's 608 ms
+    out = d.send(TurnEndScored(turn, 0.9))
+    assert of(out, ReleaseTurn) == [ReleaseTurn(turn)]
+    assert [type(m) for m in sent(out)] == [p.TranscriptFinal]
+    assert not of(d.silence(30), StartTurn)  # the endpointer's end of turn finds no turn
+    out = d.send(ReplyFinished(turn, None, 10.0))
+    metrics = sent(out)[-1]
+    assert isinstance(metrics, p.Metrics) and metrics.end_of_turn == "complete"
+    assert metrics.endpointing_ms == pytest.approx(8 * 32, abs=1)
+
+
+def test_a_complete_score_waits_for_its_silence() -> None:
+    """Scored during a short pause (SpeechPaused at 96 ms), final at 200 ms of silence."""
+    endpoint = EndpointConfig(min_speech_ms=96, pause_ms=96, end_of_turn_ms=608)
+    d = make(SessionConfig(endpoint=endpoint))
+    d.speak()
+    (start,) = of(d.silence(3), StartTurn)
+    assert isinstance(start, StartTurn)
+    assert d.send(FinalTranscript(start.turn_id, "What time is it?", 10.0)) == []
+    assert d.send(TurnEndScored(start.turn_id, 0.9)) == []  # 96 ms of silence
+    assert not of(d.silence(3), ReleaseTurn)  # 192 ms
+    assert of(d.silence(1), ReleaseTurn) == [ReleaseTurn(start.turn_id)]  # 224 ms
+
+
+def test_speech_after_an_early_final_is_a_barge_in() -> None:
+    d = make()
+    turn = spoken_turn(d)
+    d.send(TurnEndScored(turn, 0.9))
+    out = d.speak(5)
+    assert of(out, CancelTurn) == [CancelTurn(turn)]
+    (started,) = sent(out, p.SpeechStarted)
+    assert started.turn_id == turn + 1  # type: ignore[union-attr]
+    assert d.s.conversation == [ChatMessage("user", "What is the capital of France?")]
+
+
+def test_a_low_score_holds_the_turn_open() -> None:
+    """Words that read finished but a model that says go on: held like 'eggs, and'."""
+    d = make(settings(turn_end=HOLD_30_FRAMES))
+    turn = spoken_turn(d, "What is the weather like in.")
+    d.send(TurnEndScored(turn, 0.001))
+    assert not of(d.silence(22), ReleaseTurn)  # 29 frames
+    out = d.silence(1)
+    assert of(out, ReleaseTurn) == [ReleaseTurn(turn)]
+
+
+def test_dangling_words_veto_a_complete_score() -> None:
+    d = make(settings(turn_end=HOLD_30_FRAMES))
+    turn = spoken_turn(d, "Add milk, eggs, and")
+    assert d.send(TurnEndScored(turn, 0.9)) == []  # "and": never the 200 ms path
+    assert of(d.silence(12), ReleaseTurn) == [ReleaseTurn(turn)]  # nor held: unsure
+
+
+def test_a_score_for_a_dropped_speculation_is_ignored() -> None:
+    d = make()
+    turn = spoken_turn(d)
+    d.speak(5)  # the user goes on: the speculation is cancelled
+    assert d.send(TurnEndScored(turn, 0.9)) == []
+    out = d.silence(7)
+    (again,) = of(out, StartTurn)
+    assert isinstance(again, StartTurn)
+    d.send(FinalTranscript(again.turn_id, "What is the capital of France?", 10.0))
+    assert not of(d.silence(1), ReleaseTurn)  # the old score does not count for it
 
 
 def test_reply_audio_speaking_done_and_metrics() -> None:
@@ -312,6 +382,7 @@ def test_reply_audio_speaking_done_and_metrics() -> None:
     # Speech ended where the silence began: 19 frames (608 ms) before the release.
     assert metrics.endpointing_ms == pytest.approx(608, abs=1)
     assert metrics.first_audio_ms == pytest.approx(608 + 300, abs=1)
+    assert metrics.end_of_turn == "unsure"  # no score: the endpointer's silence
     assert d.now - t_release == pytest.approx(0.3)
     assert d.s.state is State.LISTENING
     assert d.s.conversation[-1] == ChatMessage("assistant", "Paris.")

@@ -43,6 +43,7 @@ from server.session import (
     Session,
     SessionConfig,
     State,
+    TurnEndScored,
     TurnFailed,
     VadResult,
 )
@@ -76,6 +77,7 @@ CLIENT = st.one_of(
 PIPELINE = st.one_of(
     st.builds(PartialTranscript, TURNS, st.none() | TEXT),
     st.builds(FinalTranscript, TURNS, TEXT, st.just(10.0)),
+    st.builds(TurnEndScored, TURNS, st.floats(0.0, 1.0)),
     st.builds(ReplySentence, TURNS, st.integers(0, 3), TEXT, st.just(5.0)),
     st.builds(
         ReplyAudio,

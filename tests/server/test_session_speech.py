@@ -27,6 +27,7 @@ from server.session import (
     StartTurn,
     VadResult,
 )
+from server.turn_end import TurnEndPolicy
 
 pytestmark = pytest.mark.models
 
@@ -73,7 +74,8 @@ def test_unfinished_words_hold_the_turn_open(
     gap = np.zeros(int(0.7 * RATE), np.float32)
     audio = pad(np.concatenate([first, gap, second]), 0.5, 1.5)
 
-    without_hold = SessionConfig(incomplete_end_of_turn_ms=int(EndpointConfig().end_of_turn_ms))
+    ms = EndpointConfig().end_of_turn_ms
+    without_hold = SessionConfig(turn_end=TurnEndPolicy(hold_ms=ms, default_ms=ms))
     finals, _ = converse(vad, tiny, audio, without_hold)
     assert len(finals) == 2, finals  # half a question answered
 

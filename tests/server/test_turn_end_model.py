@@ -66,6 +66,11 @@ def test_eagerness_orders_thresholds_and_holds() -> None:
     assert low.hold_ms > medium.hold_ms > high.hold_ms
     assert TurnEndPolicy() == medium  # the dataclass defaults are medium's
     assert TurnEndPolicy.from_eagerness("high", default_ms=320.0).default_ms == 320.0
+    # An endpointer quicker than the 200 ms path, or slower than the hold, bounds them.
+    quick = TurnEndPolicy.from_eagerness("medium", default_ms=160.0)
+    assert (quick.complete_ms, quick.default_ms, quick.hold_ms) == (160.0, 160.0, 1200.0)
+    slow = TurnEndPolicy.from_eagerness("high", default_ms=1000.0)
+    assert (slow.complete_ms, slow.hold_ms) == (200.0, 1000.0)
     with pytest.raises(ValueError, match="eagerness"):
         TurnEndPolicy.from_eagerness("eager")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
