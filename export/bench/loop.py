@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -508,20 +509,28 @@ def _num(value: object) -> str:
 def peer_result(
     result: Path, events: Path | None, utterances: Sequence[Utterance]
 ) -> dict[str, Any]:
-    """A ``run.sh`` result of the Pipecat peer as this benchmark's report: its
-    ``latency_s`` as the latency, turns = the bot's ``user_turn_stopped`` events while the
-    utterance played and was answered, early = reply audio before the end of speech."""
+    """A ``run.sh`` result of the Pipecat peer as this benchmark's report.
+
+    The latency is its client's ``latency_s`` (any reply audio in the WAV's window) and
+    early = reply audio before the end of speech in that window: both charge a late
+    reply to the utterance playing when it came. The turns do not depend on timing:
+    they are the bot's LLM requests per utterance, each request going to the utterance
+    its last transcript was said in (:func:`peer_turns`).
+    """
     data = json.loads(result.read_text())
     if events is None:  # run.sh: results/LABEL-TS.json beside logs/events-LABEL-TS.jsonl
         events = result.parent.parent / "logs" / f"events-{result.stem}.jsonl"
     log = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
     known = {u.file: u for u in utterances}
     turns = data["turns"]
+    texts = [
+        known[t["file"]].text if t["file"] in known else t.get("expected_text") or "" for t in turns
+    ]
+    requests, heard = peer_turns(log, texts)
     reports = []
     for i, t in enumerate(turns):
         lo, end = t["stream_start"], t["speech_end_abs"]
         hi = turns[i + 1]["stream_start"] if i + 1 < len(turns) else float("inf")
-        mine = [e for e in log if lo <= e["t"] < hi]
         u = known.get(t["file"])
         r = UtteranceReport(
             1, i, t["file"], u.set if u else "", u.voice if u else "", u.text if u else "",
@@ -530,10 +539,9 @@ def peer_result(
         )  # fmt: skip
         latency = t.get("latency_s")
         r.latency_ms = None if latency is None else round(latency * 1000, 1)
-        audio_at = [e["t"] for e in mine if e["event"] == "tts_first_audio"]
+        audio_at = [e["t"] for e in log if e["event"] == "tts_first_audio" and lo <= e["t"] < hi]
         r.early = (latency is not None and latency < 0) or any(a < end for a in audio_at)
-        r.turns = sum(e["event"] == "user_turn_stopped" for e in mine)
-        r.transcript = " | ".join(e["text"] for e in mine if e["event"] == "transcript")
+        r.turns, r.transcript = requests[i], " | ".join(heard[i])
         r.reply = t.get("reply_text") or ""
         stages = t.get("stages_rel_speech_end_s") or {}
         r.stages = {k: None if v is None else round(v * 1000, 1) for k, v in stages.items()}
@@ -548,6 +556,55 @@ def peer_result(
         "runs": [{"summary": summary, "utterances": [asdict(r) for r in reports]}],
         "summary": summary,
     }
+
+
+# words too common to tell two requests apart
+_STOP_WORDS = frozenset(
+    {
+        "a", "an", "the", "to", "is", "it", "my", "me", "i", "in", "on", "of", "for", "at",
+        "and", "you", "can", "what", "how", "this", "that", "be", "will", "with", "by", "so",
+    }
+)  # fmt: skip
+
+
+def _words(text: str) -> set[str]:
+    return set(re.findall(r"[a-z]+", text.lower())) - _STOP_WORDS
+
+
+def peer_turns(
+    log: Sequence[dict[str, Any]], texts: Sequence[str]
+) -> tuple[list[int], list[list[str]]]:
+    """(LLM requests, transcripts) per utterance of a peer's event log, in order.
+
+    A peer that falls behind transcribes and answers an utterance while the next ones
+    play, so the times say little; the words do. Each transcript goes to the current
+    utterance or, when it shares more of its words (at least 30 %) with one of the next
+    two or repeats what the current one already heard, to that one; each request to the
+    utterance of the transcript before it.
+    """
+    want = [_words(t) for t in texts]
+    heard: list[set[str]] = [set() for _ in texts]
+    requests = [0] * len(texts)
+    said: list[list[str]] = [[] for _ in texts]
+    i, last = 0, None
+    for e in log:
+        if e["event"] == "transcript" and e.get("text", "").strip():
+            w = _words(e["text"])
+
+            def share(j: int, w: set[str] = w) -> float:
+                return len(w & want[j]) / max(1, len(w))
+
+            ahead = [j for j in range(i + 1, min(i + 3, len(texts))) if share(j) >= 0.3]
+            if ahead and w and w <= heard[i]:  # said again: the next utterance says it
+                i = ahead[0]
+            elif ahead and max(map(share, ahead)) > share(i):
+                i = max(ahead, key=lambda j: (share(j), -j))
+            heard[i] |= w
+            said[i].append(e["text"].strip())
+            last = i
+        elif e["event"] == "llm_request" and last is not None:
+            requests[last] += 1
+    return requests, said
 
 
 # --- a server of our own ----------------------------------------------------------------

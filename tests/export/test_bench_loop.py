@@ -88,26 +88,44 @@ def test_a_paused_utterance_is_answered_aloud(loop_report: dict[str, Any]) -> No
 
 
 def test_the_peer_result_in_the_same_form(tmp_path: Path, speechset: Path) -> None:
-    """A run.sh result and its event log: turns counted from the bot's events."""
+    """A run.sh result and its event log: the turns are the requests per utterance,
+    matched by the transcripts' words however late they come."""
     t0 = 1000.0
     turns = [
-        {"file": "p01-piper-joe.wav", "warmup": warm, "stream_start": t0 + 20 * k,
+        {"file": f, "warmup": warm, "stream_start": t0 + 20 * k,
          "speech_end_abs": t0 + 20 * k + 3.0, "latency_s": lat, "reply_text": "OK."}
-        for k, (warm, lat) in enumerate([(True, 0.8), (False, -0.4)])
+        for k, (f, warm, lat) in enumerate([
+            ("c01-piper-joe.wav", True, 0.8),
+            ("c01-piper-joe.wav", False, 0.9),
+            ("p01-piper-joe.wav", False, -0.4),
+        ])
     ]  # fmt: skip
     result = tmp_path / "results" / "peer-1.json"
     result.parent.mkdir()
     result.write_text(json.dumps({"label": "peer", "turns": turns}))
+    said = [
+        (t0 + 3.5, "What is the capital of Australia?"),
+        # the same again, so the next WAV's, though late: the paused WAV is playing
+        (t0 + 45.0, "What is the capital of Australia?"),
+        (t0 + 62.0, "Add milk, eggs."),
+        (t0 + 63.0, "And bread to my shopping list."),
+    ]
+    log = [
+        e
+        for t, text in said
+        for e in (
+            {"t": t, "event": "transcript", "text": text},
+            {"t": t + 0.1, "event": "llm_request"},
+        )
+    ]
     events = tmp_path / "logs" / "events-peer-1.jsonl"
     events.parent.mkdir()
-    stops = [t0 + 3.2, t0 + 21.5, t0 + 23.2]  # the scored utterance was split in two
-    events.write_text(
-        "".join(json.dumps({"t": t, "event": "user_turn_stopped"}) + "\n" for t in stops)
-    )
+    events.write_text("".join(json.dumps(e) + "\n" for e in log))
     report = peer_result(result, None, load_utterances([speechset], None))
-    warm, scored = report["runs"][0]["utterances"]
-    assert (warm["turns"], warm["early"]) == (1, False)
-    assert (scored["turns"], scored["early"], scored["latency_ms"]) == (2, True, -400.0)
+    warm, complete, paused = report["runs"][0]["utterances"]
+    assert (warm["turns"], complete["turns"], paused["turns"]) == (1, 1, 2)
+    assert paused["transcript"] == "Add milk, eggs. | And bread to my shopping list."
+    assert (paused["early"], paused["latency_ms"]) == (True, -400.0)
     assert report["summary"]["paused"] == {
         "utterances": 1, "one_turn": 0, "turns": [2], "early_replies": 1,
     }  # fmt: skip
