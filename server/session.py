@@ -613,6 +613,10 @@ class Session:
         u = self._utterance
         if u is None or u.end is not None or u.partial_in_flight:
             return []
+        # Not in the silence before a pause either: a partial started there would hold
+        # the final ASR behind it on the one ASR thread, on the critical path.
+        if not self._endpointer.hearing_speech:
+            return []
         cfg = self.config
         heard = self._ring.total_written - u.start
         due = self._ring.total_written - u.last_partial_at

@@ -411,6 +411,18 @@ def test_partial_transcripts_one_at_a_time() -> None:
     assert sent(d.send(PartialTranscript(job.turn_id, None))) == []  # skipped job
 
 
+def test_no_partial_starts_in_the_silence_before_a_pause() -> None:
+    """The final ASR starts at the pause; a partial begun just before would delay it."""
+    d = make(settings(partial_interval_ms=320, min_partial_speech_ms=320))
+    (job,) = of(d.speak(10), StartPartial)
+    d.speak(9)  # 320 ms more speech: the next partial is due once this one is in
+    d.send(PartialTranscript(job.turn_id, "what is"))
+    out = d.silence(6)  # silence, not yet the pause (224 ms)
+    assert not of(out, StartPartial)
+    assert of(d.silence(1), StartTurn)  # the pause: the final ASR, no partial ahead of it
+    assert of(d.speak(1), StartPartial) == []  # one frame is not yet speech again
+
+
 # --- barge-in, cancel, text, push-to-talk ----------------------------------------
 
 
