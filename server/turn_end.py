@@ -47,17 +47,22 @@ _DANGLING = frozenset(
 )
 
 
+def trails_off(text: str) -> bool:
+    """The transcript ends with a comma, dash, ellipsis, semicolon or colon: Whisper
+    heard the voice go on or trail away ("How far is it from here...")."""
+    return text.strip().endswith((",", "-", "\u2014", "...", "\u2026", ";", ":"))
+
+
 def looks_incomplete(text: str) -> bool:
     """Heuristic on a (speculative) transcript: does it stop mid-sentence?
 
-    True when it is empty of words, ends with a comma, dash or ellipsis, or ends with a
-    word no English sentence ends with. :class:`TurnEndPolicy` (``use_words``) never
-    answers such a transcript early and holds it when the model is unsure too.
+    True when it is empty of words, :func:`trails_off`, or ends with a word no English
+    sentence ends with. :class:`TurnEndPolicy` (``use_words``) never answers such a
+    transcript early, and holds it when it trails off or the model is unsure too.
     """
-    t = text.strip()
-    if t.endswith((",", "-", "\u2014", "...", "\u2026", ";", ":")):
+    if trails_off(text):
         return True
-    words = re.findall(r"[a-z']+", t.lower())
+    words = re.findall(r"[a-z']+", text.lower())
     return not words or words[-1] in _DANGLING
 
 
@@ -196,7 +201,10 @@ class TurnEndPolicy:
       wait longer than it did without one.
 
     With ``use_words``, a transcript :func:`looks_incomplete` calls unfinished never
-    takes the 200 ms path and is held unless the model calls it complete. The
+    takes the 200 ms path; one that :func:`trails_off` is held whatever the score (the
+    model reads the words, not how the voice stopped: "How far is it from here..."
+    scores complete), one with a dangling last word unless the model calls it
+    complete ("What are you looking at?"). The
     defaults (:meth:`from_eagerness`) were chosen on the tuning half of
     ``export.bench.turn_end``'s labelled set and checked on its held-out half
     (docs/turn_end.md).
@@ -240,6 +248,8 @@ class TurnEndPolicy:
         words_say_unfinished = self.use_words and looks_incomplete(transcript)
         if probability is None:
             return "incomplete" if looks_incomplete(transcript) else "unsure"
+        if self.use_words and trails_off(transcript):
+            return "incomplete"
         if probability >= self.complete_at:
             return "unsure" if words_say_unfinished else "complete"
         if probability < self.hold_below or words_say_unfinished:

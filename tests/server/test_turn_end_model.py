@@ -39,6 +39,8 @@ MEDIUM = EAGERNESS["medium"]
         ("What's the weather like in?", 0.001, 1200.0),  # reads unfinished: held
         ("What are you looking at?", 0.9, 416.0),  # the words veto the 200 ms path
         ("Add milk, eggs, and...", 0.05, 1200.0),  # unsure and the words say unfinished
+        ("How far is it from here...", 0.9, 1200.0),  # trails off: held whatever the score
+        ("If I leave now,", 0.5, 1200.0),
         ("Add milk, eggs, and", None, 1200.0),  # no score (yet): today's rule
         ("Play some jazz.", None, 416.0),
         ("", 0.0, 416.0),  # no words: nothing to hold for
