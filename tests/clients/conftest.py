@@ -10,11 +10,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
 from tests.serverproc import ServerProcess
+from tests.speech import missing
+
+CHROMIUM = Path("/usr/bin/chromium")  # Debian's (.ci/run installs it)
 
 __all__ = ["Proxy", "ServerProcess"]
 
@@ -86,3 +90,15 @@ async def proxy(server: ServerProcess) -> AsyncIterator[Proxy]:
     await px.start()
     yield px
     await px.close()
+
+
+@pytest.fixture
+def chromium() -> Path:
+    """Debian's Chromium and playwright, for the page tests (skipped without them)."""
+    if not CHROMIUM.exists():
+        missing(f"{CHROMIUM} is missing (apt-get install chromium)")
+    try:
+        import playwright  # noqa: F401
+    except ImportError:
+        missing("the playwright Python package is missing")
+    return CHROMIUM

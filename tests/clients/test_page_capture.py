@@ -37,7 +37,7 @@ from clients.glasses import Glasses, GlassesOptions
 from tests.serverproc import ServerProcess
 from tests.speech import missing
 
-from .test_web_page import CHROMIUM, browser_args
+from .test_web_page import browser_args
 
 pytestmark = [pytest.mark.e2e, pytest.mark.models]
 
@@ -82,17 +82,6 @@ MEAN_MARGIN = 0.05
 # suppression and gain control on, 2.8 with gain control alone; 0.8 with the old
 # resampler, which the tone test below catches.
 MAX_MEL_CHANGE_DB = 1.0
-
-
-@pytest.fixture
-def chromium() -> Path:
-    if not CHROMIUM.exists():
-        missing(f"{CHROMIUM} is missing (apt-get install chromium)")
-    try:
-        import playwright  # noqa: F401
-    except ImportError:
-        missing("the playwright Python package is missing")
-    return CHROMIUM
 
 
 # Records, without changing them, the page's WebSocket traffic: the server's events and

@@ -17,11 +17,10 @@ import pytest
 
 from audio.speech import SpeechFactory, word_error_rate, write_wav
 from tests.serverproc import ServerProcess
-from tests.speech import AUSTEN, ITALY, missing
+from tests.speech import AUSTEN, ITALY
 
 pytestmark = [pytest.mark.e2e, pytest.mark.models]
 
-CHROMIUM = Path("/usr/bin/chromium")
 QUESTION = ITALY.text
 # Answered in one long sentence without a break ("The novel Pride and Prejudice by
 # Jane Austen is attributed to the English novelist Jane Austen."; misheard as "Pride
@@ -44,17 +43,6 @@ def browser_args(wav: Path) -> list[str]:
         f"--use-file-for-fake-audio-capture={wav}%noloop",  # the WAV is the microphone
         "--autoplay-policy=no-user-gesture-required",
     ]
-
-
-@pytest.fixture
-def chromium() -> Path:
-    if not CHROMIUM.exists():
-        missing(f"{CHROMIUM} is missing (apt-get install chromium)")
-    try:
-        import playwright  # noqa: F401
-    except ImportError:
-        missing("the playwright Python package is missing")
-    return CHROMIUM
 
 
 def test_the_server_serves_the_page(server: ServerProcess) -> None:
