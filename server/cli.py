@@ -13,7 +13,6 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import NoReturn
 
-from audio.endpoint import EndpointConfig
 from export.commands import register as register_export
 from model.assemble import (
     DEFAULT_ENGINE,
@@ -34,7 +33,7 @@ from .app import Limits, ServerConfig, run_until
 from .metrics import JsonFormatter
 from .runtime import DEFAULT_ASR, RuntimeOptions, load_runtime
 from .session import SessionConfig
-from .turn_end import EAGERNESS, TurnEndPolicy
+from .turn_end import EAGERNESS
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 RESUME_FILE = "resumable-sessions.json"
@@ -169,9 +168,8 @@ def _serve(args: argparse.Namespace) -> int:
     if (refusal := auth.check_bind(args.host, auth_config)) is not None:
         print(refusal, file=sys.stderr)
         return 2
-    turn_end = TurnEndPolicy.from_eagerness(args.eagerness, EndpointConfig().end_of_turn_ms)
     config = ServerConfig(
-        session=SessionConfig(turn_end=turn_end),
+        session=SessionConfig(eagerness=args.eagerness),
         resume_ttl_s=args.resume_ttl,
         limits=dataclasses.replace(
             Limits(),

@@ -42,7 +42,7 @@ from model.engine import ChatMessage, GenerationStats
 
 from . import protocol as p
 from .resume import ResumeStore
-from .turn_end import TurnEndPolicy
+from .turn_end import Eagerness, TurnEndPolicy
 
 SAMPLE_RATE = 16_000  # everything inside the session runs at 16 kHz
 
@@ -68,7 +68,9 @@ TRANSITIONS: dict[State, frozenset[State]] = {
 class SessionConfig:
     endpoint: EndpointConfig = field(default_factory=EndpointConfig)
     # Silence a paused turn needs, from its transcript and end-of-turn score
-    # (docs/turn_end.md). None: medium eagerness, endpoint.end_of_turn_ms otherwise.
+    # (docs/turn_end.md): the eagerness's policy around endpoint.end_of_turn_ms, unless
+    # turn_end gives one outright.
+    eagerness: Eagerness = "medium"
     turn_end: TurnEndPolicy | None = None
     partial_interval_ms: int = 700  # new speech between partial transcripts
     min_partial_speech_ms: int = 500
@@ -86,7 +88,7 @@ class SessionConfig:
     def end_of_turn(self) -> TurnEndPolicy:
         if self.turn_end is not None:
             return self.turn_end
-        return TurnEndPolicy.from_eagerness("medium", self.endpoint.end_of_turn_ms)
+        return TurnEndPolicy.from_eagerness(self.eagerness, self.endpoint.end_of_turn_ms)
 
 
 # --- internal events (inputs besides client messages) ----------------------------

@@ -308,6 +308,13 @@ def test_a_turn_scored_complete_is_final_before_the_endpointer() -> None:
     assert metrics.endpointing_ms == pytest.approx(8 * 32, abs=1)
 
 
+def test_the_eagerness_picks_the_policy_around_the_endpointer() -> None:
+    assert settings().end_of_turn == TurnEndPolicy.from_eagerness("medium", 608.0)
+    high = settings(eagerness="high").end_of_turn
+    assert (high.hold_ms, high.default_ms) == (800.0, 608.0)
+    assert settings(eagerness="high", turn_end=HOLD_30_FRAMES).end_of_turn is HOLD_30_FRAMES
+
+
 def test_a_complete_score_waits_for_its_silence() -> None:
     """Scored during a short pause (SpeechPaused at 96 ms), final at 200 ms of silence."""
     endpoint = EndpointConfig(min_speech_ms=96, pause_ms=96, end_of_turn_ms=608)
