@@ -11,12 +11,16 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import pytest
 
 from tests.serverproc import ServerProcess
 from tests.speech import missing
+
+if TYPE_CHECKING:
+    from playwright.async_api import Page
 
 CHROMIUM = Path("/usr/bin/chromium")  # Debian's (.ci/run installs it)
 
@@ -102,3 +106,21 @@ def chromium() -> Path:
     except ImportError:
         missing("the playwright Python package is missing")
     return CHROMIUM
+
+
+@contextlib.asynccontextmanager
+async def browser_page(
+    chromium: Path, args: list[str], **page_options: Any
+) -> AsyncIterator[tuple[Page, list[str]]]:
+    """A page in a Chromium started with ``args``, and the page errors it raises."""
+    from playwright.async_api import async_playwright  # only where the page tests run
+
+    errors: list[str] = []
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=str(chromium), args=args)
+        try:
+            page = await browser.new_page(**page_options)
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            yield page, errors
+        finally:
+            await browser.close()

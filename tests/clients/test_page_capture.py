@@ -37,6 +37,7 @@ from clients.glasses import Glasses, GlassesOptions
 from tests.serverproc import ServerProcess
 from tests.speech import missing
 
+from .conftest import browser_page
 from .test_web_page import browser_args
 
 pytestmark = [pytest.mark.e2e, pytest.mark.models]
@@ -133,23 +134,14 @@ class PageTurn:
 
 async def through_the_page(chromium: Path, http: str, wav: Path, seconds: float) -> PageTurn:
     """The WAV as the page's microphone; ``seconds``: how much of it the page must send."""
-    from playwright.async_api import async_playwright
-
-    errors: list[str] = []
-    async with async_playwright() as pw:
-        browser = await pw.chromium.launch(executable_path=str(chromium), args=browser_args(wav))
-        try:
-            page = await browser.new_page()
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            await page.add_init_script(WIRE)
-            await page.goto(f"{http}/")
-            await page.click("#toggle")
-            await page.wait_for_function(HEARD, arg=[seconds], timeout=120_000, polling=100)
-            events = await page.evaluate("qsWire.events")
-            settings = await page.evaluate("qsSession.stream.getAudioTracks()[0].getSettings()")
-            sent = base64.b64decode(await page.evaluate("qsSentAudio()"))
-        finally:
-            await browser.close()
+    async with browser_page(chromium, browser_args(wav)) as (page, errors):
+        await page.add_init_script(WIRE)
+        await page.goto(f"{http}/")
+        await page.click("#toggle")
+        await page.wait_for_function(HEARD, arg=[seconds], timeout=120_000, polling=100)
+        events = await page.evaluate("qsWire.events")
+        settings = await page.evaluate("qsSession.stream.getAudioTracks()[0].getSettings()")
+        sent = base64.b64decode(await page.evaluate("qsSentAudio()"))
     assert not errors, errors
     finals = {e["turn_id"]: e["text"] for e in events if e["type"] == "transcript_final"}
     pcm = np.frombuffer(sent, "<i2").astype(np.float32) / np.float32(32768)
@@ -273,21 +265,14 @@ RESAMPLE = """async ([rate, freq]) => {
 async def test_the_capture_worklet_resamples_cleanly(
     server: ServerProcess, chromium: Path, rate: int
 ) -> None:
-    from playwright.async_api import async_playwright
-
     levels = {}
-    async with async_playwright() as pw:
-        args = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-        browser = await pw.chromium.launch(executable_path=str(chromium), args=args)
-        try:
-            page = await browser.new_page()
-            await page.goto(f"{server.http}/")
-            for freq in (300, 1000, 3000, 5000, 6000, 7000, 8500, 10000, 15000):
-                out = np.array(await page.evaluate(RESAMPLE, [rate, freq]), np.float32) / 32768
-                steady = out[1600:-1600]  # past the filter's start
-                levels[freq] = 20 * np.log10(np.sqrt(2) * steady.std() / 0.5 + 1e-9)
-        finally:
-            await browser.close()
+    args = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+    async with browser_page(chromium, args) as (page, _):
+        await page.goto(f"{server.http}/")
+        for freq in (300, 1000, 3000, 5000, 6000, 7000, 8500, 10000, 15000):
+            out = np.array(await page.evaluate(RESAMPLE, [rate, freq]), np.float32) / 32768
+            steady = out[1600:-1600]  # past the filter's start
+            levels[freq] = 20 * np.log10(np.sqrt(2) * steady.std() / 0.5 + 1e-9)
     report = json.dumps({f: round(v, 2) for f, v in levels.items()})
     # The old filter (31 taps, linear interpolation) was 2 dB down at 6 kHz, 5 at 7 kHz,
     # and let 8.5 kHz through at -14 dB, as 7.5 kHz.

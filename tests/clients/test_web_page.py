@@ -19,6 +19,8 @@ from audio.speech import SpeechFactory, word_error_rate, write_wav
 from tests.serverproc import ServerProcess
 from tests.speech import AUSTEN, ITALY
 
+from .conftest import browser_page
+
 pytestmark = [pytest.mark.e2e, pytest.mark.models]
 
 QUESTION = ITALY.text
@@ -56,29 +58,22 @@ def test_the_server_serves_the_page(server: ServerProcess) -> None:
 async def test_a_spoken_question_in_the_browser(
     server: ServerProcess, speech: SpeechFactory, chromium: Path, tmp_path: Path
 ) -> None:
-    from playwright.async_api import async_playwright
-
     # Leading silence: the page drops audio until the session is ready.
     wav = write_wav(tmp_path / "mic.wav", speech.piper(QUESTION, lead_s=2.0, trail_s=4.0))
     shot = Path(os.environ.get("QS_SCREENSHOT_DIR", tmp_path)) / "voice-page.png"
-    errors: list[str] = []
-    async with async_playwright() as pw:
-        browser = await pw.chromium.launch(executable_path=str(chromium), args=browser_args(wav))
-        try:
-            page = await browser.new_page(viewport={"width": 900, "height": 640})
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            await page.goto(f"{server.http}/")
-            await page.click("#toggle")
-            await page.wait_for_function(
-                "window.qsStats.turns > 0 && window.qsStats.playedFrames >= 3", timeout=150_000
-            )
-            heard = await page.inner_text(".turn .you .text")
-            reply = await page.inner_text(".turn .bot .text")
-            latency = await page.inner_text(".turn .latency")
-            stats = await page.evaluate("window.qsStats")
-            await page.screenshot(path=str(shot), full_page=True)
-        finally:
-            await browser.close()
+    async with browser_page(
+        chromium, browser_args(wav), viewport={"width": 900, "height": 640}
+    ) as (page, errors):
+        await page.goto(f"{server.http}/")
+        await page.click("#toggle")
+        await page.wait_for_function(
+            "window.qsStats.turns > 0 && window.qsStats.playedFrames >= 3", timeout=150_000
+        )
+        heard = await page.inner_text(".turn .you .text")
+        reply = await page.inner_text(".turn .bot .text")
+        latency = await page.inner_text(".turn .latency")
+        stats = await page.evaluate("window.qsStats")
+        await page.screenshot(path=str(shot), full_page=True)
     assert not errors, errors
     assert word_error_rate(QUESTION, heard) <= 0.2, heard
     ITALY.check(reply)
@@ -150,39 +145,28 @@ async def test_barge_in_in_the_browser_stops_the_cancelled_reply(
     server: ServerProcess, speech: SpeechFactory, chromium: Path
 ) -> None:
     """Talk over the reply once the page plays it: the page drops that turn's audio."""
-    from playwright.async_api import async_playwright
-
     question = speech.piper(LONG, lead_s=0.3, trail_s=1.0)
     interruption = speech.piper(INTERRUPTION, lead_s=0.1, trail_s=1.0)
-    errors: list[str] = []
-    async with async_playwright() as pw:
-        args = ["--no-sandbox", "--disable-gpu", "--autoplay-policy=no-user-gesture-required"]
-        browser = await pw.chromium.launch(executable_path=str(chromium), args=args)
-        try:
-            page = await browser.new_page()
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            await page.add_init_script(MICROPHONE)
-            await page.goto(f"{server.http}/")
-            await page.click("#toggle")
-            await page.wait_for_function("window.qsStats.state === 'listening'")
-            await page.evaluate(WATCH)
-            await say(page, question)
-            await page.wait_for_function(
-                "qsLog.some((e) => e.what === 'post audio')", timeout=150_000
-            )
-            await say(page, interruption)  # as the reply starts to play
-            await page.wait_for_function(CUT_AND_ANSWERED, timeout=150_000)
-            log: list[dict[str, Any]] = await page.evaluate("qsLog")
-            turns = await page.eval_on_selector_all(
-                ".turn",
-                """nodes => nodes.map((n) => ({
-                  turn: Number(n.dataset.turn), cancelled: n.classList.contains("cancelled"),
-                  you: n.querySelector(".you .text").textContent,
-                  bot: n.querySelector(".bot .text").textContent,
-                  status: n.querySelector(".status").textContent}))""",
-            )
-        finally:
-            await browser.close()
+    args = ["--no-sandbox", "--disable-gpu", "--autoplay-policy=no-user-gesture-required"]
+    async with browser_page(chromium, args) as (page, errors):
+        await page.add_init_script(MICROPHONE)
+        await page.goto(f"{server.http}/")
+        await page.click("#toggle")
+        await page.wait_for_function("window.qsStats.state === 'listening'")
+        await page.evaluate(WATCH)
+        await say(page, question)
+        await page.wait_for_function("qsLog.some((e) => e.what === 'post audio')", timeout=150_000)
+        await say(page, interruption)  # as the reply starts to play
+        await page.wait_for_function(CUT_AND_ANSWERED, timeout=150_000)
+        log: list[dict[str, Any]] = await page.evaluate("qsLog")
+        turns = await page.eval_on_selector_all(
+            ".turn",
+            """nodes => nodes.map((n) => ({
+              turn: Number(n.dataset.turn), cancelled: n.classList.contains("cancelled"),
+              you: n.querySelector(".you .text").textContent,
+              bot: n.querySelector(".bot .text").textContent,
+              status: n.querySelector(".status").textContent}))""",
+        )
     assert not errors, errors
     at = next(i for i, e in enumerate(log) if e["what"] == "reply_cancelled")
     cut = log[at]["turn"]
