@@ -31,29 +31,24 @@ class Sentence:
 _SENTENCE_END = re.compile(r"[.!?…]+[\"')\]]*\s+")
 
 
-# Where a long first sentence may be cut for a quick first audio chunk: after a clause
-# mark, or before a word that starts a clause, once enough words are there to sound
-# like a phrase.
+# Where the first sentence is cut for a quick first audio chunk. Piper's time grows with
+# the audio it writes (~40 ms per second of speech on 2 cores, docs/latency.md), so the
+# first chunk is a phrase of 3-5 words: cut at a clause mark, or before a word that opens
+# a phrase (a conjunction, a preposition, an auxiliary: "The nearest gas station | is
+# about a mile away."). "of" is not one: "the capital | of France" splits a noun phrase.
 _CLAUSE_MARK = re.compile(r"[,;:—]\s+")
-_CLAUSE_WORDS = frozenset(
+_PHRASE_WORDS = frozenset(
     [
-        "and",
-        "but",
-        "so",
-        "because",
-        "which",
-        "that",
-        "when",
-        "while",
-        "if",
-        "or",
-        "with",
-        "where",
-        "although",
+        *("and", "but", "so", "because", "which", "that", "when", "while", "if", "or"),
+        *("where", "although", "than", "then"),
+        *("with", "in", "on", "at", "for", "to", "from", "by", "about", "into", "near"),
+        *("after", "before", "until", "around", "over", "under", "during", "through"),
+        *("is", "are", "was", "were", "will", "would", "can", "could", "should", "has"),
+        *("have", "had", "does", "do", "did", "may", "might", "must"),
     ]
 )
-FIRST_CLAUSE_WORDS = 3  # at a clause mark
-FIRST_PHRASE_WORDS = 6  # before a clause word, with no mark yet
+FIRST_CLAUSE_WORDS = 2  # at a clause mark ("Of course, ...")
+FIRST_PHRASE_WORDS = 3  # before a phrase word, with no mark yet
 
 
 class SentenceSplitter:
@@ -83,7 +78,7 @@ class SentenceSplitter:
         return out
 
     def _clause(self) -> list[str]:
-        """The first sentence's first clause, if its break has come."""
+        """The first sentence's first phrase, if its break has come."""
         words = self._buffer.split()
         cut = None
         for m in _CLAUSE_MARK.finditer(self._buffer):
@@ -91,9 +86,9 @@ class SentenceSplitter:
                 cut = m.end()
                 break
         if cut is None and len(words) > FIRST_PHRASE_WORDS:
-            # before the first clause word after enough words; its word must be whole
+            # before the first phrase word after enough words; its word must be whole
             for i in range(FIRST_PHRASE_WORDS, len(words) - 1):
-                if words[i].lower() in _CLAUSE_WORDS:
+                if words[i].lower() in _PHRASE_WORDS and not _dangles(words[i - 1]):
                     cut = _word_offset(self._buffer, i)
                     break
         if cut is None:
@@ -149,6 +144,14 @@ class PassGate:
         while not self._open.wait(poll_s):
             if stop():
                 return
+
+
+def _dangles(word: str) -> bool:
+    """A phrase cannot end on this word ("The weather in | in Paris", "Set a | for")."""
+    return word.lower() in _PHRASE_WORDS or word.lower() in _DETERMINERS
+
+
+_DETERMINERS = frozenset(["a", "an", "the", "my", "your", "our", "their", "its", "his", "her"])
 
 
 def _word_offset(text: str, i: int) -> int:

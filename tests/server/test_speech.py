@@ -23,9 +23,25 @@ def split(text: str, first_clause: bool) -> list[str]:
             "Paris is the capital of France, and it is known for art. It rains.",
             ["Paris is the capital of France,", "and it is known for art.", "It rains."],
         ),
-        (  # before a clause word, when no mark comes
+        (  # before a word that opens a phrase, when no mark comes
             "The weather in Paris will be sunny and warm with a light breeze. Enjoy.",
-            ["The weather in Paris will be sunny", "and warm with a light breeze.", "Enjoy."],
+            ["The weather in Paris", "will be sunny and warm with a light breeze.", "Enjoy."],
+        ),
+        (  # after three words at the soonest
+            "Set a timer for twenty minutes.",
+            ["Set a timer", "for twenty minutes."],
+        ),
+        (  # a short clause
+            "Of course, the nearest gas station is a mile away.",
+            ["Of course,", "the nearest gas station is a mile away."],
+        ),
+        (  # never a phrase that ends on a preposition or an article
+            "The weather in in Paris is sunny.",
+            ["The weather in in Paris", "is sunny."],
+        ),
+        (  # "of" holds its noun phrase together
+            "The capital of Australia is Canberra.",
+            ["The capital of Australia", "is Canberra."],
         ),
         ("Sure. I can help, of course.", ["Sure.", "I can help, of course."]),  # short first
         ("Yes, it is.", ["Yes, it is."]),  # too few words before the comma
@@ -35,7 +51,7 @@ def split(text: str, first_clause: bool) -> list[str]:
         ),
     ],
 )
-def test_a_long_first_sentence_is_cut_at_its_first_clause(text: str, chunks: list[str]) -> None:
+def test_a_long_first_sentence_is_cut_at_its_first_phrase(text: str, chunks: list[str]) -> None:
     assert split(text, first_clause=True) == chunks
     assert " ".join(chunks) == text  # nothing lost or moved
 

@@ -227,7 +227,8 @@ def frozen_clock(loop: asyncio.AbstractEventLoop) -> Iterator[list[float]]:
 
 QUESTION_AUDIO = np.zeros(RATE, np.float32)
 REPLY = ["The capital", " of Italy is Rome.", " It is", " also its largest city.", " Ciao"]
-SENTENCES = ["The capital of Italy is Rome.", "It is also its largest city.", "Ciao"]
+# The first sentence's first phrase goes to Piper on its own (server.speech).
+SENTENCES = ["The capital of Italy", "is Rome.", "It is also its largest city.", "Ciao"]
 
 
 # --- the events of one turn --------------------------------------------------------
@@ -257,10 +258,10 @@ async def test_a_spoken_turn_delivers_transcript_sentences_audio_then_finished(
     # frame_ms (the last of a sentence shorter); 250 ms at 16 kHz = 4000 samples.
     frames = turn.frames
     assert all(f.turn_id == TURN for f in frames)
-    assert [f.sentence for f in frames] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
-    assert [len(f.pcm) for f in frames] == [3200, 3200, 1600] * 3
+    assert [f.sentence for f in frames] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert [len(f.pcm) for f in frames] == [3200, 3200, 1600] * 4
     assert all(f.sentence_samples == 4000 for f in frames)
-    assert [f.tts_ms is not None for f in frames] == [True, False, False] * 3
+    assert [f.tts_ms is not None for f in frames] == [True, False, False] * 4
     for s in said:
         assert middle.index(s) < middle.index(next(f for f in frames if f.sentence == s.index))
     audio = np.frombuffer(b"".join(f.pcm for f in frames[:3]), "<i2")
@@ -323,12 +324,12 @@ async def test_no_audio_is_delivered_before_the_turn_is_released(make_turn: Any)
     await turn.engine.closed.wait()  # the whole reply written and synthesized
     await settle()
     assert turn.engine.ended_by == "end" and turn.tts.texts == SENTENCES
-    assert [type(e) for e in turn.events] == [FinalTranscript] + [ReplySentence] * 3
+    assert [type(e) for e in turn.events] == [FinalTranscript] + [ReplySentence] * 4
     assert not task.done()  # its audio waits for the release
 
     turn.released.set()
     await task
-    assert [f.sentence for f in turn.frames] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert [f.sentence for f in turn.frames] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
     assert isinstance(turn.events[-1], ReplyFinished)
 
 
@@ -485,5 +486,5 @@ async def test_only_the_first_sentence_is_synthesized_with_the_model_held(
     turn.released.set()
     await turn.start(text="Tell me about Rome.")
     assert turn.tts.texts == SENTENCES
-    assert turn.tts.held == [True, False, False]
+    assert turn.tts.held == [True, False, False, False]
     assert not turn.rt.gate.held
