@@ -143,7 +143,7 @@ class ReplyDone:
 class ReplyCancelled:
     type: ClassVar[str] = "reply_cancelled"
     turn_id: int
-    reason: Literal["barge_in", "client_cancel", "new_input", "error", "closed"]
+    reason: Literal["barge_in", "continued", "client_cancel", "new_input", "error", "closed"]
     spoken_text: str  # what the conversation keeps: the part already sent as audio
 
 

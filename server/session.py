@@ -45,6 +45,9 @@ from .resume import ResumeStore
 from .turn_end import Eagerness, TurnEndPolicy
 
 SAMPLE_RATE = 16_000  # everything inside the session runs at 16 kHz
+# An answered turn and speech that goes on with it are heard as one utterance when they
+# span at most this (a long one would crowd Whisper's 30 s window).
+MAX_CONTINUED_SPAN_S = 15.0
 
 
 class State(Enum):
@@ -285,6 +288,7 @@ class _Turn:
 
     id: int
     speech_end_time: float  # end of user speech, or arrival of a text message
+    utterance_start: int | None = None  # first sample of the user speech it answers
     released: bool = False
     speculative: bool = False  # started during the trailing silence
     transcript: str | None = None
@@ -531,30 +535,67 @@ class Session:
         for ev in events:
             match ev:
                 case SpeechStarted(start_sample=start):
-                    out += self._on_speech_start(start)
+                    out += self._on_speech_start(start, now)
                 case SpeechResumed(sample=sample):
-                    out += self._on_speech_resumed(sample)
+                    out += self._on_speech_resumed(sample, now)
                 case SpeechPaused(end_sample=end):
                     out += self._on_speech_paused(end, now)
                 case EndOfTurn(end_sample=end, reason=reason):
                     out += self._on_end_of_turn(end, reason == "silence", now)
         return out
 
-    def _on_speech_start(self, start: int) -> list[Effect]:
+    def _on_speech_start(self, start: int, now: float) -> list[Effect]:
         u = self._utterance
         if u is not None and u.ended:  # the turn was held open, and the user went on
             return self._continue_utterance(u, start)
+        if self._goes_on(start, now):
+            return self._continue_answered(start)
         out = self._cancel_turn("barge_in")
         out += self._drop_speculation()
         u = _Utterance(turn_id=self._new_turn_id(), start=start, last_partial_at=start)
         self._utterance = u
         return [*out, Send(p.SpeechStarted(u.turn_id, start * 1000 // SAMPLE_RATE))]
 
-    def _on_speech_resumed(self, sample: int) -> list[Effect]:
+    def _on_speech_resumed(self, sample: int, now: float) -> list[Effect]:
         u = self._utterance
-        if u is None:  # we had already answered this speech: it is a new turn
-            return self._on_speech_start(sample)
+        if u is None:  # we had already answered this speech: a new turn, or more of it
+            return self._on_speech_start(sample, now)
         return self._continue_utterance(u, sample)
+
+    def _goes_on(self, start: int, now: float) -> bool:
+        """Speech that began before any of the answered turn's audio was sent goes on
+        with that turn: the user did not hear a reply and stop to let it speak, they
+        paused and went on ("Remind me to call my mother" 0.7 s "at seven tonight")."""
+        turn = self._turn
+        if turn is None or not turn.released or turn.utterance_start is None:
+            return False
+        if turn.first_audio_time is not None and turn.first_audio_time <= self._sample_time(
+            start, now
+        ):
+            return False
+        span_s = (start - turn.utterance_start) / SAMPLE_RATE
+        first = self.config.endpoint.asr_start(turn.utterance_start)
+        return span_s <= MAX_CONTINUED_SPAN_S and first >= self._ring.start
+
+    def _continue_answered(self, start: int) -> list[Effect]:
+        """Withdraw the answered turn and hear its speech and the new as one utterance.
+        Its words leave the conversation: they are in the new turn's transcript."""
+        turn = self._turn
+        assert turn is not None and turn.utterance_start is not None
+        self._turn = None
+        said = ChatMessage("user", turn.transcript or "")
+        if turn.user_committed and self.conversation and self.conversation[-1] == said:
+            self.conversation.pop()
+        self._to(State.LISTENING)
+        cancelled = p.ReplyCancelled(turn.id, "continued", self._spoken(turn))
+        u = _Utterance(self._new_turn_id(), turn.utterance_start, last_partial_at=start)
+        self._utterance = u
+        return [
+            CancelTurn(turn.id),
+            Send(cancelled),
+            Send(self._metrics(turn, None)),
+            Send(p.SpeechStarted(u.turn_id, u.start * 1000 // SAMPLE_RATE)),
+        ]
 
     def _continue_utterance(self, u: _Utterance, sample: int) -> list[Effect]:
         out = self._drop_speculation()
@@ -569,7 +610,7 @@ class Session:
         u.end, u.end_time = end, self._sample_time(end, now)
         out: list[Effect] = [Send(p.SpeechStopped(u.turn_id, end * 1000 // SAMPLE_RATE))]
         if self._turn is None:  # speculative final ASR + reply during the silence
-            turn = _Turn(id=u.turn_id, speech_end_time=u.end_time, speculative=True)
+            turn = _Turn(u.turn_id, u.end_time, utterance_start=u.start, speculative=True)
             out += self._begin_turn(turn, audio=self._utterance_audio(u), text=None, release=False)
         return out
 
@@ -585,7 +626,7 @@ class Session:
         turn = self._turn
         if turn is None or turn.id != u.turn_id:  # no speculation running: start now
             assert u.end_time is not None
-            turn = _Turn(id=u.turn_id, speech_end_time=u.end_time)
+            turn = _Turn(u.turn_id, u.end_time, utterance_start=u.start)
             out += self._begin_turn(turn, audio=self._utterance_audio(u), text=None, release=False)
         if not by_silence:  # the client (or the length limit) says the turn is over
             self._utterance = None

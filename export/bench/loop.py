@@ -18,6 +18,8 @@ utterance:
   sentence, TTS first chunk, first audio);
 * **early**: some reply audio or ``reply_text`` arrived before the end of speech;
 * **turns**: how many turns the utterance made (one with a mid-sentence pause is one);
+  a turn withdrawn because the user went on before its audio (``reply_cancelled``
+  ``continued``) is not one: its speech is heard again in the turn that follows;
 * the transcript and the reply.
 
 Then p50 / p95 / max over the scored utterances, as JSON and a printed table.
@@ -267,7 +269,8 @@ def report(run: int, index: int, u: Utterance, warmup: bool, w: Watch) -> Uttera
         w.first_text_at.get(t) for t in w.turn_ids
     ]
     r.early = any(t is not None and t < w.speech_end_at for t in sent)
-    r.turns, r.turn_ids = len(w.turn_ids), list(w.turn_ids)
+    r.turn_ids = list(w.turn_ids)
+    r.turns = sum(w.cancelled.get(t) != "continued" for t in w.turn_ids)
     r.transcript = " | ".join(w.transcripts.get(t, "") for t in w.turn_ids)
     r.reply = w.replies.get(answer, "") if answer is not None else ""
     m = w.metrics.get(answer, {}) if answer is not None else {}

@@ -328,15 +328,42 @@ def test_a_complete_score_waits_for_its_silence() -> None:
     assert of(d.silence(1), ReleaseTurn) == [ReleaseTurn(start.turn_id)]  # 224 ms
 
 
-def test_speech_after_an_early_final_is_a_barge_in() -> None:
+def test_speech_before_any_reply_audio_goes_on_with_the_answered_turn() -> None:
+    """Final early, and the user goes on before a word of the reply was sent: the
+    answer is withdrawn and the two stretches of speech are one utterance."""
+    d = make()
+    turn = spoken_turn(d)
+    assert of(d.send(TurnEndScored(turn, 0.9)), ReleaseTurn) == [ReleaseTurn(turn)]
+    d.send(ReplySentence(turn, 0, "Paris.", 40.0))  # text, but no audio yet
+    out = d.speak(5)
+    assert of(out, CancelTurn) == [CancelTurn(turn)]
+    assert sent(out, p.ReplyCancelled) == [p.ReplyCancelled(turn, "continued", "")]
+    (started,) = sent(out, p.SpeechStarted)
+    assert started.turn_id == turn + 1  # type: ignore[union-attr]
+    assert d.s.conversation == []  # its words come back in the longer turn's transcript
+    (start,) = of(d.silence(7), StartTurn)
+    assert isinstance(start, StartTurn) and start.turn_id == turn + 1
+    assert start.audio is not None
+    # All of it: the first 20 speech frames, the 7 frames of pause and the 5 new ones.
+    assert len(start.audio) >= (20 + 7 + 5) * FRAME
+    d.send(FinalTranscript(start.turn_id, "What is the capital of France, and Spain?", 90.0))
+    d.silence(12)
+    assert d.s.conversation == [ChatMessage("user", "What is the capital of France, and Spain?")]
+
+
+def test_speech_after_the_reply_audio_began_is_a_barge_in() -> None:
     d = make()
     turn = spoken_turn(d)
     d.send(TurnEndScored(turn, 0.9))
+    d.silence(1)
+    d.send(ReplySentence(turn, 0, "Paris.", 40.0))
+    d.send(ReplyAudio(turn, 0, b"\x00\x00" * 100, 100, 20.0))
     out = d.speak(5)
-    assert of(out, CancelTurn) == [CancelTurn(turn)]
-    (started,) = sent(out, p.SpeechStarted)
-    assert started.turn_id == turn + 1  # type: ignore[union-attr]
-    assert d.s.conversation == [ChatMessage("user", "What is the capital of France?")]
+    assert sent(out, p.ReplyCancelled) == [p.ReplyCancelled(turn, "barge_in", "Paris.")]
+    assert d.s.conversation == [
+        ChatMessage("user", "What is the capital of France?"),
+        ChatMessage("assistant", "Paris."),
+    ]
 
 
 def test_a_low_score_holds_the_turn_open() -> None:
