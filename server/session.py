@@ -296,6 +296,11 @@ class _Turn:
     end_of_turn: str | None = None  # the policy's tier when the turn was released
     user_committed: bool = False
     held: list[p.ServerMessage] = field(default_factory=list)
+    # Until the first audio frame goes out, the reply is not heard: its text waits for
+    # that frame (nothing of an answer withdrawn before it is shown either), and its
+    # first frames wait while the VAD hears what may be the user going on.
+    unheard_text: list[p.ServerMessage] = field(default_factory=list)
+    waiting_audio: list[ReplyAudio] = field(default_factory=list)
     sentences: list[str] = field(default_factory=list)
     sentence_samples: dict[int, int] = field(default_factory=dict)
     sent_samples: dict[int, int] = field(default_factory=dict)  # written, per sentence
@@ -524,6 +529,7 @@ class Session:
     def _on_vad(self, result: VadResult, now: float) -> list[Effect]:
         self._ring.append(result.samples)
         out = self._handle_endpoint(self._endpointer.feed(result.probs), now)
+        out += self._audio_after_doubt(now)
         return out + self._maybe_final(now) + self._maybe_partial()
 
     def _sample_time(self, sample: int, now: float) -> float:
@@ -767,20 +773,45 @@ class Session:
         turn.sentences.append(event.text)
         if turn.first_sentence_ms is None:
             turn.first_sentence_ms = event.elapsed_ms
-        return self._emit(turn, p.ReplyText(turn.id, event.index, event.text))
+        text = p.ReplyText(turn.id, event.index, event.text)
+        if turn.first_audio_time is None:
+            turn.unheard_text.append(text)
+            return []
+        return self._emit(turn, text)
 
     def _on_reply_audio(self, event: ReplyAudio, now: float) -> list[Effect]:
         turn = self._current(event.turn_id)
         if turn is None or not turn.released:  # audio of a cancelled turn is never sent
             return []
-        turn.sentence_samples[event.sentence] = event.sentence_samples
-        turn.queued_samples += len(event.pcm) // 2
+        if turn.first_audio_time is None and self._endpointer.hearing_speech:
+            turn.waiting_audio.append(event)  # the user may be going on: see first
+            return []
+        return self._send_audio(turn, event, now)
+
+    def _audio_after_doubt(self, now: float) -> list[Effect]:
+        """Send the first frames held while the VAD heard something, now that it was
+        not speech (had it been, the turn was withdrawn with them)."""
+        turn = self._turn
+        if turn is None or not turn.waiting_audio or self._endpointer.hearing_speech:
+            return []
+        return self._flush_audio(turn, now)
+
+    def _flush_audio(self, turn: _Turn, now: float) -> list[Effect]:
+        waiting, turn.waiting_audio = turn.waiting_audio, []
+        return [e for event in waiting for e in self._send_audio(turn, event, now)]
+
+    def _send_audio(self, turn: _Turn, event: ReplyAudio, now: float) -> list[Effect]:
+        out: list[Effect] = []
         if turn.first_audio_time is None:
             turn.first_audio_time = now
             turn.tts_first_ms = event.tts_ms
             self._to(State.SPEAKING)
+            out += [Send(m) for m in turn.unheard_text]
+            turn.unheard_text.clear()
+        turn.sentence_samples[event.sentence] = event.sentence_samples
+        turn.queued_samples += len(event.pcm) // 2
         turn.seq += 1
-        return [SendAudio(turn.id, turn.seq - 1, event.pcm, event.sentence)]
+        return [*out, SendAudio(turn.id, turn.seq - 1, event.pcm, event.sentence)]
 
     def _on_audio_written(self, event: AudioWritten) -> list[Effect]:
         turn = self._current(event.turn_id)
@@ -801,13 +832,16 @@ class Session:
         return self._complete(turn, event)
 
     def _complete(self, turn: _Turn, event: ReplyFinished) -> list[Effect]:
+        out = self._flush_audio(turn, self._now)  # the reply is done: nothing to doubt
+        out += [Send(m) for m in turn.unheard_text]  # a reply with no audio at all
+        turn.unheard_text.clear()
         text = " ".join(turn.sentences)
         kept = text if turn.written_samples >= turn.queued_samples else self._spoken(turn)
         if kept:
             self._remember(ChatMessage("assistant", kept))
         self._turn = None
         self._to(State.LISTENING)
-        return [Send(p.ReplyDone(turn.id, text)), Send(self._metrics(turn, event))]
+        return [*out, Send(p.ReplyDone(turn.id, text)), Send(self._metrics(turn, event))]
 
     def _metrics(self, turn: _Turn, done: ReplyFinished | None) -> p.Metrics:
         def ms(a: float | None, b: float | None) -> float | None:

@@ -241,9 +241,13 @@ def test_end_of_turn_releases_everything_held_in_order() -> None:
     assert not of(d.silence(11), ReleaseTurn)
     out = d.silence(1)  # 19 frames of silence in all
     assert of(out, ReleaseTurn) == [ReleaseTurn(turn)]
-    assert [type(m) for m in sent(out)] == [p.TranscriptFinal, p.ReplyText]
+    assert [type(m) for m in sent(out)] == [p.TranscriptFinal]  # the text waits for audio
     assert d.s.state is State.THINKING
     assert d.s.conversation == [ChatMessage("user", "What is the capital of France?")]
+    out = d.send(ReplyAudio(turn, 0, b"\x00\x00" * 100, 100, 20.0))
+    assert [type(m) for m in sent(out)] == [p.ReplyText]
+    assert [type(e) for e in out if not isinstance(e, Send)] == [SendAudio]
+    assert out.index(of(out, SendAudio)[0]) > 0  # text first, then its audio
     assert not of(d.silence(30), StartTurn)  # one turn, one reply
 
 
@@ -364,6 +368,38 @@ def test_speech_after_the_reply_audio_began_is_a_barge_in() -> None:
         ChatMessage("user", "What is the capital of France?"),
         ChatMessage("assistant", "Paris."),
     ]
+
+
+def test_first_audio_waits_while_the_vad_hears_the_user_maybe_going_on() -> None:
+    d = make()
+    turn = spoken_turn(d)
+    d.send(TurnEndScored(turn, 0.9))
+    d.send(ReplySentence(turn, 0, "Paris.", 40.0))
+    d.frames(SPEECH, 1)  # a frame of speech: not yet a turn (min_speech_ms)
+    assert d.send(ReplyAudio(turn, 0, b"\x00\x00" * 100, 100, 20.0)) == []
+    out = d.silence(1)  # it was not speech: the reply is heard, text first
+    assert [type(e) for e in out if isinstance(e, Send | SendAudio)] == [Send, SendAudio]
+    assert sent(out) == [p.ReplyText(turn, 0, "Paris.")]
+
+
+def test_first_audio_held_for_speech_that_goes_on_is_never_sent() -> None:
+    d = make()
+    turn = spoken_turn(d)
+    d.send(TurnEndScored(turn, 0.9))
+    d.send(ReplySentence(turn, 0, "Paris.", 40.0))
+    d.frames(SPEECH, 1)
+    d.send(ReplyAudio(turn, 0, b"\x00\x00" * 100, 100, 20.0))
+    out = d.speak(5)
+    assert not of(out, SendAudio) and not sent(out, p.ReplyText)
+    assert sent(out, p.ReplyCancelled) == [p.ReplyCancelled(turn, "continued", "")]
+
+
+def test_a_reply_without_audio_still_sends_its_text() -> None:
+    d = make()
+    turn = released_turn(d)
+    d.send(ReplySentence(turn, 0, "...", 40.0))  # nothing Piper can say
+    out = d.send(ReplyFinished(turn, None, 1.0))
+    assert [type(m) for m in sent(out)] == [p.ReplyText, p.ReplyDone, p.Metrics]
 
 
 def test_a_low_score_holds_the_turn_open() -> None:
