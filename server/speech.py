@@ -55,7 +55,7 @@ class SentenceSplitter:
     """Accumulates streamed text and releases complete sentences.
 
     With ``first_clause``, the reply's first sentence is released early at its first
-    natural break (docs/latency.md, "First audio from the first clause"): Piper's time
+    natural break (docs/latency.md, "First audio from the first phrase"): Piper's time
     to a first chunk grows with the chunk, and the listener is waiting for it.
     """
 
