@@ -49,20 +49,26 @@ _PHRASE_WORDS = frozenset(
 )
 FIRST_CLAUSE_WORDS = 2  # at a clause mark ("Of course, ...")
 FIRST_PHRASE_WORDS = 3  # before a phrase word, with no mark yet
+# The rest of the first sentence goes in phrases too, a little longer: it must be
+# synthesized while the first phrase (about a second) plays, and a long remainder
+# written to its end first would leave a silence after it.
+NEXT_CLAUSE_WORDS = 3
+NEXT_PHRASE_WORDS = 5
 
 
 class SentenceSplitter:
     """Accumulates streamed text and releases complete sentences.
 
-    With ``first_clause``, the reply's first sentence is released early at its first
-    natural break (docs/latency.md, "First audio from the first phrase"): Piper's time
+    With ``first_clause``, the reply's first sentence is released in phrases, at its
+    natural breaks (docs/latency.md, "First audio from the first phrase"): Piper's time
     to a first chunk grows with the chunk, and the listener is waiting for it.
     """
 
     def __init__(self, first_clause: bool = False) -> None:
         self._buffer = ""
         self._first_clause = first_clause
-        self._released = 0
+        self._released = 0  # phrases of the first sentence released
+        self._sentences = 0  # whole sentences ended so far
 
     def feed(self, piece: str) -> list[str]:
         self._buffer += piece
@@ -70,31 +76,37 @@ class SentenceSplitter:
         while (m := _SENTENCE_END.search(self._buffer)) is not None:
             sentence = self._buffer[: m.end()].strip()
             self._buffer = self._buffer[m.end() :]
+            self._sentences += 1
             if sentence:
                 out.append(sentence)
-        if self._first_clause and not self._released and not out:
-            out += self._clause()
-        self._released += len(out)
+        while self._first_clause and not self._sentences and (phrase := self._clause()):
+            out.append(phrase)
         return out
 
-    def _clause(self) -> list[str]:
-        """The first sentence's first phrase, if its break has come."""
+    def _clause(self) -> str | None:
+        """The first sentence's next phrase, if its break has come."""
         words = self._buffer.split()
+        marks, phrase = (
+            (FIRST_CLAUSE_WORDS, FIRST_PHRASE_WORDS)
+            if not self._released
+            else (NEXT_CLAUSE_WORDS, NEXT_PHRASE_WORDS)
+        )
         cut = None
         for m in _CLAUSE_MARK.finditer(self._buffer):
-            if len(self._buffer[: m.start()].split()) >= FIRST_CLAUSE_WORDS:
+            if len(self._buffer[: m.start()].split()) >= marks:
                 cut = m.end()
                 break
-        if cut is None and len(words) > FIRST_PHRASE_WORDS:
+        if cut is None and len(words) > phrase:
             # before the first phrase word after enough words; its word must be whole
-            for i in range(FIRST_PHRASE_WORDS, len(words) - 1):
+            for i in range(phrase, len(words) - 1):
                 if words[i].lower() in _PHRASE_WORDS and not _dangles(words[i - 1]):
                     cut = _word_offset(self._buffer, i)
                     break
         if cut is None:
-            return []
+            return None
         clause, self._buffer = self._buffer[:cut].strip(), self._buffer[cut:]
-        return [clause] if clause else []
+        self._released += 1
+        return clause or None
 
     def flush(self) -> list[str]:
         rest, self._buffer = self._buffer.strip(), ""

@@ -25,7 +25,7 @@ def split(text: str, first_clause: bool) -> list[str]:
         ),
         (  # before a word that opens a phrase, when no mark comes
             "The weather in Paris will be sunny and warm with a light breeze. Enjoy.",
-            ["The weather in Paris", "will be sunny and warm with a light breeze.", "Enjoy."],
+            ["The weather in Paris", "will be sunny and warm", "with a light breeze.", "Enjoy."],
         ),
         (  # after three words at the soonest
             "Set a timer for twenty minutes.",
@@ -54,6 +54,20 @@ def split(text: str, first_clause: bool) -> list[str]:
 def test_a_long_first_sentence_is_cut_at_its_first_phrase(text: str, chunks: list[str]) -> None:
     assert split(text, first_clause=True) == chunks
     assert " ".join(chunks) == text  # nothing lost or moved
+
+
+def test_the_rest_of_the_first_sentence_goes_in_phrases_too() -> None:
+    """A long first sentence is not written to its end before its second chunk."""
+    text = (
+        "The novel Pride and Prejudice by Jane Austen is attributed to the English "
+        "novelist Jane Austen. It is old."
+    )
+    assert split(text, first_clause=True) == [
+        "The novel Pride",
+        "and Prejudice by Jane Austen",
+        "is attributed to the English novelist Jane Austen.",
+        "It is old.",
+    ]
 
 
 def test_without_first_clause_only_sentences_are_released() -> None:
