@@ -127,7 +127,7 @@ class Wire(Protocol):
     def audio(self, effect: SendAudio) -> str | bytes: ...
 
 
-class Voice:
+class VoiceWire:
     """Protocol v1 (server/protocol.py): the client starts the session; audio is binary."""
 
     def __init__(self, session: Session) -> None:
@@ -174,7 +174,7 @@ class Connection:
             resume = None
         self.session = Session(uuid.uuid4().hex[:12], config.session, *names, resume, token)
         self.wire: Wire = (
-            Voice(self.session)
+            VoiceWire(self.session)
             if realtime_model is None
             else Realtime(self.session, rt.asr_name, realtime_model)
         )
