@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from audio.endpoint import EndpointConfig
 from server import protocol as p
@@ -493,3 +495,88 @@ def test_clear_forgets_the_manual_buffer() -> None:
     assert types(d.send({"type": "input_audio_buffer.clear"})) == ["input_audio_buffer.cleared"]
     (error,) = d.send({"type": "input_audio_buffer.commit"})
     assert error["error"]["code"] == "input_audio_buffer_commit_empty"
+
+
+# --- any input --------------------------------------------------------------------------
+
+CODES = {
+    "invalid_json",
+    "invalid_event",
+    "unknown_event",
+    "beta_protocol",
+    "unknown_parameter",
+    "missing_required_parameter",
+    "invalid_type",
+    "invalid_value",
+    "not_supported",
+    "invalid_audio",
+    "input_audio_buffer_commit_empty",
+    "input_audio_buffer_full",
+    "conversation_already_has_active_response",
+    "response_cancel_not_active",
+    "nothing_to_answer",
+    "rate_limited",
+}
+KINDS = st.sampled_from(
+    [
+        "session.update",
+        "input_audio_buffer.append",
+        "input_audio_buffer.commit",
+        "input_audio_buffer.clear",
+        "conversation.item.create",
+        "response.create",
+        "response.cancel",
+        "conversation.item.truncate",
+        "dance",
+    ]
+)
+KEYS = st.sampled_from(
+    [
+        "type",
+        "session",
+        "audio",
+        "item",
+        "response",
+        "input",
+        "format",
+        "turn_detection",
+        "output_modalities",
+        "instructions",
+        "content",
+        "role",
+        "text",
+        "rate",
+        "voice",
+        "event_id",
+    ]
+) | st.text(max_size=6)
+SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**40), max_value=2**40)
+    | st.floats(allow_nan=True)
+    | st.sampled_from(
+        ["realtime", "server_vad", "audio/pcm", "user", "message", "input_text", "AAAA"]
+    )
+    | st.text(max_size=12)
+)
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(KEYS, inner, max_size=4),
+    max_leaves=20,
+)
+EVENTS = st.fixed_dictionaries(
+    {"type": KINDS},
+    optional={k: VALUES for k in ["session", "audio", "item", "response", "event_id"]},
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(EVENTS, max_size=6))
+def test_any_events_give_effects_or_documented_errors_never_a_crash(events: list[Json]) -> None:
+    d, _ = make(max_errors=1000)
+    for event in events:
+        for out in d.send(event):
+            assert out["type"] and out["event_id"]
+            if out["type"] == "error":
+                assert out["error"]["code"] in CODES, out
