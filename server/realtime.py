@@ -336,7 +336,9 @@ class Realtime:
         if start is None:  # refused: the session's error is in out
             return out
         if self._pending is not None:
-            self._committed[start.turn_id] = self._pending[0]
+            item_id, pcm = self._pending
+            self._committed[start.turn_id] = item_id
+            self._speech_ms[start.turn_id] = (0, len(pcm) * 500 // RATE)
             self._pending = None
         opened = [Emit(e) for e in self._open_response(start.turn_id, start.speak)]
         return [*opened, *out]
@@ -403,10 +405,10 @@ class Realtime:
 
     def _heard(self, turn: int, text: str) -> list[str]:
         """The user's speech is final: its item, its transcript, and the response to it."""
-        if not text.strip():  # noise: the session answers nothing and keeps nothing
+        item_id = self._committed.get(turn)
+        if item_id is None and not text.strip():  # noise: nothing is answered or kept
             return []
         start, stop = self._speech_ms.get(turn, (0, 0))
-        item_id = self._committed.get(turn)
         out: list[str] = []
         if item_id is None:
             item_id = self._user_items.setdefault(turn, self._id("item"))

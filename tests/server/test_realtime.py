@@ -580,3 +580,17 @@ def test_any_events_give_effects_or_documented_errors_never_a_crash(events: list
             assert out["type"] and out["event_id"]
             if out["type"] == "error":
                 assert out["error"]["code"] in CODES, out
+
+
+def test_committed_audio_that_holds_no_words_still_completes_its_item() -> None:
+    d, _ = make()
+    d.send(update({"type": "realtime", "audio": {"input": {"turn_detection": None}}}))
+    d.send(append(pcm(0.5)))
+    item_id = d.send({"type": "input_audio_buffer.commit"})[0]["item_id"]
+    d.send({"type": "response.create"})
+    turn = d.started().turn_id
+    events = d.deliver(FinalTranscript(turn, "", 80.0))
+    heard = one(events, "conversation.item.input_audio_transcription.completed")
+    assert (heard["item_id"], heard["transcript"], heard["usage"]["seconds"]) == (item_id, "", 0.5)
+    events = d.deliver(ReplyFinished(turn, None, None))
+    assert one(events, "response.done")["response"]["status"] == "completed"
