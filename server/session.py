@@ -663,6 +663,8 @@ class Session:
         turn = self._turn
         if turn is None or not turn.released or turn.utterance_start is None:
             return False
+        if not turn.speak and turn.sentences:  # a text reply is seen as it is sent
+            return False
         if turn.first_audio_time is not None and turn.first_audio_time <= self._sample_time(
             start, now
         ):

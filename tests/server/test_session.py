@@ -833,3 +833,13 @@ def test_clear_input_forgets_the_speech_and_its_speculation() -> None:
     assert not of(d.silence(20), ReleaseTurn)  # its end of turn never comes
     (started,) = sent(d.speak(), p.SpeechStarted)
     assert isinstance(started, p.SpeechStarted) and started.turn_id > start.turn_id
+
+
+def test_speech_after_a_text_reply_is_shown_is_a_barge_in_not_more_of_the_turn() -> None:
+    d = make()
+    d.send(Configure(ENDPOINT, speak=False))
+    turn = released_turn(d)
+    d.send(ReplySentence(turn, 0, "Paris.", 5.0))
+    (cancelled,) = sent(d.speak(), p.ReplyCancelled)
+    assert isinstance(cancelled, p.ReplyCancelled) and cancelled.reason == "barge_in"
+    assert cancelled.spoken_text == "Paris."  # all of it was shown
