@@ -111,14 +111,21 @@ class Endpointer:
     """Turns per-frame speech probabilities into :data:`EndpointEvent` s."""
 
     def __init__(self, config: EndpointConfig | None = None):
-        self.config = config if config is not None else EndpointConfig()
-        c = self.config
+        self.reconfigure(config if config is not None else EndpointConfig())
+        self.frames = 0  # frames seen since the session started
+        self.reset()
+
+    def reconfigure(self, config: EndpointConfig) -> None:
+        """Use ``config`` from the next frame on; a turn in progress goes on under it."""
+        self.config = c = config
         self._min_speech = ms_to_frames(c.min_speech_ms) if c.min_speech_ms > 0 else 1
         self._pause = ms_to_frames(c.pause_ms)
         self._end = ms_to_frames(c.end_of_turn_ms)
         self._max_turn = ms_to_frames(c.max_turn_s * 1000)
+
+    def reset(self) -> None:
+        """Forget the speech being heard: the next speech starts a new turn."""
         self.phase = Phase.SILENCE
-        self.frames = 0  # frames seen since the session started
         self.turn_start: int | None = None  # frame where the current turn's speech began
         self._silence_start: int | None = None  # first frame of the current gap in a turn
         self._cand_start: int | None = None  # first frame of unconfirmed speech

@@ -21,20 +21,23 @@ import secrets
 import socket
 import ssl
 import time
+import urllib.parse
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
-from . import auth, metrics
+from . import auth, metrics, realtime
 from . import protocol as p
 from .auth import AuthConfig
 from .metrics import ServerMetrics
+from .realtime import Emit, Out, Realtime
 from .resume import ResumeStore
 from .runtime import Runtime, WorkerKind
 from .session import (
@@ -109,7 +112,44 @@ class _Frame:
     turn_id: int
     sentence: int
     samples: int
-    data: bytes
+    data: str | bytes
+
+
+class Wire(Protocol):
+    """A wire protocol over the session: client frames in, frames to send out."""
+
+    def open(self, now: float) -> Sequence[Out]: ...
+
+    def receive(self, frame: str | bytes, now: float) -> Sequence[Out]: ...
+
+    def encode(self, message: p.ServerMessage) -> list[str]: ...
+
+    def audio(self, effect: SendAudio) -> str | bytes: ...
+
+
+class VoiceWire:
+    """Protocol v1 (server/protocol.py): the client starts the session; audio is binary."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def open(self, now: float) -> list[Effect]:
+        return []
+
+    def receive(self, frame: str | bytes, now: float) -> list[Effect]:
+        if isinstance(frame, bytes):
+            return self.session.receive(AudioBytes(frame), now)
+        try:
+            message = p.decode_client(frame)
+        except p.ProtocolError as err:
+            return self.session.protocol_error(err)
+        return self.session.receive(message, now)
+
+    def encode(self, message: p.ServerMessage) -> list[str]:
+        return [p.encode(message)]
+
+    def audio(self, effect: SendAudio) -> bytes:
+        return p.pack_audio(effect.turn_id, effect.seq, effect.pcm)
 
 
 class Connection:
@@ -120,14 +160,24 @@ class Connection:
         config: ServerConfig,
         resume: ResumeStore | None,
         metrics: ServerMetrics | None = None,
+        realtime_model: str | None = None,
     ) -> None:
+        """``realtime_model`` set: the client speaks OpenAI Realtime (server/realtime.py)
+        and named that model; its conversations are not parked (it has no resume)."""
         self.ws = ws
         self.rt = rt
         self.config = config
         self.metrics = metrics
         names = (rt.asr_name, rt.reply.name)
         token = secrets.token_urlsafe(18)
+        if realtime_model is not None:
+            resume = None
         self.session = Session(uuid.uuid4().hex[:12], config.session, *names, resume, token)
+        self.wire: Wire = (
+            VoiceWire(self.session)
+            if realtime_model is None
+            else Realtime(self.session, rt.asr_name, realtime_model)
+        )
         self.vad_state = rt.vad.new_state()
         self.loop = asyncio.get_running_loop()
         # Bounded: a client that stops reading is closed, never buffered without end.
@@ -157,12 +207,13 @@ class Connection:
             ),
         ]
         try:
+            await self.apply(self.wire.open(self.loop.time()))
             async for frame in self.ws:
                 # After the session closed, frames are still read (and dropped) until the
                 # client answers the close: unread frames would hold the connection, and
                 # its slot, until websockets' close timeout.
                 if self.session.state is not State.CLOSED:
-                    await self.apply(self._receive_frame(frame))
+                    await self.apply(self.wire.receive(frame, self.loop.time()))
         except ConnectionClosed:
             pass
         finally:
@@ -189,16 +240,6 @@ class Connection:
         """End the session from outside its receive loop (a limit, shutdown)."""
         self._spawn(self.apply(self.session.receive(Expired(code, reason), self.loop.time())))
 
-    def _receive_frame(self, frame: str | bytes) -> list[Effect]:
-        now = self.loop.time()
-        if isinstance(frame, bytes):
-            return self.session.receive(AudioBytes(frame), now)
-        try:
-            message = p.decode_client(frame)
-        except p.ProtocolError as err:
-            return self.session.protocol_error(err)
-        return self.session.receive(message, now)
-
     async def deliver(self, event: Event) -> None:
         if isinstance(event, ReplyFinished):
             await self._drained(event.turn_id)  # the history keeps only written words
@@ -206,19 +247,22 @@ class Connection:
         if isinstance(event, ReplyAudio):
             await self._keep_up(event.turn_id)
 
-    async def apply(self, effects: list[Effect]) -> None:
+    async def apply(self, effects: Sequence[Out]) -> None:
         for effect in effects:
             match effect:
+                case Emit(text=text):
+                    self._put(text)
                 case Send(message=message):
-                    self._put(p.encode(message))
+                    for text in self.wire.encode(message):
+                        self._put(text)
                     if self.metrics is not None:
                         self.metrics.sent(message)
                     if isinstance(message, p.Metrics):
                         log.info("metrics %s %s", self.session.id, p.encode(message))
-                case SendAudio(turn_id=turn_id, seq=seq, pcm=pcm, sentence=sentence):
+                case SendAudio(turn_id=turn_id, pcm=pcm, sentence=sentence):
                     samples = len(pcm) // 2
                     self.unwritten[turn_id] = self.unwritten.get(turn_id, 0) + samples
-                    self._put(_Frame(turn_id, sentence, samples, p.pack_audio(turn_id, seq, pcm)))
+                    self._put(_Frame(turn_id, sentence, samples, self.wire.audio(effect)))
                 case RunVad(samples=samples):
                     probs = await self.rt.worker(WorkerKind.VAD).run(
                         self.rt.vad.process, self.vad_state, samples
@@ -447,7 +491,9 @@ class App:
     def route(self, connection: ServerConnection, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]
         if path == p.PATH:
-            return self._admit(connection, request)
+            return self._admit(connection, request, "voice")
+        if path == realtime.PATH:
+            return self._admit(connection, request, "realtime")
         if path in auth.MINT_PATHS:
             headers = list(request.headers.raw_items())
             # websockets reads no request body: the lifetime comes as ?ttl_s=N
@@ -464,14 +510,15 @@ class App:
             return _with_body(response, self.metrics.exposition(), metrics.CONTENT_TYPE)
         if (page := web_file(path)) is not None:
             return _file_response(connection, page)
-        body = json.dumps({"error": "not_found", "message": f"the voice endpoint is {p.PATH}"})
+        endpoints = f"the voice endpoints are {p.PATH} and {realtime.PATH}"
+        body = json.dumps({"error": "not_found", "message": endpoints})
         return connection.respond(http.HTTPStatus.NOT_FOUND, body + "\n")
 
-    def _admit(self, connection: ServerConnection, request: Request) -> Response | None:
-        """The voice endpoint's handshake: credentials and origin (server/auth.py)."""
+    def _admit(self, connection: ServerConnection, request: Request, scope: str) -> Response | None:
+        """A voice endpoint's handshake: credentials and origin (server/auth.py)."""
         peer = connection.remote_address[0] if connection.remote_address else ""
         decision = self.authenticator.authenticate(
-            request.path, list(request.headers.raw_items()), str(peer), time.time()
+            request.path, list(request.headers.raw_items()), str(peer), time.time(), scope
         )
         if isinstance(decision, auth.Rejected):
             self.metrics.rejected.labels(decision.error).inc()
@@ -518,7 +565,8 @@ class App:
             sock.setsockopt(
                 socket.SOL_SOCKET, socket.SO_SNDBUF, self.config.limits.socket_send_buffer
             )
-        connection = Connection(ws, self.rt, self.config, self.resume, self.metrics)
+        model = _realtime_model(ws.request.path) if ws.request is not None else None
+        connection = Connection(ws, self.rt, self.config, self.resume, self.metrics, model)
         self.sessions.add(connection)
         self._per_address[address] += 1
         try:
@@ -567,6 +615,15 @@ class App:
             log.warning("ignoring %s: not a resumable-sessions file (%s)", path, exc)
             return
         log.info("restored %d resumable conversation(s) from %s", n, path)
+
+
+def _realtime_model(path_query: str) -> str | None:
+    """The model a Realtime client named (``?model=``, echoed back), None on /v1/voice."""
+    path, _, query = path_query.partition("?")
+    if path != realtime.PATH:
+        return None
+    named = urllib.parse.parse_qs(query).get("model", [realtime.DEFAULT_MODEL])[0]
+    return named[: realtime.MAX_ID_CHARS] if p.encodable(named) else realtime.DEFAULT_MODEL
 
 
 _REJECTED: dict[int, str] = {

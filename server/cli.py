@@ -27,7 +27,7 @@ from model.modeldir import is_complete
 from model.runtime import Device
 from model.training.commands import register as register_model_commands
 
-from . import auth
+from . import auth, realtime
 from . import protocol as p
 from .app import Limits, ServerConfig, run_until
 from .metrics import JsonFormatter
@@ -205,6 +205,7 @@ def _serve(args: argparse.Namespace) -> int:
 
         def ready(url: str) -> None:
             print(f"Quicksilver listening on {url} (protocol v{p.PROTOCOL_VERSION})", flush=True)
+            print(f"OpenAI Realtime (GA) on {url.removesuffix(p.PATH)}{realtime.PATH}", flush=True)
 
         await run_until(rt, args.host, args.port, stop, ready, config)
 

@@ -262,7 +262,7 @@ def decode_client(raw: str | bytes) -> ClientMessage:
             raise ProtocolError("bad_message", "text: empty text")
         case Text(text=text) if len(text) > MAX_TEXT_CHARS:
             raise ProtocolError("bad_message", f"text: longer than {MAX_TEXT_CHARS} characters")
-        case Text(text=text) if not _encodable(text):
+        case Text(text=text) if not encodable(text):
             raise ProtocolError(
                 "bad_message", "text: a lone surrogate (\\ud800-\\udfff) is not text"
             )
@@ -271,7 +271,7 @@ def decode_client(raw: str | bytes) -> ClientMessage:
     return message
 
 
-def _encodable(text: str) -> bool:
+def encodable(text: str) -> bool:
     """JSON may escape a lone surrogate ("\\ud800"), which no UTF-8 text holds."""
     try:
         text.encode("utf-8")

@@ -21,7 +21,7 @@ conversation keeps only the part sent as audio.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import cached_property
 
@@ -188,6 +188,40 @@ class Disconnected:
     pass
 
 
+# --- requests of the OpenAI-Realtime codec (server/realtime.py), which v1 has not ----
+
+
+@dataclass(frozen=True)
+class Configure:
+    """How the session listens and answers from now on (Realtime's session.update)."""
+
+    endpoint: EndpointConfig
+    instructions: str | None = None  # the system prompt; None: the reply model's own
+    speak: bool = True  # False: replies are text only, never synthesized
+
+
+@dataclass(frozen=True)
+class UserText:
+    """A user message that joins the conversation unanswered (conversation.item.create)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Respond:
+    """Answer now (response.create): the conversation as it stands, or after ``audio``,
+    committed speech at 16 kHz to transcribe first."""
+
+    audio: np.ndarray | None = None
+    instructions: str | None = None  # this reply's system prompt instead of the session's
+    speak: bool | None = None  # None: as the session is configured
+
+
+@dataclass(frozen=True)
+class ClearInput:
+    """Forget the speech being heard and any turn started on it (input_audio_buffer.clear)."""
+
+
 Event = (
     p.ClientMessage
     | AudioBytes
@@ -202,6 +236,10 @@ Event = (
     | TurnFailed
     | Expired
     | Disconnected
+    | Configure
+    | UserText
+    | Respond
+    | ClearInput
 )
 
 
@@ -240,9 +278,10 @@ class StartTurn:
 
     turn_id: int
     audio: np.ndarray | None
-    text: str | None
+    text: str | None  # neither text nor audio: answer the history as it stands
     history: tuple[ChatMessage, ...]
     output_rate: int
+    speak: bool = True  # False: the reply is text only
 
 
 @dataclass(frozen=True)
@@ -291,6 +330,8 @@ class _Turn:
     utterance_start: int | None = None  # first sample of the user speech it answers
     released: bool = False
     speculative: bool = False  # started during the trailing silence
+    speak: bool = True  # False: a text-only reply, complete once its text is sent
+    instructions: str | None = None  # the system prompt of this reply
     transcript: str | None = None
     complete_p: float | None = None  # the end-of-turn score, once it is in
     end_of_turn: str | None = None  # the policy's tier when the turn was released
@@ -359,6 +400,8 @@ class Session:
         self._errors = 0
         self._text_tokens = float(config.text_burst)
         self._text_at = 0.0
+        self.instructions: str | None = None  # Configure's system prompt
+        self.speak = True
 
     @property
     def output_rate(self) -> int:
@@ -406,6 +449,17 @@ class Session:
                 return self._on_finished(event)
             case TurnFailed():
                 return self._on_failed(event)
+            case Configure():
+                return self._on_configure(event)
+            case UserText(text=text):
+                self._remember(ChatMessage("user", text))
+                return []
+            case Respond():
+                return self._on_respond(event, now)
+            case ClearInput():
+                self._endpointer.reset()
+                self._utterance = None
+                return self._drop_speculation()
         raise AssertionError(f"unhandled event {event!r}")
 
     def _to(self, state: State) -> None:
@@ -427,6 +481,15 @@ class Session:
         if self.state is State.CLOSED:
             return []
         return self._error(error.code, error.message)
+
+    def rejected(self) -> list[Effect]:
+        """A frame a codec rejected and answered itself: it counts towards max_errors."""
+        if self.state is State.CLOSED:
+            return []
+        self._errors += 1
+        if self._errors >= self.config.max_errors:
+            return self._close(p.CloseCode.TOO_MANY_ERRORS, "too many invalid messages")
+        return []
 
     def _close(self, code: int, reason: str) -> list[Effect]:
         out = self._cancel_turn("closed") + self._drop_speculation()
@@ -503,9 +566,34 @@ class Session:
         out = self._cancel_turn("new_input")
         out += self._drop_speculation()
         self._utterance = None
-        turn = _Turn(id=self._new_turn_id(), speech_end_time=now, transcript=text)
+        turn = self._new_turn(self._new_turn_id(), now, transcript=text)
         turn.final_time = now
         return out + self._begin_turn(turn, audio=None, text=text, release=True)
+
+    def _on_configure(self, event: Configure) -> list[Effect]:
+        self.instructions, self.speak = event.instructions, event.speak
+        if event.endpoint != self.config.endpoint:  # the end-of-turn policy follows it
+            self.config = replace(self.config, endpoint=event.endpoint)
+            self._endpointer.reconfigure(event.endpoint)
+        return []
+
+    def _on_respond(self, event: Respond, now: float) -> list[Effect]:
+        if self._turn is not None and self._turn.released:
+            return self._error("response_in_progress", "a reply is in progress: cancel it first")
+        if event.audio is None and not (self.conversation and self.conversation[-1].role == "user"):
+            return self._error("nothing_to_answer", "no user message or audio waits for an answer")
+        if not self._take_text_token(now):
+            per = self.config.text_per_minute
+            return self._error("rate_limited", f"at most {per:g} requested replies a minute")
+        out = self._drop_speculation()
+        self._utterance = None
+        turn = self._new_turn(self._new_turn_id(), now)
+        if event.instructions is not None:
+            turn.instructions = event.instructions
+        if event.speak is not None:
+            turn.speak = event.speak
+        turn.final_time = now
+        return out + self._begin_turn(turn, audio=event.audio, text=None, release=True)
 
     def _take_text_token(self, now: float) -> bool:
         """Token bucket (burst text_burst, refilled at text_per_minute)."""
@@ -575,6 +663,8 @@ class Session:
         turn = self._turn
         if turn is None or not turn.released or turn.utterance_start is None:
             return False
+        if not turn.speak and turn.sentences:  # a text reply is seen as it is sent
+            return False
         if turn.first_audio_time is not None and turn.first_audio_time <= self._sample_time(
             start, now
         ):
@@ -616,7 +706,7 @@ class Session:
         u.end, u.end_time = end, self._sample_time(end, now)
         out: list[Effect] = [Send(p.SpeechStopped(u.turn_id, end * 1000 // SAMPLE_RATE))]
         if self._turn is None:  # speculative final ASR + reply during the silence
-            turn = _Turn(u.turn_id, u.end_time, utterance_start=u.start, speculative=True)
+            turn = self._new_turn(u.turn_id, u.end_time, utterance_start=u.start, speculative=True)
             out += self._begin_turn(turn, audio=self._utterance_audio(u), text=None, release=False)
         return out
 
@@ -632,7 +722,7 @@ class Session:
         turn = self._turn
         if turn is None or turn.id != u.turn_id:  # no speculation running: start now
             assert u.end_time is not None
-            turn = _Turn(u.turn_id, u.end_time, utterance_start=u.start)
+            turn = self._new_turn(u.turn_id, u.end_time, utterance_start=u.start)
             out += self._begin_turn(turn, audio=self._utterance_audio(u), text=None, release=False)
         if not by_silence:  # the client (or the length limit) says the turn is over
             self._utterance = None
@@ -694,12 +784,34 @@ class Session:
         turn_id, self._next_turn = self._next_turn, self._next_turn + 1
         return turn_id
 
+    def _new_turn(
+        self,
+        turn_id: int,
+        speech_end_time: float,
+        utterance_start: int | None = None,
+        speculative: bool = False,
+        transcript: str | None = None,
+    ) -> _Turn:
+        """A turn answered as the session is configured now."""
+        return _Turn(
+            turn_id,
+            speech_end_time,
+            utterance_start,
+            speculative=speculative,
+            transcript=transcript,
+            speak=self.speak,
+            instructions=self.instructions,
+        )
+
     def _begin_turn(
         self, turn: _Turn, audio: np.ndarray | None, text: str | None, release: bool
     ) -> list[Effect]:
         self._turn = turn
         history = tuple(self.conversation)
-        out: list[Effect] = [StartTurn(turn.id, audio, text, history, self._output_rate)]
+        if turn.instructions is not None:  # the reply engines take a leading system message
+            history = (ChatMessage("system", turn.instructions), *history)
+        start = StartTurn(turn.id, audio, text, history, self._output_rate, turn.speak)
+        out: list[Effect] = [start]
         if release:
             out += self._release(turn, turn.final_time if turn.final_time is not None else 0.0)
         return out
@@ -737,6 +849,8 @@ class Session:
 
     @staticmethod
     def _spoken(turn: _Turn) -> str:
+        if not turn.speak:  # a text reply: its sentences were sent as they came
+            return " ".join(turn.sentences)
         return truncate_to_sent(turn.sentences, turn.sent_samples, turn.sentence_samples)
 
     def _current(self, turn_id: int) -> _Turn | None:
@@ -774,7 +888,7 @@ class Session:
         if turn.first_sentence_ms is None:
             turn.first_sentence_ms = event.elapsed_ms
         text = p.ReplyText(turn.id, event.index, event.text)
-        if turn.first_audio_time is None:
+        if turn.first_audio_time is None and turn.speak:
             turn.unheard_text.append(text)
             return []
         return self._emit(turn, text)

@@ -91,10 +91,13 @@ async def _run(
         transcript = await rt.worker(WorkerKind.ASR).run(rt.asr.transcribe, start.audio)
         text = transcript.text
         await deliver(FinalTranscript(start.turn_id, text, _ms(t0, loop.time())))
-    if not text.strip():
+    if start.audio is None and start.text is None:  # answer the history as it stands
+        conversation = start.history
+    elif text.strip():
+        conversation = (*start.history, ChatMessage("user", text))
+    else:
         await deliver(ReplyFinished(start.turn_id, None, None))
         return
-    conversation = (*start.history, ChatMessage("user", text))
     chunks: asyncio.Queue[_Chunk | None] = asyncio.Queue()
     async with asyncio.TaskGroup() as tg:
         if start.audio is not None and not released.is_set():
@@ -134,6 +137,8 @@ async def _produce(
             match chunk:
                 case Sentence(text=text, index=index):
                     await deliver(ReplySentence(start.turn_id, index, text, _ms(t0, loop.time())))
+                    if not start.speak:
+                        continue
                     t1 = loop.time()
                     pcm = await rt.worker(WorkerKind.TTS).run(
                         synthesize, rt, text, start.output_rate, index == 0

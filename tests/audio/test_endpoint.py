@@ -172,3 +172,21 @@ def test_hearing_speech_includes_unconfirmed_speech() -> None:
     assert not ep.hearing_speech  # in a turn, but silent now
     ep.feed([S])
     assert ep.hearing_speech
+
+
+def test_reconfigure_moves_the_end_of_turn_of_the_turn_in_progress() -> None:
+    ep = Endpointer(CFG)
+    ep.feed([S] * 5 + [Q] * 8)  # speech, then past the pause
+    ep.reconfigure(EndpointConfig(min_speech_ms=96, pause_ms=192, end_of_turn_ms=800))
+    assert ep.feed([Q] * 10) == []  # 18 silent frames: over 416 ms, under 800
+    (end,) = ep.feed([Q] * 7)
+    assert end == EndOfTurn(5 * F)
+
+
+def test_reset_forgets_the_turn_and_hears_the_next_speech_as_new() -> None:
+    ep = Endpointer(CFG)
+    ep.feed([S] * 5)
+    ep.reset()
+    assert ep.phase is Phase.SILENCE and not ep.hearing_speech
+    assert ep.feed([Q] * 20) == []  # no pause or end of the forgotten turn
+    assert ep.feed([S] * 3) == [SpeechStarted(25 * F)]

@@ -20,7 +20,9 @@ from server.session import (
     AudioBytes,
     AudioWritten,
     CancelTurn,
+    ClearInput,
     Close,
+    Configure,
     Disconnected,
     Effect,
     FinalTranscript,
@@ -29,6 +31,7 @@ from server.session import (
     ReplyAudio,
     ReplyFinished,
     ReplySentence,
+    Respond,
     RunVad,
     Send,
     SendAudio,
@@ -39,6 +42,7 @@ from server.session import (
     State,
     TurnEndScored,
     TurnFailed,
+    UserText,
     VadResult,
     truncate_to_sent,
 )
@@ -767,3 +771,75 @@ def test_without_a_store_there_is_no_token_and_resuming_is_refused() -> None:
     assert isinstance(err, p.Error) and err.code == "bad_resume_token"
     (ready,) = sent(fresh.send(p.Start(sample_rate=16000)))
     assert isinstance(ready, p.Ready) and ready.resume_token == ""
+
+
+# --- requests of the OpenAI-Realtime codec -----------------------------------------
+
+
+def test_user_text_waits_in_the_conversation_until_respond() -> None:
+    d = make()
+    assert d.send(UserText("What is the capital of Italy?")) == []
+    assert d.s.conversation == [ChatMessage("user", "What is the capital of Italy?")]
+    (start,) = of(d.send(Respond()), StartTurn)
+    assert isinstance(start, StartTurn) and start.text is None and start.audio is None
+    assert start.history == (ChatMessage("user", "What is the capital of Italy?"),)
+    (err,) = sent(d.send(Respond()))
+    assert isinstance(err, p.Error) and err.code == "response_in_progress"
+
+
+def test_respond_needs_something_to_answer() -> None:
+    d = make()
+    (err,) = sent(d.send(Respond()))
+    assert isinstance(err, p.Error) and err.code == "nothing_to_answer"
+    (start,) = of(d.send(Respond(audio=np.zeros(16000, np.float32))), StartTurn)
+    assert isinstance(start, StartTurn) and start.audio is not None
+
+
+def test_configure_sets_instructions_speech_and_the_endpointer() -> None:
+    d = make()
+    longer = EndpointConfig(min_speech_ms=96, pause_ms=224, end_of_turn_ms=900)
+    d.send(Configure(longer, instructions="Be brief.", speak=False))
+    assert d.s.config.endpoint == longer and d.s.config.end_of_turn.default_ms == 900
+    d.send(UserText("Hi"))
+    (start,) = of(d.send(Respond()), StartTurn)
+    assert isinstance(start, StartTurn) and not start.speak
+    assert start.history[0] == ChatMessage("system", "Be brief.")
+    out = d.send(ReplySentence(start.turn_id, 0, "Hello.", 5.0))
+    assert sent(out) == [p.ReplyText(start.turn_id, 0, "Hello.")]  # no audio to wait for
+    out = d.send(ReplyFinished(start.turn_id, None, 9.0))
+    assert sent(out, p.ReplyDone) == [p.ReplyDone(start.turn_id, "Hello.")]
+    assert d.s.conversation[-1] == ChatMessage("assistant", "Hello.")
+
+
+def test_respond_overrides_instructions_and_speech_for_one_reply() -> None:
+    d = make()
+    d.send(UserText("Hi"))
+    (start,) = of(d.send(Respond(instructions="Shout.", speak=False)), StartTurn)
+    assert isinstance(start, StartTurn) and not start.speak
+    assert start.history[0] == ChatMessage("system", "Shout.")
+    d.send(ReplyFinished(start.turn_id, None, 1.0))
+    (start,) = of(d.send(UserText("Again")) + d.send(Respond()), StartTurn)
+    assert isinstance(start, StartTurn) and start.speak and start.history[0].role == "user"
+
+
+def test_clear_input_forgets_the_speech_and_its_speculation() -> None:
+    d = make()
+    d.speak()
+    out = d.silence(7)  # paused: the speculative turn runs
+    (start,) = of(out, StartTurn)
+    assert isinstance(start, StartTurn)
+    out = d.send(ClearInput())
+    assert of(out, CancelTurn) == [CancelTurn(start.turn_id)]
+    assert not of(d.silence(20), ReleaseTurn)  # its end of turn never comes
+    (started,) = sent(d.speak(), p.SpeechStarted)
+    assert isinstance(started, p.SpeechStarted) and started.turn_id > start.turn_id
+
+
+def test_speech_after_a_text_reply_is_shown_is_a_barge_in_not_more_of_the_turn() -> None:
+    d = make()
+    d.send(Configure(ENDPOINT, speak=False))
+    turn = released_turn(d)
+    d.send(ReplySentence(turn, 0, "Paris.", 5.0))
+    (cancelled,) = sent(d.speak(), p.ReplyCancelled)
+    assert isinstance(cancelled, p.ReplyCancelled) and cancelled.reason == "barge_in"
+    assert cancelled.spoken_text == "Paris."  # all of it was shown

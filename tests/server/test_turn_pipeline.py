@@ -160,8 +160,9 @@ class Turn:
         history: tuple[ChatMessage, ...] = (),
         output_rate: int = RATE,
         pacing: Pacing = NO_PACING,
+        speak: bool = True,
     ) -> asyncio.Task[None]:
-        start = StartTurn(TURN, audio, text, history, output_rate)
+        start = StartTurn(TURN, audio, text, history, output_rate, speak)
         return asyncio.create_task(run_turn(self.rt, start, self.released, self.deliver, pacing))
 
     def of(self, kind: type) -> list[Any]:
@@ -300,6 +301,24 @@ async def test_a_spoken_turn_sends_the_transcript_to_the_engine_after_the_histor
     turn.released.set()
     await turn.start(audio=QUESTION_AUDIO, history=history)
     assert turn.engine.calls == [((*history, ChatMessage("user", "And Italy?")), 33)]
+
+
+async def test_a_turn_without_input_answers_the_history_as_it_stands(make_turn: Any) -> None:
+    history = (ChatMessage("system", "Be brief."), ChatMessage("user", "Capital of Italy?"))
+    turn = make_turn(FakeEngine(["Rome."]))
+    turn.released.set()
+    await turn.start(history=history)
+    assert turn.engine.calls == [(history, 33)]
+    assert [s.text for s in turn.of(ReplySentence)] == ["Rome."]
+
+
+async def test_a_text_only_turn_writes_sentences_and_synthesizes_nothing(make_turn: Any) -> None:
+    turn = make_turn(FakeEngine(REPLY))
+    turn.released.set()
+    await turn.start(text="Capital of Italy?", speak=False)
+    assert [s.text for s in turn.of(ReplySentence)] == SENTENCES
+    assert turn.tts.texts == [] and turn.frames == []
+    assert isinstance(turn.events[-1], ReplyFinished)
 
 
 @pytest.mark.parametrize("transcript", ["", "   "])

@@ -1,0 +1,157 @@
+"""``/v1/realtime`` at the real server (in-process, tests/inproc.py: real websockets,
+VAD, Piper and pacing; scripted ASR and reply model). The official SDK against the real
+models is tests/e2e/test_realtime_sdk.py."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from typing import Any
+
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import InvalidStatus
+
+from audio.resample import float32_to_pcm16, resample
+from audio.speech import SpeechFactory
+from server.app import ServerConfig
+from server.auth import AuthConfig, derive_secret, mint_client_token
+from tests.inproc import ScriptedReplies, serving
+
+pytestmark = pytest.mark.models
+
+KEY = "test-key-0123456789abcdef"
+
+
+def realtime(url: str) -> str:
+    return url.replace("/v1/voice", "/v1/realtime?model=gpt-realtime")
+
+
+async def until(
+    ws: ClientConnection, kind: str, seen: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """Events up to the next of ``kind``; every one read goes to ``seen``."""
+    async with asyncio.timeout(30):
+        while True:
+            event: dict[str, Any] = json.loads(await ws.recv())
+            if seen is not None:
+                seen.append(event)
+            if event["type"] == kind:
+                return event
+
+
+def text_item(text: str) -> str:
+    content = [{"type": "input_text", "text": text}]
+    item = {"type": "message", "role": "user", "content": content}
+    return json.dumps({"type": "conversation.item.create", "item": item})
+
+
+async def test_a_text_turn_over_the_wire() -> None:
+    replies = ScriptedReplies("The capital of Italy is Rome.")
+    async with serving(replies=replies) as (url, _), connect(realtime(url)) as ws:
+        created = await until(ws, "session.created")
+        assert created["session"]["model"] == "gpt-realtime"
+        await ws.send(text_item("What is the capital of Italy?"))
+        await ws.send(json.dumps({"type": "response.create"}))
+        seen: list[dict[str, Any]] = []
+        done = await until(ws, "response.done", seen)
+        assert done["response"]["status"] == "completed"
+        audio = b"".join(
+            base64.b64decode(e["delta"]) for e in seen if e["type"] == "response.output_audio.delta"
+        )
+        assert len(audio) // 2 > 24_000 * 0.5  # over half a second of 24 kHz speech
+        words = "".join(
+            e["delta"] for e in seen if e["type"] == "response.output_audio_transcript.delta"
+        )
+        assert words == "The capital of Italy is Rome."
+        metrics = await until(ws, "quicksilver.metrics")
+        assert metrics["response_id"] == done["response"]["id"]
+        assert metrics["metrics"]["first_audio_ms"] is not None
+
+
+BAD_FRAMES: list[str | bytes] = [
+    "{not json",
+    "[]",
+    '{"type": 7}',
+    json.dumps({"type": "input_audio_buffer.append", "audio": "A" * 200_001}),  # not base64
+    json.dumps(
+        {"type": "input_audio_buffer.append", "audio": base64.b64encode(b"\x01" * 3).decode()}
+    ),
+    json.dumps({"type": "session.update", "session": {"modalities": ["text"]}}),
+    json.dumps({"type": "response.create", "response": {"instructions": ["a list"]}}),
+    json.dumps(
+        {
+            "type": "conversation.item.truncate",
+            "item_id": "x",
+            "content_index": 0,
+            "audio_end_ms": 5,
+        }
+    ),
+    "x" * 100_000,
+    b"\x00\x01",
+]
+
+
+async def test_bad_frames_get_errors_and_the_connection_lives_on() -> None:
+    async with serving() as (url, _), connect(realtime(url)) as ws:
+        await until(ws, "session.created")
+        for frame in BAD_FRAMES:
+            await ws.send(frame)
+            error = await until(ws, "error")
+            assert error["error"]["type"] == "invalid_request_error", error
+        await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime"}}))
+        assert (await until(ws, "session.updated"))["type"] == "session.updated"
+        # a large valid append (4 s of audio, one frame) is taken a second at a time
+        four_s = base64.b64encode(bytes(4 * 24_000 * 2)).decode()
+        await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": four_s}))
+        await ws.send(text_item("Still there?"))
+        await ws.send(json.dumps({"type": "response.create"}))
+        assert (await until(ws, "response.done"))["response"]["status"] == "completed"
+
+
+async def test_speech_at_24khz_is_heard_and_answered(speech: SpeechFactory) -> None:
+    async with serving() as (url, _), connect(realtime(url)) as ws:
+        await until(ws, "session.created")
+        question = speech.piper("What is the capital of France?", lead_s=0.3, trail_s=1.5)
+        pcm = float32_to_pcm16(resample(question, 16_000, 24_000))
+        step = 2 * 2400  # 100 ms
+        for i in range(0, len(pcm), step):
+            chunk = base64.b64encode(pcm[i : i + step]).decode()
+            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
+            await asyncio.sleep(0.1)
+        seen: list[dict[str, Any]] = []
+        done = await until(ws, "response.done", seen)
+        kinds = [e["type"] for e in seen]
+        for kind in (
+            "input_audio_buffer.speech_started",
+            "input_audio_buffer.speech_stopped",
+            "input_audio_buffer.committed",
+            "conversation.item.input_audio_transcription.completed",
+            "response.output_audio.delta",
+        ):
+            assert kind in kinds, kind
+        assert done["response"]["status"] == "completed"
+
+
+async def test_the_realtime_endpoint_takes_the_same_keys_and_realtime_tokens() -> None:
+    config = ServerConfig(auth=AuthConfig(api_keys=frozenset({KEY})))
+    async with serving(config=config) as (url, _):
+        with pytest.raises(InvalidStatus) as err:
+            await connect(realtime(url))
+        assert err.value.response.status_code == 401
+        bearer = {"Authorization": f"Bearer {KEY}"}
+        async with connect(realtime(url), additional_headers=bearer) as ws:
+            assert (await until(ws, "session.created"))["type"] == "session.created"
+        voice_token, _ = mint_client_token(derive_secret(KEY), time.time(), scope="voice")
+        with pytest.raises(InvalidStatus) as err:
+            await connect(
+                realtime(url), additional_headers={"Authorization": f"Bearer {voice_token}"}
+            )
+        assert err.value.response.status_code == 401  # wrong scope
+        token, _ = mint_client_token(derive_secret(KEY), time.time(), scope="realtime")
+        async with connect(
+            realtime(url), additional_headers={"Authorization": f"Bearer {token}"}
+        ) as ws:
+            assert (await until(ws, "session.created"))["type"] == "session.created"

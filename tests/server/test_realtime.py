@@ -1,0 +1,596 @@
+"""The OpenAI-Realtime codec over a real session, driven synchronously: client events
+in, Realtime server events and session effects out; no socket, no loop, no models.
+
+The endpoint settings are the session tests' (min speech 3 frames, pause 7, end of
+turn 19); pipeline results (transcripts, sentences, audio) are delivered by hand.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from audio.endpoint import EndpointConfig
+from server import protocol as p
+from server.realtime import RATE, VOICE, Emit, Out, Realtime
+from server.session import (
+    AudioWritten,
+    Close,
+    Event,
+    FinalTranscript,
+    ReplyAudio,
+    ReplyFinished,
+    ReplySentence,
+    RunVad,
+    Send,
+    SendAudio,
+    Session,
+    SessionConfig,
+    StartTurn,
+    VadResult,
+)
+
+FRAME = 512
+ENDPOINT = EndpointConfig(min_speech_ms=96, pause_ms=224, end_of_turn_ms=608)
+ITALY = "What is the capital of Italy?"
+ROME = "The capital of Italy is Rome."
+
+Json = dict[str, Any]
+
+
+@dataclass
+class Driver:
+    """Runs the codec as server/app.py does: encodes what it sends, reports every
+    audio frame written at once, and keeps the other effects for the test to read."""
+
+    codec: Realtime
+    now: float = 0.0
+    effects: list[Out] = field(default_factory=list)
+
+    @property
+    def session(self) -> Session:
+        return self.codec.session
+
+    def send(self, event: Json | str | bytes) -> list[Json]:
+        raw = event if isinstance(event, str | bytes) else json.dumps(event)
+        return self.run(self.codec.receive(raw, self.now))
+
+    def deliver(self, event: Event) -> list[Json]:
+        return self.run(self.session.receive(event, self.now))
+
+    def run(self, out: list[Out] | list[Any]) -> list[Json]:
+        events: list[Json] = []
+        for effect in out:
+            match effect:
+                case Emit(text=text):
+                    events.append(json.loads(text))
+                case Send(message=message):
+                    events += [json.loads(t) for t in self.codec.encode(message)]
+                case SendAudio():
+                    events.append(json.loads(self.codec.audio(effect)))
+                    written = AudioWritten(effect.turn_id, effect.sentence, len(effect.pcm) // 2)
+                    events += self.deliver(written)
+                case _:
+                    self.effects.append(effect)
+        return events
+
+    def frames(self, prob: float, n: int) -> list[Json]:
+        events: list[Json] = []
+        for _ in range(n):
+            self.now += FRAME / 16000
+            result = VadResult(np.zeros(FRAME, np.float32), np.array([prob], np.float32))
+            events += self.deliver(result)
+        return events
+
+    def started(self) -> StartTurn:
+        start = [e for e in self.effects if isinstance(e, StartTurn)][-1]
+        assert isinstance(start, StartTurn)
+        return start
+
+
+def make(max_errors: int = 20) -> tuple[Driver, Json]:
+    session = Session("rt", SessionConfig(endpoint=ENDPOINT, max_errors=max_errors), "tiny.en", "x")
+    d = Driver(Realtime(session, "tiny.en", "gpt-realtime"))
+    (created,) = d.run(d.codec.open(d.now))
+    return d, created
+
+
+def types(events: list[Json]) -> list[str]:
+    return [e["type"] for e in events]
+
+
+def one(events: list[Json], kind: str) -> Json:
+    (event,) = [e for e in events if e["type"] == kind]
+    return event
+
+
+def user_text(text: str = ITALY) -> Json:
+    content = [{"type": "input_text", "text": text}]
+    return {
+        "type": "conversation.item.create",
+        "item": {"type": "message", "role": "user", "content": content},
+    }
+
+
+def pcm(seconds: float, rate: int = RATE) -> bytes:
+    return bytes(2 * int(rate * seconds))
+
+
+def append(data: bytes) -> Json:
+    return {"type": "input_audio_buffer.append", "audio": base64.b64encode(data).decode()}
+
+
+def answer(d: Driver, turn: int, sentence: str = ROME) -> list[Json]:
+    """The pipeline's sentence, 0.2 s of its audio, and the end of the reply."""
+    out = d.deliver(ReplySentence(turn, 0, sentence, 50.0))
+    out += d.deliver(ReplyAudio(turn, 0, pcm(0.2), int(RATE * 0.2), 20.0))
+    return out + d.deliver(ReplyFinished(turn, None, 90.0))
+
+
+# --- the session ----------------------------------------------------------------
+
+
+def test_connecting_creates_a_ga_session_at_24khz() -> None:
+    d, created = make()
+    assert created["type"] == "session.created" and created["event_id"]
+    session = created["session"]
+    assert session["type"] == "realtime" and session["model"] == "gpt-realtime"
+    assert session["output_modalities"] == ["audio"]
+    fmt = {"type": "audio/pcm", "rate": 24000}
+    assert session["audio"]["input"]["format"] == session["audio"]["output"]["format"] == fmt
+    detection = session["audio"]["input"]["turn_detection"]
+    assert detection["type"] == "server_vad" and detection["silence_duration_ms"] == 608
+    assert session["audio"]["output"]["voice"] == VOICE
+    assert d.session.output_rate == RATE
+
+
+def test_session_update_configures_the_session() -> None:
+    d, _ = make()
+    update = {
+        "type": "realtime",
+        "instructions": "Answer like a pirate.",
+        "audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 900}}},
+    }
+    (updated,) = d.send({"type": "session.update", "event_id": "e1", "session": update})
+    assert updated["type"] == "session.updated"
+    assert updated["session"]["instructions"] == "Answer like a pirate."
+    assert updated["session"]["audio"]["input"]["turn_detection"]["silence_duration_ms"] == 900
+    assert d.session.config.endpoint.end_of_turn_ms == 900
+    assert d.session.config.end_of_turn.default_ms == 900  # the policy follows it
+    d.send(user_text())
+    d.send({"type": "response.create"})
+    history = d.started().history
+    assert history[0].role == "system" and history[0].content == "Answer like a pirate."
+    assert history[-1].content == ITALY
+
+
+# --- errors -------------------------------------------------------------------------
+
+
+def update(session: Json) -> Json:
+    return {"type": "session.update", "session": session}
+
+
+def vad(**fields: object) -> Json:
+    return update({"type": "realtime", "audio": {"input": {"turn_detection": fields}}})
+
+
+BAD: list[tuple[Json | str | bytes, str, str | None]] = [
+    ("{not json", "invalid_json", None),
+    ("[1, 2]", "invalid_event", None),
+    ({"event_id": "x"}, "invalid_event", "type"),
+    ({"type": "nonsense.event"}, "unknown_event", "type"),
+    ({"type": "transcription_session.update"}, "beta_protocol", "type"),
+    (update({"instructions": "hi"}), "beta_protocol", "session.type"),
+    (update({"type": "realtime", "modalities": ["audio"]}), "beta_protocol", "session.modalities"),
+    (update({"type": "realtime", "colour": "red"}), "unknown_parameter", "session.colour"),
+    (update({"type": "realtime", "instructions": 5}), "invalid_type", "session.instructions"),
+    (update({"type": "transcription"}), "not_supported", "session.type"),
+    (
+        update({"type": "realtime", "output_modalities": ["audio", "text"]}),
+        "invalid_value",
+        "session.output_modalities",
+    ),
+    (
+        update({"type": "realtime", "tools": [{"type": "function", "name": "f"}]}),
+        "not_supported",
+        "session.tools",
+    ),
+    (
+        update({"type": "realtime", "audio": {"input": {"format": {"type": "audio/pcmu"}}}}),
+        "not_supported",
+        "session.audio.input.format.type",
+    ),
+    (
+        update(
+            {
+                "type": "realtime",
+                "audio": {"output": {"format": {"type": "audio/pcm", "rate": 16000}}},
+            }
+        ),
+        "invalid_value",
+        "session.audio.output.format.rate",
+    ),
+    (
+        update({"type": "realtime", "audio": {"output": {"voice": "alloy"}}}),
+        "invalid_value",
+        "session.audio.output.voice",
+    ),
+    (vad(type="semantic_vad"), "not_supported", "session.audio.input.turn_detection.type"),
+    (
+        vad(type="server_vad", silence_duration_ms="long"),
+        "invalid_type",
+        "session.audio.input.turn_detection.silence_duration_ms",
+    ),
+    (
+        vad(type="server_vad", threshold=1.5),
+        "invalid_value",
+        "session.audio.input.turn_detection.threshold",
+    ),
+    (
+        vad(type="server_vad", create_response=False),
+        "not_supported",
+        "session.audio.input.turn_detection.create_response",
+    ),
+    (append(b"\x00\x01\x02"), "invalid_audio", "audio"),
+    ({"type": "input_audio_buffer.append", "audio": "!!not base64!!"}, "invalid_audio", "audio"),
+    ({"type": "input_audio_buffer.append", "audio": 12}, "invalid_type", "audio"),
+    ({"type": "input_audio_buffer.append"}, "missing_required_parameter", "audio"),
+    (
+        {
+            "type": "conversation.item.truncate",
+            "item_id": "x",
+            "content_index": 0,
+            "audio_end_ms": 1,
+        },
+        "not_supported",
+        "type",
+    ),
+    ({"type": "conversation.item.retrieve", "item_id": "x"}, "not_supported", "type"),
+    ({"type": "conversation.item.delete", "item_id": "x"}, "not_supported", "type"),
+    (
+        {
+            "type": "conversation.item.create",
+            "item": {"type": "function_call_output", "call_id": "c", "output": "{}"},
+        },
+        "not_supported",
+        "item.type",
+    ),
+    (
+        {
+            "type": "conversation.item.create",
+            "item": {"type": "message", "role": "system", "content": []},
+        },
+        "not_supported",
+        "item.role",
+    ),
+    (
+        {"type": "response.create", "response": {"conversation": "none"}},
+        "not_supported",
+        "response.conversation",
+    ),
+    ({"type": "response.create", "response": {"tools": []}}, "not_supported", "response.tools"),
+    ({"type": "response.create"}, "nothing_to_answer", None),
+    ({"type": "response.cancel"}, "response_cancel_not_active", None),
+    ({"type": "input_audio_buffer.commit"}, "input_audio_buffer_commit_empty", None),
+    (b"\x00\x00", "invalid_event", None),
+]
+
+
+@pytest.mark.parametrize(("event", "code", "param"), BAD)
+def test_bad_events_get_an_error_and_the_session_goes_on(
+    event: Json | str | bytes, code: str, param: str | None
+) -> None:
+    d, _ = make()
+    if isinstance(event, dict):
+        event = {**event, "event_id": "evt_client_1"}
+    (error,) = d.send(event)
+    assert error["type"] == "error", error
+    assert error["error"]["code"] == code, error
+    assert error["error"]["param"] == param
+    assert error["error"]["type"] == "invalid_request_error" and error["error"]["message"]
+    if isinstance(event, dict) and "type" in event:
+        assert error["error"]["event_id"] == "evt_client_1"
+    assert types(d.send(update({"type": "realtime"}))) == ["session.updated"]
+
+
+def test_a_rejected_update_changes_nothing() -> None:
+    d, created = make()
+    bad = {"type": "realtime", "instructions": "Be brief.", "audio": {"output": {"voice": "alloy"}}}
+    assert types(d.send(update(bad))) == ["error"]
+    (updated,) = d.send(update({"type": "realtime"}))
+    assert updated["session"] == created["session"]
+
+
+def test_too_many_bad_events_close_the_connection() -> None:
+    d, _ = make(max_errors=3)
+    d.send("{")
+    d.send({"type": "nope"})
+    out = d.codec.receive("[]", d.now)
+    assert any(isinstance(e, Close) and e.code == p.CloseCode.TOO_MANY_ERRORS for e in out)
+
+
+# --- a text turn ------------------------------------------------------------------------
+
+
+def test_a_text_turn_streams_transcript_and_audio_then_completes() -> None:
+    d, _ = make()
+    added = d.send(user_text())
+    assert types(added) == ["conversation.item.added", "conversation.item.done"]
+    user_item = added[0]["item"]
+    assert user_item["role"] == "user" and user_item["content"][0]["text"] == ITALY
+    opened = d.send({"type": "response.create", "event_id": "e2"})
+    assert types(opened) == [
+        "response.created",
+        "response.output_item.added",
+        "conversation.item.added",
+        "response.content_part.added",
+    ]
+    response_id = opened[0]["response"]["id"]
+    assert opened[2]["previous_item_id"] == user_item["id"]
+    start = d.started()
+    assert start.text is None and start.audio is None and start.speak
+    assert start.output_rate == RATE and start.history[-1].content == ITALY
+
+    events = answer(d, start.turn_id)
+    assert types(events) == [
+        "response.output_audio_transcript.delta",
+        "response.output_audio.delta",
+        "response.output_audio.done",
+        "response.output_audio_transcript.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "conversation.item.done",
+        "response.done",
+        "quicksilver.metrics",
+    ]
+    assert events[0]["delta"] == ROME and events[0]["response_id"] == response_id
+    assert base64.b64decode(events[1]["delta"]) == pcm(0.2)
+    done = one(events, "response.done")["response"]
+    assert done["status"] == "completed" and done["id"] == response_id
+    assert done["output"][0]["content"][0] == {"type": "output_audio", "transcript": ROME}
+    assert one(events, "quicksilver.metrics")["response_id"] == response_id
+    assert len({e["event_id"] for e in [*added, *opened, *events]}) == len(added + opened + events)
+
+
+def test_text_modality_answers_without_speech() -> None:
+    d, _ = make()
+    d.send(update({"type": "realtime", "output_modalities": ["text"]}))
+    d.send(user_text())
+    d.send({"type": "response.create"})
+    start = d.started()
+    assert not start.speak
+    (delta,) = d.deliver(ReplySentence(start.turn_id, 0, ROME, 50.0))
+    assert delta["type"] == "response.output_text.delta" and delta["delta"] == ROME
+    events = d.deliver(ReplyFinished(start.turn_id, None, 90.0))
+    assert types(events)[:2] == ["response.output_text.done", "response.content_part.done"]
+    assert one(events, "response.done")["response"]["output_modalities"] == ["text"]
+
+
+def test_per_response_instructions_and_modality() -> None:
+    d, _ = make()
+    d.send(user_text())
+    params = {"instructions": "One word only.", "output_modalities": ["text"]}
+    (created, *_) = d.send({"type": "response.create", "response": params})
+    assert created["response"]["output_modalities"] == ["text"]
+    start = d.started()
+    assert not start.speak and start.history[0].content == "One word only."
+
+
+def test_response_cancel_and_a_second_response_create() -> None:
+    d, _ = make()
+    d.send(user_text())
+    d.send({"type": "response.create"})
+    turn = d.started().turn_id
+    (error,) = d.send({"type": "response.create", "event_id": "again"})
+    assert error["error"]["code"] == "conversation_already_has_active_response"
+    assert error["error"]["event_id"] == "again"
+    events = d.send({"type": "response.cancel"})
+    done = one(events, "response.done")["response"]
+    assert done["status"] == "cancelled"
+    assert done["status_details"] == {"type": "cancelled", "reason": "client_cancelled"}
+    assert d.deliver(ReplySentence(turn, 0, ROME, 50.0)) == []  # nothing of it after
+
+
+# --- speech -----------------------------------------------------------------------------
+
+
+def spoken_turn(d: Driver) -> tuple[list[Json], int]:
+    """Speech, a pause (the speculative turn), its transcript, the end of the turn."""
+    events = d.frames(0.9, 20) + d.frames(0.05, 7)
+    turn = d.started().turn_id
+    events += d.deliver(FinalTranscript(turn, ITALY, 80.0))
+    return events + d.frames(0.05, 12), turn
+
+
+def test_a_spoken_turn_commits_transcribes_and_answers() -> None:
+    d, _ = make()
+    events, turn = spoken_turn(d)
+    assert types(events) == [
+        "input_audio_buffer.speech_started",
+        "input_audio_buffer.speech_stopped",
+        "input_audio_buffer.committed",
+        "conversation.item.added",
+        "conversation.item.input_audio_transcription.completed",
+        "conversation.item.done",
+        "response.created",
+        "response.output_item.added",
+        "conversation.item.added",
+        "response.content_part.added",
+    ]
+    item_id = events[0]["item_id"]
+    assert {e.get("item_id") for e in events[:3]} == {item_id}
+    heard = one(events, "conversation.item.input_audio_transcription.completed")
+    assert heard["item_id"] == item_id and heard["transcript"] == ITALY
+    assert heard["usage"]["seconds"] > 0
+    done = one(answer(d, turn), "response.done")["response"]
+    assert done["status"] == "completed"
+
+
+def test_barge_in_cancels_the_response_with_turn_detected() -> None:
+    d, _ = make()
+    _, turn = spoken_turn(d)
+    d.deliver(ReplySentence(turn, 0, "Rome is the capital of Italy, and it is old.", 50.0))
+    d.deliver(ReplyAudio(turn, 0, pcm(0.2), RATE * 2, 20.0))
+    events = d.frames(0.9, 5)
+    done = one(events, "response.done")["response"]
+    assert done["status"] == "cancelled"
+    assert done["status_details"]["reason"] == "turn_detected"
+    assert (
+        one(events, "response.output_audio_transcript.done")["transcript"] == "Rome"
+    )  # the part sent as audio
+    started = one(events, "input_audio_buffer.speech_started")
+    assert types(events).index("response.done") < types(events).index(
+        "input_audio_buffer.speech_started"
+    )
+    assert d.deliver(ReplyAudio(turn, 0, pcm(0.1), RATE * 2, None)) == []
+    assert started["item_id"] != done["output"][0]["id"]
+
+
+def test_appended_audio_reaches_the_session_a_second_at_a_time() -> None:
+    d, _ = make()
+    assert d.send(append(pcm(3.0))) == []
+    runs = [e for e in d.effects if isinstance(e, RunVad)]
+    assert len(runs) == 3
+    assert (
+        abs(sum(r.samples.size for r in runs) - 3 * 16000) < 500
+    )  # at 16 kHz (less the filter delay)
+
+
+def test_manual_turns_commit_then_respond() -> None:
+    d, _ = make()
+    (updated,) = d.send(
+        vad_off := update({"type": "realtime", "audio": {"input": {"turn_detection": None}}})
+    )
+    assert updated["session"]["audio"]["input"]["turn_detection"] is None
+    assert vad_off
+    assert d.send(append(pcm(0.05))) == []
+    assert not [e for e in d.effects if isinstance(e, RunVad)]  # no VAD in manual turns
+    (error,) = d.send({"type": "input_audio_buffer.commit"})
+    assert error["error"]["code"] == "input_audio_buffer_commit_empty"
+    d.send(append(pcm(0.5)))
+    committed = d.send({"type": "input_audio_buffer.commit"})
+    assert types(committed) == ["input_audio_buffer.committed", "conversation.item.added"]
+    item_id = committed[0]["item_id"]
+    assert types(d.send({"type": "response.create"}))[0] == "response.created"
+    start = d.started()
+    assert start.audio is not None and start.audio.size == 8800  # both appends, at 16 kHz
+    events = d.deliver(FinalTranscript(start.turn_id, ITALY, 80.0))
+    heard = one(events, "conversation.item.input_audio_transcription.completed")
+    assert heard["item_id"] == item_id and heard["transcript"] == ITALY
+    assert one(answer(d, start.turn_id), "response.done")["response"]["status"] == "completed"
+
+
+def test_clear_forgets_the_manual_buffer() -> None:
+    d, _ = make()
+    d.send(update({"type": "realtime", "audio": {"input": {"turn_detection": None}}}))
+    d.send(append(pcm(0.5)))
+    assert types(d.send({"type": "input_audio_buffer.clear"})) == ["input_audio_buffer.cleared"]
+    (error,) = d.send({"type": "input_audio_buffer.commit"})
+    assert error["error"]["code"] == "input_audio_buffer_commit_empty"
+
+
+# --- any input --------------------------------------------------------------------------
+
+CODES = {
+    "invalid_json",
+    "invalid_event",
+    "unknown_event",
+    "beta_protocol",
+    "unknown_parameter",
+    "missing_required_parameter",
+    "invalid_type",
+    "invalid_value",
+    "not_supported",
+    "invalid_audio",
+    "input_audio_buffer_commit_empty",
+    "input_audio_buffer_full",
+    "conversation_already_has_active_response",
+    "response_cancel_not_active",
+    "nothing_to_answer",
+    "rate_limited",
+}
+KINDS = st.sampled_from(
+    [
+        "session.update",
+        "input_audio_buffer.append",
+        "input_audio_buffer.commit",
+        "input_audio_buffer.clear",
+        "conversation.item.create",
+        "response.create",
+        "response.cancel",
+        "conversation.item.truncate",
+        "dance",
+    ]
+)
+KEYS = st.sampled_from(
+    [
+        "type",
+        "session",
+        "audio",
+        "item",
+        "response",
+        "input",
+        "format",
+        "turn_detection",
+        "output_modalities",
+        "instructions",
+        "content",
+        "role",
+        "text",
+        "rate",
+        "voice",
+        "event_id",
+    ]
+) | st.text(max_size=6)
+SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**40), max_value=2**40)
+    | st.floats(allow_nan=True)
+    | st.sampled_from(
+        ["realtime", "server_vad", "audio/pcm", "user", "message", "input_text", "AAAA"]
+    )
+    | st.text(max_size=12)
+)
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(KEYS, inner, max_size=4),
+    max_leaves=20,
+)
+EVENTS = st.fixed_dictionaries(
+    {"type": KINDS},
+    optional={k: VALUES for k in ["session", "audio", "item", "response", "event_id"]},
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(EVENTS, max_size=6))
+def test_any_events_give_effects_or_documented_errors_never_a_crash(events: list[Json]) -> None:
+    d, _ = make(max_errors=1000)
+    for event in events:
+        for out in d.send(event):
+            assert out["type"] and out["event_id"]
+            if out["type"] == "error":
+                assert out["error"]["code"] in CODES, out
+
+
+def test_committed_audio_that_holds_no_words_still_completes_its_item() -> None:
+    d, _ = make()
+    d.send(update({"type": "realtime", "audio": {"input": {"turn_detection": None}}}))
+    d.send(append(pcm(0.5)))
+    item_id = d.send({"type": "input_audio_buffer.commit"})[0]["item_id"]
+    d.send({"type": "response.create"})
+    turn = d.started().turn_id
+    events = d.deliver(FinalTranscript(turn, "", 80.0))
+    heard = one(events, "conversation.item.input_audio_transcription.completed")
+    assert (heard["item_id"], heard["transcript"], heard["usage"]["seconds"]) == (item_id, "", 0.5)
+    events = d.deliver(ReplyFinished(turn, None, None))
+    assert one(events, "response.done")["response"]["status"] == "completed"
