@@ -89,6 +89,9 @@ async def test_barge_in_cancels_the_reply_and_stops_its_audio(
                     turn_id = audio.add(frame)
                     log.append(("audio", turn_id))
                     if len(tasks) == 1:  # first reply audio: interrupt now
+                        # One microphone: the question's trailing silence stops here, or
+                        # its frames would interleave with the interruption's.
+                        tasks[0].cancel()
                         tasks.append(asyncio.create_task(stream_audio(ws, pcm(interruption))))
                     continue
                 message = p.decode_server(frame)
