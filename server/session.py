@@ -678,20 +678,10 @@ class Session:
         Its words leave the conversation: they are in the new turn's transcript."""
         turn = self._turn
         assert turn is not None and turn.utterance_start is not None
-        self._turn = None
-        said = ChatMessage("user", turn.transcript or "")
-        if turn.user_committed and self.conversation and self.conversation[-1] == said:
-            self.conversation.pop()
-        self._to(State.LISTENING)
-        cancelled = p.ReplyCancelled(turn.id, "continued", self._spoken(turn))
+        out = self._cancel_turn("continued")
         u = _Utterance(self._new_turn_id(), turn.utterance_start, last_partial_at=start)
         self._utterance = u
-        return [
-            CancelTurn(turn.id),
-            Send(cancelled),
-            Send(self._metrics(turn, None)),
-            Send(p.SpeechStarted(u.turn_id, u.start * 1000 // SAMPLE_RATE)),
-        ]
+        return [*out, Send(p.SpeechStarted(u.turn_id, u.start * 1000 // SAMPLE_RATE))]
 
     def _continue_utterance(self, u: _Utterance, sample: int) -> list[Effect]:
         out = self._drop_speculation()
@@ -1000,7 +990,11 @@ class Session:
             return []
         self._turn = None
         spoken = self._spoken(turn)
-        if spoken:
+        if reason == "continued":  # its words come back in the next turn; it was not heard
+            said = ChatMessage("user", turn.transcript or "")
+            if turn.user_committed and self.conversation and self.conversation[-1] == said:
+                self.conversation.pop()
+        elif spoken:
             self._remember(ChatMessage("assistant", spoken))
         self._to(State.LISTENING)
         out: list[Effect] = [CancelTurn(turn.id)]

@@ -158,12 +158,12 @@ class PassGate:
                 return
 
 
+_DETERMINERS = frozenset(["a", "an", "the", "my", "your", "our", "their", "its", "his", "her"])
+
+
 def _dangles(word: str) -> bool:
     """A phrase cannot end on this word ("The weather in | in Paris", "Set a | for")."""
     return word.lower() in _PHRASE_WORDS or word.lower() in _DETERMINERS
-
-
-_DETERMINERS = frozenset(["a", "an", "the", "my", "your", "our", "their", "its", "his", "her"])
 
 
 def _word_offset(text: str, i: int) -> int:
