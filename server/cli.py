@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
 import logging
 import os
 import signal
@@ -25,6 +26,7 @@ from model.assemble import (
 )
 from model.modeldir import is_complete
 from model.runtime import Device
+from model.tools import DEFAULT_TOOLS, Tool, parse_tools
 from model.training.commands import register as register_model_commands
 
 from . import auth, realtime
@@ -93,6 +95,14 @@ def _parser() -> argparse.ArgumentParser:
         "often, low waits longer for the user to go on (docs/turn_end.md)",
     )
     serve.add_argument(
+        "--tools",
+        default="default",
+        metavar="default|none|FILE.json",
+        help="the tools a session may call when its start names none: the default device "
+        "tools, none, or a JSON list of {name, description, parameters} (docs/protocol.md, "
+        "'Actions'); only the diffusion engines call tools",
+    )
+    serve.add_argument(
         "--turn-end",
         choices=("model", "words"),
         default="model",
@@ -158,6 +168,14 @@ def main(argv: list[str] | None = None) -> int:
     return rc
 
 
+def _tools(spec: str) -> tuple[Tool, ...]:
+    if spec == "default":
+        return DEFAULT_TOOLS
+    if spec == "none":
+        return ()
+    return parse_tools(json.loads(Path(spec).read_text()))
+
+
 def _serve(args: argparse.Namespace) -> int:
     try:
         auth_config = auth.config_from_args(args, os.environ)
@@ -168,8 +186,13 @@ def _serve(args: argparse.Namespace) -> int:
     if (refusal := auth.check_bind(args.host, auth_config)) is not None:
         print(refusal, file=sys.stderr)
         return 2
+    try:
+        tools = _tools(args.tools)
+    except (OSError, ValueError) as exc:
+        print(f"quicksilver: --tools: {exc}", file=sys.stderr)
+        return 2
     config = ServerConfig(
-        session=SessionConfig(eagerness=args.eagerness),
+        session=SessionConfig(eagerness=args.eagerness, tools=tools),
         resume_ttl_s=args.resume_ttl,
         limits=dataclasses.replace(
             Limits(),

@@ -47,13 +47,18 @@ class ScriptedReplies:
 
     reply: str = "Paris is the capital of France."
     name: str = "scripted"
+    supports_tools: bool = False
     hold: bool = False
     go: threading.Event = field(default_factory=threading.Event)
     started: threading.Event = field(default_factory=threading.Event)
     seen: list[tuple[ChatMessage, ...]] = field(default_factory=list)
 
     def generate(
-        self, conversation: Sequence[ChatMessage], max_tokens: int, should_stop: Callable[[], bool]
+        self,
+        conversation: Sequence[ChatMessage],
+        max_tokens: int,
+        should_stop: Callable[[], bool],
+        tools: Sequence[Any] = (),
     ) -> Generator[str, None, GenerationStats]:
         self.seen.append(tuple(conversation))
         self.started.set()
