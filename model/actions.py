@@ -51,7 +51,7 @@ MAX_STRING_TOKENS = 24
 @dataclass(frozen=True)
 class ActionSettings:
     threshold: float = 0.9  # a slot position commits above it (masked confidence)
-    max_passes: int = 24  # a call that takes more is given up (the reply is spoken)
+    max_passes: int = 48  # a call that takes more is given up
 
 
 @dataclass(frozen=True)
@@ -148,6 +148,7 @@ class _Call:
     values: dict[str, list[int]] = field(default_factory=dict)  # free values' tokens
     committed: int = 0
     passes: int = 0
+    failed: bool = False  # a value nothing can be written into
 
 
 def decode_call(
@@ -171,7 +172,7 @@ def decode_call(
     programs = [(s, 0) for s in shapes(tok, tools)]
     c = _Call(backend, tok, cache, block, model.mask_id, last, user_text, [], programs)
     vocab = {p.name: value_vocab(tok, p, user_text) for t in tools for p in t.params}
-    while c.passes <= settings.max_passes:
+    while c.passes <= settings.max_passes and not c.failed:
         if should_stop():
             return None
         _lay_agreed(c)
@@ -250,8 +251,9 @@ def _slot(c: _Call, p: Param, vocab: NDArray[np.int64], threshold: float) -> Non
             if len(value) < cap and _fits(p, text + c.tok.decode([t]), c.user)
         ]
         allowed = np.array(fits + (closers if value else []), np.int64)
-        if allowed.size == 0:  # nothing can go on: close the value as it is
-            allowed = np.array(closers, np.int64)
+        if allowed.size == 0:  # an empty value nothing can start (no words to copy)
+            c.failed = True
+            return
         token, conf = _masked_choice(row, allowed)
         if j > 0 and conf <= threshold:
             return
@@ -279,6 +281,8 @@ def _fits(p: Param, text: str, user: str) -> bool:
     message is copied from what was said, never made up)."""
     if p.type != "string":
         return (bool(_NUMBER.match(text)) and not text.startswith("0")) or text == "0"
+    if text != text.lstrip() or "  " in text:  # as training writes values: no space first
+        return False
     t = _norm(text)
     return bool(t) and t in _norm(user)
 
@@ -309,7 +313,7 @@ def _value(p: Param, text: str) -> Any:
     """A slot's text as its JSON value; a number outside the schema's range is clamped
     to it (a "timer for zero seconds" becomes the shortest one allowed)."""
     if p.type == "string":
-        return text.strip()
+        return text
     try:
         x = float(text)
     except ValueError:

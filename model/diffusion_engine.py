@@ -89,7 +89,7 @@ class DiffusionGenerator:
         tools = tools if self.supports_tools else ()
         system = tools_system_prompt(opts.system_prompt, tools)
         prompt = build_prompt(tok, conversation, opts.prompt_budget, system)
-        max_tokens = self._room(len(prompt), max_tokens)
+        room = self._room(len(prompt), max_tokens)
         rng = np.random.default_rng(opts.seed)
         cached = self.model.attention == "block"
         prefix = self.prefixes.take(prompt) if cached else None
@@ -111,7 +111,7 @@ class DiffusionGenerator:
                 self.model,
                 opts.sampler,
                 rng,
-                max_tokens - (len(head) - len(prompt)),
+                self._room(len(head), len(forced) + max_tokens) if forced else room,
                 should_stop,
                 prefix,
                 forced,
@@ -158,7 +158,6 @@ class DiffusionGenerator:
         return head, done.ids[done.committed :], 1 + done.passes
 
     def _room(self, prompt_len: int, max_tokens: int) -> int:
-        # (a tool call's tokens count in max_tokens: the reply's blocks hold it)
         """``max_tokens``, cut so that the prompt and the reply blocks fit in a cache."""
         room = self.backend.max_len - prompt_len
         fits = [hi for _, hi in self.options.sampler.blocks(max(max_tokens, 1)) if hi <= room]

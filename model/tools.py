@@ -24,10 +24,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
-
-if TYPE_CHECKING:
-    from model.tokenizer import Tokenizer
+from typing import Any, Literal, Protocol
 
 ParamType = Literal["integer", "number", "string", "boolean"]
 PARAM_TYPES: tuple[ParamType, ...] = ("integer", "number", "string", "boolean")
@@ -36,6 +33,12 @@ MAX_TOOLS = 32
 MAX_PARAMS = 8
 MAX_STRING_CHARS = 200  # a string argument the decoder may write
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
+
+
+class Encoder(Protocol):
+    """What :func:`call_ids` needs of a tokenizer (``model.tokenizer.Tokenizer``)."""
+
+    def encode_plain(self, text: str) -> list[int]: ...
 
 
 class ToolError(ValueError):
@@ -273,7 +276,7 @@ def render_call(tool: Tool, arguments: Mapping[str, Any]) -> str:
     return "".join(text for text, _ in call_pieces(tool, arguments))
 
 
-def call_ids(tok: Tokenizer, tool: Tool, arguments: Mapping[str, Any]) -> list[int]:
+def call_ids(tok: Encoder, tool: Tool, arguments: Mapping[str, Any]) -> list[int]:
     """Token ids of the call, piece by piece (see the module docstring)."""
     return [i for text, _ in call_pieces(tool, arguments) for i in tok.encode_plain(text)]
 
