@@ -27,6 +27,7 @@ from model.ar import ARGenerator
 from model.assemble import DEFAULT_ENGINE, EngineName, load_generator, reply_on_cpu
 from model.diffusion_engine import DiffusionGenerator
 from model.engine import ReplyEngine, TextGenerator, ThreadedReplyEngine
+from model.openai_chat import ChatServerOptions
 from model.runtime import Device
 
 from .speech import PassGate
@@ -101,6 +102,7 @@ class RuntimeOptions:
     speech_first: bool | None = None  # None: when the reply model is on the CPU
     device: Device = "auto"  # auto: the GPU when ONNX Runtime and CTranslate2 see one
     turn_model: bool = True  # score paused turns with the reply model (docs/turn_end.md)
+    chat: ChatServerOptions | None = None  # the server the "openai-chat" engine asks
 
 
 def resolve_device(device: Device) -> Literal["cpu", "cuda"]:
@@ -145,9 +147,12 @@ def load_runtime(options: RuntimeOptions) -> Runtime:
         "speech first (the reply model pauses for a reply's first sentence): %s",
         "on" if speech_first else "off",
     )
+    what = f"reply engine {options.engine}"
+    if options.chat is not None and options.engine == "openai-chat":
+        what += f" ({options.chat.model} at {options.chat.url})"
     generator = _timed(
-        f"reply engine {options.engine}",
-        lambda: load_generator(options.engine, options.cache_dir, options.device),
+        what,
+        lambda: load_generator(options.engine, options.cache_dir, options.device, options.chat),
     )
     reply = ThreadedReplyEngine(generator, workers[WorkerKind.REPLY].executor, gate)
     turn_end = turn_end_model(generator) if options.turn_model else None
