@@ -301,21 +301,24 @@ class OpenAIChatGenerator:
         pieces = 0
         tokens: int | None = None  # the server's count, when it sends usage
         finish: str | None = None
-        for data in sse_data(_lines(response)):
-            if should_stop():
-                return GenerationStats(pieces, pieces, "cancel")
-            if data == "[DONE]":
-                break
-            delta = parse_chunk(data)
-            tokens = delta.completion_tokens if delta.completion_tokens is not None else tokens
-            finish = delta.finish_reason or finish
-            if delta.text:
-                pieces += 1
-                reader.expect(wait_s, f"the chat server at {url} went silent for {wait_s:g} s")
-                yield delta.text
-        else:
-            if finish is None:
-                raise ChatServerError(f"the chat server at {url} ended the stream mid-reply")
+        try:
+            for data in sse_data(_lines(response)):
+                if data == "[DONE]" or should_stop():
+                    break
+                delta = parse_chunk(data)
+                tokens = delta.completion_tokens if delta.completion_tokens is not None else tokens
+                finish = delta.finish_reason or finish
+                if delta.text:
+                    pieces += 1
+                    reader.expect(wait_s, f"the chat server at {url} went silent for {wait_s:g} s")
+                    yield delta.text
+            else:
+                if finish is None:
+                    raise ChatServerError(f"the chat server at {url} ended the stream mid-reply")
+        except _Stopped:  # a read gave up waiting
+            pass
+        if should_stop():
+            return GenerationStats(pieces, pieces, "cancel")
         count = tokens if tokens is not None else pieces
         return GenerationStats(count, pieces, "budget" if finish == "length" else "end")
 
