@@ -21,7 +21,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from audio.asr import Transcript
 from audio.tts import Synthesizer
 from audio.vad import SileroVad
-from model.engine import ChatMessage, GenerationStats, ThreadedReplyEngine
+from model.engine import ChatMessage, GenerationStats, TextGenerator, ThreadedReplyEngine
 from server import protocol as p
 from server.app import App, ServerConfig, start_server
 from server.runtime import Runtime, Worker, WorkerKind
@@ -79,7 +79,7 @@ def shared_models() -> tuple[SileroVad, Synthesizer]:
     return _SHARED["vad"], _SHARED["tts"]
 
 
-def runtime(asr: ScriptedAsr, replies: ScriptedReplies) -> Runtime:
+def runtime(asr: ScriptedAsr, replies: TextGenerator) -> Runtime:
     vad, tts = shared_models()
     workers = {kind: Worker(kind.value) for kind in WorkerKind}
     gate = PassGate(enabled=False)
@@ -90,10 +90,11 @@ def runtime(asr: ScriptedAsr, replies: ScriptedReplies) -> Runtime:
 @contextlib.asynccontextmanager
 async def serving(
     asr: ScriptedAsr | None = None,
-    replies: ScriptedReplies | None = None,
+    replies: TextGenerator | None = None,
     config: ServerConfig | None = None,
 ) -> AsyncIterator[tuple[str, App]]:
-    """``(url, app)`` of a server on a free loopback port, closed on exit."""
+    """``(url, app)`` of a server on a free loopback port, closed on exit; ``replies``
+    is any generator (the openai-chat engine's tests give theirs)."""
     rt = runtime(asr or ScriptedAsr(), replies or ScriptedReplies())
     server, app = await start_server(rt, "127.0.0.1", 0, config)
     host, port = server.sockets[0].getsockname()[:2]
