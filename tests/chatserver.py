@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 DONE = "[DONE]"
-# a Python with llama-cpp-python and its server extras (fastapi, uvicorn, sse-starlette,
-# starlette-context, pydantic-settings), built as ../shared/peers/pipecat/run.sh does
+# a Python with llama-cpp-python and its server extras (docs/realtime.md says how to build
+# one: it compiles llama.cpp)
 LLAMA_PYTHON_ENV = "QUICKSILVER_LLAMA_CPP_PYTHON"
 LLAMA_MODEL = "smollm2"  # the --model_alias the server answers to
 
@@ -154,6 +154,17 @@ def llama_python() -> str | None:
     if override := os.environ.get(LLAMA_PYTHON_ENV):
         return override
     return sys.executable if importlib.util.find_spec("llama_cpp") else None
+
+
+def llama_python_or_skip() -> str:
+    import pytest
+
+    if (python := llama_python()) is None:
+        pytest.skip(
+            f"llama-cpp-python is not built: set ${LLAMA_PYTHON_ENV} to a Python that has "
+            "llama-cpp-python[server] (docs/realtime.md, 'A bigger reply model')"
+        )
+    return python
 
 
 @dataclass

@@ -23,13 +23,12 @@ from model.openai_chat import (
 from tests.chatserver import (
     DONE,
     LLAMA_MODEL,
-    LLAMA_PYTHON_ENV,
     Answer,
     LlamaServer,
     ScriptedChatServer,
     chunk,
     closed_port,
-    llama_python,
+    llama_python_or_skip,
     llama_server,
     usage,
 )
@@ -202,12 +201,7 @@ def test_a_stop_before_the_first_piece_returns_at_once(scripted: ScriptedChatSer
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
-    python = llama_python()
-    if python is None:
-        pytest.skip(
-            f"llama-cpp-python is not built: set ${LLAMA_PYTHON_ENV} to a Python that has it "
-            "with its server extras (../shared/peers/pipecat/run.sh builds one)"
-        )
+    python = llama_python_or_skip()
     from model.nn.gguf import find_smollm2_gguf
 
     server = llama_server(python, find_smollm2_gguf(), tmp_path_factory.mktemp("llama") / "log")
