@@ -52,11 +52,24 @@ class WorkerKind(StrEnum):
     TURN_END = "turn_end"
 
 
-class Worker:
-    """One thread for one kind of blocking job, with its queue depth visible."""
+# Replies from a chat server (engine "openai-chat") spend their time waiting on its
+# socket, and the server batches them: each reply in flight gets a thread, up to this
+# many, instead of waiting for the reply before it as local models' replies do.
+CHAT_REPLY_THREADS = 32
 
-    def __init__(self, name: str) -> None:
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+
+def reply_threads(engine: EngineName) -> int:
+    """Threads of the reply worker: one for a model in this process (it uses the CPU or
+    the GPU alone), :data:`CHAT_REPLY_THREADS` for a chat server's replies."""
+    return CHAT_REPLY_THREADS if engine == "openai-chat" else 1
+
+
+class Worker:
+    """Threads (one unless said) for one kind of blocking job, with its queue depth
+    visible."""
+
+    def __init__(self, name: str, threads: int = 1) -> None:
+        self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name)
         self.pending = 0
 
     async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
@@ -130,6 +143,7 @@ def _timed(what: str, fn: Callable[[], T]) -> T:
 def load_runtime(options: RuntimeOptions) -> Runtime:
     """Load every model once; say what is happening, since first start takes a while."""
     workers = {kind: Worker(kind.value) for kind in WorkerKind}
+    workers[WorkerKind.REPLY] = Worker(WorkerKind.REPLY.value, reply_threads(options.engine))
     vad = _timed("Silero VAD", SileroVad)
     device = resolve_device(options.device)
     asr_name = recommended_model(device) if options.asr == "auto" else options.asr
