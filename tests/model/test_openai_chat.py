@@ -232,14 +232,7 @@ async def test_llama_cpp_reply_is_cancelled_mid_stream(llama: LlamaServer) -> No
 
 
 @pytest.mark.models
-def test_llama_cpp_refusals_fail_clearly(llama: LlamaServer) -> None:
+def test_llama_cpp_s_refusal_fails_clearly(llama: LlamaServer) -> None:
     wrong_path = OpenAIChatGenerator(ChatServerOptions(f"{llama.url}/nowhere", LLAMA_MODEL))
-    with pytest.raises(ChatServerError, match="answered 404"):
+    with pytest.raises(ChatServerError, match=r"answered 404 Not Found: "):
         drain(wrong_path.generate(ASK, 8, never))
-    bad_body = [ChatMessage("user", "")] * 0  # no messages at all: the server refuses it
-    with pytest.raises(ChatServerError, match=r"answered 4\d\d"):
-        drain(
-            OpenAIChatGenerator(ChatServerOptions(llama.url, LLAMA_MODEL)).generate(
-                bad_body, -5, never
-            )
-        )
