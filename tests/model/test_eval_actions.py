@@ -26,15 +26,10 @@ def test_a_call_matches_on_tool_and_arguments_as_said() -> None:
 
 
 def test_held_out_rows_give_their_expected_calls(tmp_path: Path) -> None:
+    call = '<tool_call>{"name": "timer.set", "arguments": {"seconds": %d}}</tool_call>Done.'
     rows = [
-        {
-            "question": "Set a timer for 5 minutes.",
-            "reply": '<tool_call>{"name": "timer.set", "arguments": {"seconds": 300}}</tool_call>Done.',
-        },
-        {
-            "question": "Timer, two minutes.",
-            "reply": '<tool_call>{"name": "timer.set", "arguments": {"seconds": 120}}</tool_call>Done.',
-        },
+        {"question": "Set a timer for 5 minutes.", "reply": call % 300},
+        {"question": "Timer, two minutes.", "reply": call % 120},
         {"question": "Why is the sky blue?", "reply": "Because of scattering."},
     ]
     path = tmp_path / "held.jsonl"
