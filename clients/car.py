@@ -200,6 +200,8 @@ class Car:
                 result = await self.actions.carry_out(action)
                 assert self.ws is not None
                 await self.ws.send(p.encode(result))
+            case p.Error(code="tools_unsupported", message=text):
+                log(text)  # the session goes on; its replies only speak
             case p.ReplyCancelled(turn_id=t):
                 if self.speaker is not None:
                     self.speaker.flush(t)

@@ -234,6 +234,8 @@ class Glasses:
                     transcripts[t] = text
                 case p.Action():
                     await ws.send(p.encode(await self.actions.carry_out(message)))
+                case p.Error(code="tools_unsupported", message=text):
+                    log(text)  # the session goes on; its replies only speak
                 case p.ReplyCancelled(turn_id=t):
                     audio.cancel(t)
                     self.speaker.flush(t)
