@@ -15,6 +15,7 @@ tool's ``name`` added), one JSON object per line, like the server's events.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import time
@@ -195,3 +196,30 @@ class Actions:
         left = self.left_s()
         await self._stop_timer()
         return left
+
+
+# --- the command lines of the glasses and the car ----------------------------------
+
+
+def add_action_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--tools",
+        default="default",
+        metavar=TOOLS_CHOICES,
+        help="tools the assistant may call: none, the server's default device tools, "
+        "or a JSON file with a list of {name, description, parameters} (default: default)",
+    )
+    parser.add_argument(
+        "--wait-timers",
+        action="store_true",
+        help="after the last turn, keep running until a running timer has rung",
+    )
+
+
+async def finish_actions(actions: Actions, wait_timers: bool, log: Callable[[str], None]) -> None:
+    """The client is done talking: wait for a running timer, or say it is dropped."""
+    if wait_timers and (left := actions.left_s()) is not None:
+        log(f"waiting for the timer to ring ({spoken_duration(left)} left)")
+        await actions.wait()
+    if (left := await actions.close()) is not None:
+        log(f"exiting with {spoken_duration(left)} left on the timer (--wait-timers waits)")

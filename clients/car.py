@@ -30,7 +30,7 @@ from websockets.exceptions import InvalidURI
 
 from server import protocol as p
 
-from .actions import Actions, tools_option
+from .actions import Actions, add_action_options, finish_actions, tools_option
 from .common import (
     NETWORK_ERRORS,
     Arrival,
@@ -49,7 +49,7 @@ from .common import (
     write_wav,
 )
 from .devices import DeviceMicrophone, DeviceSpeaker, Speaker, WavSpeaker
-from .glasses import TurnResult, add_action_options, finish_actions, print_event
+from .glasses import TurnResult, print_event
 
 RATES = (8000, 16000)
 

@@ -34,7 +34,7 @@ from websockets.exceptions import ConnectionClosed, InvalidURI
 
 from server import protocol as p
 
-from .actions import TOOLS_CHOICES, Actions, spoken_duration, tools_option
+from .actions import Actions, add_action_options, finish_actions, tools_option
 from .common import (
     NETWORK_ERRORS,
     ClientError,
@@ -271,30 +271,6 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--retries", type=int, default=8, help="reconnections after a drop")
     add_action_options(parser)
     return parser
-
-
-def add_action_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--tools",
-        default="default",
-        metavar=TOOLS_CHOICES,
-        help="tools the assistant may call: none, the server's default device tools, "
-        "or a JSON file with a list of {name, description, parameters} (default: default)",
-    )
-    parser.add_argument(
-        "--wait-timers",
-        action="store_true",
-        help="after the last turn, keep running until a running timer has rung",
-    )
-
-
-async def finish_actions(actions: Actions, wait_timers: bool, log: Callable[[str], None]) -> None:
-    """The client is done talking: wait for a running timer, or say it is dropped."""
-    if wait_timers and (left := actions.left_s()) is not None:
-        log(f"waiting for the timer to ring ({spoken_duration(left)} left)")
-        await actions.wait()
-    if (left := await actions.close()) is not None:
-        log(f"exiting with {spoken_duration(left)} left on the timer (--wait-timers waits)")
 
 
 def _devices(args: argparse.Namespace) -> tuple[Microphone, Speaker]:

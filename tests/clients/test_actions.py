@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from clients.actions import Actions, chime, spoken_duration, tools_option
+from clients.actions import Actions, chime, finish_actions, spoken_duration, tools_option
 from clients.car import Car, CarOptions
 from clients.common import Pcm, read_wav
 from clients.devices import WavMicrophone, WavSpeaker
@@ -175,6 +175,29 @@ async def test_close_stops_the_timer_and_says_what_was_left() -> None:
     clock.advance(60)
     await actions.wait()
     assert not lines.of("timer_done") and await actions.close() is None
+
+
+async def test_a_client_that_is_done_waits_for_its_timer_or_says_it_stops_it() -> None:
+    actions, clock, lines = handler()
+    said: list[str] = []
+    waiting = asyncio.Event()
+
+    def log(line: str) -> None:
+        said.append(line)
+        waiting.set()
+
+    await actions.carry_out(action("timer.set", seconds=90))
+    finishing = asyncio.create_task(finish_actions(actions, True, log))
+    await waiting.wait()
+    clock.advance(90)
+    await finishing
+    assert said == ["waiting for the timer to ring (1 minute 30 seconds left)"]
+    assert len(lines.of("timer_done")) == 1
+    await actions.carry_out(action("timer.set", "call_2", seconds=90))
+    clock.advance(60)
+    await finish_actions(actions, False, said.append)
+    assert said[1:] == ["exiting with 30 seconds left on the timer (--wait-timers waits)"]
+    assert actions.timer is None and len(lines.of("timer_done")) == 1
 
 
 def test_spoken_durations_and_the_chime() -> None:
