@@ -137,7 +137,7 @@ class VoiceSession {
         this.retries = 0;
         this.resumeToken = msg.resume_token || null;
         hideError();
-        $("session").textContent = `session ${msg.session_id}${msg.resumed ? " (resumed)" : ""} · ASR ${msg.asr} · reply ${msg.reply_engine}`;
+        $("session").textContent = `session ${msg.session_id}${msg.resumed ? " (resumed)" : ""} · ASR ${msg.asr} · reply ${msg.reply_engine} · ${(msg.tools || []).length} tools`;
         return setState("listening", "listening");
       case "speech_started":
         this.turn(msg.turn_id).setStatus("listening");
@@ -385,7 +385,8 @@ class TurnView {
       this.latency.append(el("span", "stage", label), track, el("span", "ms", v == null ? "–" : `${Math.round(v)} ms`));
     }
     const note = m.speculative ? "ASR and reply ran during the trailing silence (speculative): they overlap endpointing." : "";
-    this.latency.append(el("span", "note", `${note} ${m.reply_tokens} tokens, ${m.forward_passes} forward passes.`.trim()));
+    const acted = m.action ? ` The call to ${m.action} took ${m.action_passes} passes.` : "";
+    this.latency.append(el("span", "note", `${note} ${m.reply_tokens} tokens, ${m.forward_passes} forward passes.${acted}`.trim()));
     this.latency.hidden = false;
   }
 }

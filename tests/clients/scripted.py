@@ -16,6 +16,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
+from model.tools import DEFAULT_TOOLS
 from server import protocol as p
 from server.app import web_file
 
@@ -64,7 +65,11 @@ class ScriptedServer:
         start = p.decode_client(await ws.recv())
         assert isinstance(start, p.Start), start
         self.received.put_nowait(start)
-        ready = p.Ready("scripted", start.sample_rate, start.output_sample_rate or 22050)
+        default = [t.name for t in DEFAULT_TOOLS]
+        tools = default if start.tools is None else [t["name"] for t in start.tools]
+        ready = p.Ready(
+            "scripted", start.sample_rate, start.output_sample_rate or 22050, tools=tools
+        )
         await ws.send(p.encode(ready))
         self.ws = ws
         self.connected.set()

@@ -26,11 +26,15 @@ ARGS = [
 
 async def turn(peer: ScriptedServer, turn_id: int, said: str, action: p.Action, reply: str) -> None:
     """A turn as the server sends it: the action goes before the spoken confirmation."""
+    metrics = p.Metrics(
+        turn_id, 410.0, 380.0, 520.0, 610.0, 240.0, 1290.0, action=action.name, action_passes=4
+    )
     await peer.send(
         p.TranscriptFinal(turn_id, said),
         action,
         p.ReplyText(turn_id, 0, reply),
         p.ReplyDone(turn_id, reply),
+        metrics,
     )
 
 
@@ -54,6 +58,7 @@ async def test_the_page_shows_actions_as_cards_and_answers_them(
         start = await peer.next(p.Start)
         assert start.client == "web" and start.tools is None  # the default device tools
         await page.wait_for_function("window.qsStats.state === 'listening'")
+        assert (await page.inner_text("#session")).endswith("· 12 tools")
         await page.clock.pause_at(t0 + datetime.timedelta(minutes=10))  # 08:10:00 from now on
 
         timer = p.Action(1, "call_t1", "timer.set", {"seconds": 2})
@@ -76,6 +81,8 @@ async def test_the_page_shows_actions_as_cards_and_answers_them(
         assert await first.get_attribute("data-state") == "rang"
         assert await countdown.inner_text() == "0:00"
         assert await note.inner_text() == "done: rang at 08:10:02, after 2 seconds"
+        latency = await page.inner_text('.turn[data-turn="1"] .latency')
+        assert "The call to timer.set took 4 passes." in latency
 
         lights = p.Action(2, "call_l2", "lights.set", {"on": True})
         await turn(peer, 2, "Turn on the lights.", lights, "The lights are on.")
