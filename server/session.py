@@ -198,6 +198,11 @@ class Configure:
     endpoint: EndpointConfig
     instructions: str | None = None  # the system prompt; None: the reply model's own
     speak: bool = True  # False: replies are text only, never synthesized
+    eagerness: Eagerness | None = None  # the end-of-turn policy's; None: as configured
+    input_rate: int | None = None  # audio from now on is at this rate (G.711: 8 kHz)
+    output_rate: int | None = None  # replies from now on are synthesized at this rate
+    respond: bool = True  # False: a spoken turn is transcribed, not answered
+    max_tokens: int | None = None  # the reply token budget (at most the server's)
 
 
 @dataclass(frozen=True)
@@ -215,11 +220,24 @@ class Respond:
     audio: np.ndarray | None = None
     instructions: str | None = None  # this reply's system prompt instead of the session's
     speak: bool | None = None  # None: as the session is configured
+    max_tokens: int | None = None  # None: the session's
+    keep: bool = True  # False: out of band, the conversation keeps nothing of it
+    history: tuple[ChatMessage, ...] | None = None  # answer these instead of the conversation
+    unprompted: bool = False  # answer even with no user message waiting (an idle timeout)
 
 
 @dataclass(frozen=True)
 class ClearInput:
     """Forget the speech being heard and any turn started on it (input_audio_buffer.clear)."""
+
+
+@dataclass(frozen=True)
+class Amend:
+    """Replace a message of the conversation (this very object), or drop it (``new``
+    None): conversation.item.truncate and .delete."""
+
+    old: ChatMessage
+    new: ChatMessage | None
 
 
 Event = (
@@ -240,6 +258,7 @@ Event = (
     | UserText
     | Respond
     | ClearInput
+    | Amend
 )
 
 
@@ -257,6 +276,7 @@ class SendAudio:
     seq: int
     pcm: bytes
     sentence: int = 0  # reported back with AudioWritten once the frame is written
+    sentence_samples: int = 0  # the whole sentence's length at the output rate
 
 
 @dataclass(frozen=True)
@@ -282,6 +302,8 @@ class StartTurn:
     history: tuple[ChatMessage, ...]
     output_rate: int
     speak: bool = True  # False: the reply is text only
+    max_tokens: int | None = None  # None: the server's reply budget
+    reply: bool = True  # False: transcribe the audio, answer nothing
 
 
 @dataclass(frozen=True)
@@ -332,6 +354,10 @@ class _Turn:
     speculative: bool = False  # started during the trailing silence
     speak: bool = True  # False: a text-only reply, complete once its text is sent
     instructions: str | None = None  # the system prompt of this reply
+    max_tokens: int | None = None
+    reply: bool = True  # False: transcribe only (Realtime's create_response false)
+    keep: bool = True  # False: out of band, its reply is not remembered
+    history: tuple[ChatMessage, ...] | None = None  # instead of the conversation
     transcript: str | None = None
     complete_p: float | None = None  # the end-of-turn score, once it is in
     end_of_turn: str | None = None  # the policy's tier when the turn was released
@@ -402,11 +428,28 @@ class Session:
         self._text_at = 0.0
         self.instructions: str | None = None  # Configure's system prompt
         self.speak = True
+        self.respond = True  # Configure's: spoken turns are answered
+        self.max_tokens: int | None = None
 
     @property
     def output_rate(self) -> int:
         """Sample rate of the reply audio (0 before start)."""
         return self._output_rate
+
+    @property
+    def hearing(self) -> bool:
+        """An utterance is being heard (or waits to be final)."""
+        return self._utterance is not None
+
+    def text_allowance(self, now: float | None = None) -> tuple[float, float]:
+        """The text bucket at ``now`` (None: the last event's time), untouched: replies
+        that may still be asked for (text messages, requested replies), and seconds
+        until it is full again."""
+        cfg = self.config
+        now = self._now if now is None else now
+        refill = max(0.0, now - self._text_at) * cfg.text_per_minute / 60
+        left = min(float(cfg.text_burst), self._text_tokens + refill)
+        return left, (cfg.text_burst - left) * 60 / cfg.text_per_minute
 
     # -- entry point --
 
@@ -460,6 +503,9 @@ class Session:
                 self._endpointer.reset()
                 self._utterance = None
                 return self._drop_speculation()
+            case Amend():
+                self._amend(event)
+                return []
         raise AssertionError(f"unhandled event {event!r}")
 
     def _to(self, state: State) -> None:
@@ -572,15 +618,34 @@ class Session:
 
     def _on_configure(self, event: Configure) -> list[Effect]:
         self.instructions, self.speak = event.instructions, event.speak
+        self.respond, self.max_tokens = event.respond, event.max_tokens
         if event.endpoint != self.config.endpoint:  # the end-of-turn policy follows it
             self.config = replace(self.config, endpoint=event.endpoint)
             self._endpointer.reconfigure(event.endpoint)
+        if event.eagerness is not None and event.eagerness != self.config.eagerness:
+            self.config = replace(self.config, eagerness=event.eagerness)
+        if event.input_rate is not None and event.input_rate != self._input_rate:
+            self._input_rate = event.input_rate
+            quality: Quality = "QQ" if event.input_rate < SAMPLE_RATE else "LQ"
+            self._resampler = StreamResampler(event.input_rate, SAMPLE_RATE, quality)
+        if event.output_rate is not None:  # a turn in flight keeps the rate it started at
+            self._output_rate = event.output_rate
         return []
+
+    def _amend(self, event: Amend) -> None:
+        for i, message in enumerate(self.conversation):
+            if message is event.old:
+                if event.new is None:
+                    del self.conversation[i]
+                else:
+                    self.conversation[i] = event.new
+                return
 
     def _on_respond(self, event: Respond, now: float) -> list[Effect]:
         if self._turn is not None and self._turn.released:
             return self._error("response_in_progress", "a reply is in progress: cancel it first")
-        if event.audio is None and not (self.conversation and self.conversation[-1].role == "user"):
+        waiting = self.conversation and self.conversation[-1].role == "user"
+        if event.audio is None and event.history is None and not (waiting or event.unprompted):
             return self._error("nothing_to_answer", "no user message or audio waits for an answer")
         if not self._take_text_token(now):
             per = self.config.text_per_minute
@@ -592,6 +657,9 @@ class Session:
             turn.instructions = event.instructions
         if event.speak is not None:
             turn.speak = event.speak
+        if event.max_tokens is not None:
+            turn.max_tokens = event.max_tokens
+        turn.keep, turn.history, turn.reply = event.keep, event.history, True
         turn.final_time = now
         return out + self._begin_turn(turn, audio=event.audio, text=None, release=True)
 
@@ -791,16 +859,27 @@ class Session:
             transcript=transcript,
             speak=self.speak,
             instructions=self.instructions,
+            max_tokens=self.max_tokens,
+            reply=self.respond,
         )
 
     def _begin_turn(
         self, turn: _Turn, audio: np.ndarray | None, text: str | None, release: bool
     ) -> list[Effect]:
         self._turn = turn
-        history = tuple(self.conversation)
+        history = tuple(self.conversation) if turn.history is None else turn.history
         if turn.instructions is not None:  # the reply engines take a leading system message
             history = (ChatMessage("system", turn.instructions), *history)
-        start = StartTurn(turn.id, audio, text, history, self._output_rate, turn.speak)
+        start = StartTurn(
+            turn.id,
+            audio,
+            text,
+            history,
+            self._output_rate,
+            turn.speak,
+            max_tokens=turn.max_tokens,
+            reply=turn.reply,
+        )
         out: list[Effect] = [start]
         if release:
             out += self._release(turn, turn.final_time if turn.final_time is not None else 0.0)
@@ -915,7 +994,8 @@ class Session:
         turn.sentence_samples[event.sentence] = event.sentence_samples
         turn.queued_samples += len(event.pcm) // 2
         turn.seq += 1
-        return [*out, SendAudio(turn.id, turn.seq - 1, event.pcm, event.sentence)]
+        audio = SendAudio(turn.id, turn.seq - 1, event.pcm, event.sentence, event.sentence_samples)
+        return [*out, audio]
 
     def _on_audio_written(self, event: AudioWritten) -> list[Effect]:
         turn = self._current(event.turn_id)
@@ -941,7 +1021,7 @@ class Session:
         turn.unheard_text.clear()
         text = " ".join(turn.sentences)
         kept = text if turn.written_samples >= turn.queued_samples else self._spoken(turn)
-        if kept:
+        if kept and turn.keep:
             self._remember(ChatMessage("assistant", kept))
         self._turn = None
         self._to(State.LISTENING)
@@ -994,7 +1074,7 @@ class Session:
             said = ChatMessage("user", turn.transcript or "")
             if turn.user_committed and self.conversation and self.conversation[-1] == said:
                 self.conversation.pop()
-        elif spoken:
+        elif spoken and turn.keep:
             self._remember(ChatMessage("assistant", spoken))
         self._to(State.LISTENING)
         out: list[Effect] = [CancelTurn(turn.id)]

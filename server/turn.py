@@ -91,6 +91,9 @@ async def _run(
         transcript = await rt.worker(WorkerKind.ASR).run(rt.asr.transcribe, start.audio)
         text = transcript.text
         await deliver(FinalTranscript(start.turn_id, text, _ms(t0, loop.time())))
+        if not start.reply:  # heard, not answered (the client asks for a reply itself)
+            await deliver(ReplyFinished(start.turn_id, None, None))
+            return
     if start.audio is None and start.text is None:  # answer the history as it stands
         conversation = start.history
     elif text.strip():
@@ -133,7 +136,8 @@ async def _produce(
     t0 = loop.time()
     stats: GenerationStats | None = None
     try:
-        async for chunk in sentences(rt.reply.stream(conversation, rt.max_reply_tokens)):
+        budget = min(rt.max_reply_tokens, start.max_tokens or rt.max_reply_tokens)
+        async for chunk in sentences(rt.reply.stream(conversation, budget)):
             match chunk:
                 case Sentence(text=text, index=index):
                     await deliver(ReplySentence(start.turn_id, index, text, _ms(t0, loop.time())))
