@@ -204,9 +204,19 @@ BAD: list[tuple[Json | str | bytes, str, str | None]] = [
         "session.tools",
     ),
     (
-        update({"type": "realtime", "audio": {"input": {"format": {"type": "audio/pcmu"}}}}),
-        "not_supported",
+        update({"type": "realtime", "audio": {"input": {"format": {"type": "audio/opus"}}}}),
+        "invalid_value",
         "session.audio.input.format.type",
+    ),
+    (
+        update(
+            {
+                "type": "realtime",
+                "audio": {"input": {"format": {"type": "audio/pcmu", "rate": 24000}}},
+            }
+        ),
+        "invalid_value",
+        "session.audio.input.format.rate",
     ),
     (
         update(
@@ -223,7 +233,42 @@ BAD: list[tuple[Json | str | bytes, str, str | None]] = [
         "invalid_value",
         "session.audio.output.voice",
     ),
-    (vad(type="semantic_vad"), "not_supported", "session.audio.input.turn_detection.type"),
+    (vad(type="none_vad"), "invalid_value", "session.audio.input.turn_detection.type"),
+    (
+        vad(type="semantic_vad", eagerness="eager"),
+        "invalid_value",
+        "session.audio.input.turn_detection.eagerness",
+    ),
+    (
+        vad(type="semantic_vad", silence_duration_ms=500),
+        "unknown_parameter",
+        "session.audio.input.turn_detection.silence_duration_ms",
+    ),
+    (
+        vad(type="server_vad", idle_timeout_ms=10),
+        "invalid_value",
+        "session.audio.input.turn_detection.idle_timeout_ms",
+    ),
+    (
+        vad(type="server_vad", interrupt_response=False),
+        "not_supported",
+        "session.audio.input.turn_detection.interrupt_response",
+    ),
+    (
+        update({"type": "realtime", "max_output_tokens": 0}),
+        "invalid_value",
+        "session.max_output_tokens",
+    ),
+    (
+        update({"type": "realtime", "audio": {"input": {"transcription": None}}}),
+        "not_supported",
+        "session.audio.input.transcription",
+    ),
+    (
+        update({"type": "realtime", "audio": {"input": {"transcription": {"language": "fr"}}}}),
+        "not_supported",
+        "session.audio.input.transcription.language",
+    ),
     (
         vad(type="server_vad", silence_duration_ms="long"),
         "invalid_type",
@@ -235,8 +280,8 @@ BAD: list[tuple[Json | str | bytes, str, str | None]] = [
         "session.audio.input.turn_detection.threshold",
     ),
     (
-        vad(type="server_vad", create_response=False),
-        "not_supported",
+        vad(type="server_vad", create_response="no"),
+        "invalid_type",
         "session.audio.input.turn_detection.create_response",
     ),
     (append(b"\x00\x01\x02"), "invalid_audio", "audio"),
@@ -250,11 +295,14 @@ BAD: list[tuple[Json | str | bytes, str, str | None]] = [
             "content_index": 0,
             "audio_end_ms": 1,
         },
-        "not_supported",
-        "type",
+        "item_not_found",
+        "item_id",
     ),
-    ({"type": "conversation.item.retrieve", "item_id": "x"}, "not_supported", "type"),
-    ({"type": "conversation.item.delete", "item_id": "x"}, "not_supported", "type"),
+    ({"type": "conversation.item.truncate", "item_id": "x"}, "item_not_found", "item_id"),
+    ({"type": "conversation.item.retrieve", "item_id": "x"}, "item_not_found", "item_id"),
+    ({"type": "conversation.item.retrieve"}, "missing_required_parameter", "item_id"),
+    ({"type": "conversation.item.delete", "item_id": 5}, "invalid_type", "item_id"),
+    ({"type": "output_audio_buffer.clear"}, "not_supported", "type"),
     (
         {
             "type": "conversation.item.create",
@@ -272,9 +320,41 @@ BAD: list[tuple[Json | str | bytes, str, str | None]] = [
         "item.role",
     ),
     (
-        {"type": "response.create", "response": {"conversation": "none"}},
-        "not_supported",
+        {"type": "response.create", "response": {"conversation": "conv_1"}},
+        "invalid_value",
         "response.conversation",
+    ),
+    (
+        {"type": "response.create", "response": {"max_output_tokens": 5000}},
+        "invalid_value",
+        "response.max_output_tokens",
+    ),
+    (
+        {"type": "response.create", "response": {"input": [{"type": "function_call_output"}]}},
+        "not_supported",
+        "response.input[0]",
+    ),
+    (
+        {"type": "response.create", "response": {"input": [{"type": "item_reference", "id": "x"}]}},
+        "item_not_found",
+        "response.input[0]",
+    ),
+    (
+        {"type": "response.create", "response": {"metadata": {"k": 1}}},
+        "invalid_type",
+        "response.metadata.k",
+    ),
+    (
+        {
+            "type": "conversation.item.create",
+            "item": {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_audio", "audio": "AAAAAA=="}],
+            },
+        },
+        "invalid_value",
+        "item.content[0].audio",
     ),
     ({"type": "response.create", "response": {"tools": []}}, "not_supported", "response.tools"),
     ({"type": "response.create"}, "nothing_to_answer", None),
@@ -329,12 +409,13 @@ def test_a_text_turn_streams_transcript_and_audio_then_completes() -> None:
     opened = d.send({"type": "response.create", "event_id": "e2"})
     assert types(opened) == [
         "response.created",
+        "rate_limits.updated",
         "response.output_item.added",
         "conversation.item.added",
         "response.content_part.added",
     ]
     response_id = opened[0]["response"]["id"]
-    assert opened[2]["previous_item_id"] == user_item["id"]
+    assert opened[3]["previous_item_id"] == user_item["id"]
     start = d.started()
     assert start.text is None and start.audio is None and start.speak
     assert start.output_rate == RATE and start.history[-1].content == ITALY
@@ -421,6 +502,7 @@ def test_a_spoken_turn_commits_transcribes_and_answers() -> None:
         "conversation.item.input_audio_transcription.completed",
         "conversation.item.done",
         "response.created",
+        "rate_limits.updated",
         "response.output_item.added",
         "conversation.item.added",
         "response.content_part.added",
