@@ -600,6 +600,8 @@ CODES = {
     "response_cancel_not_active",
     "nothing_to_answer",
     "rate_limited",
+    "item_not_found",
+    "item_in_progress",
 }
 KINDS = st.sampled_from(
     [
@@ -611,6 +613,9 @@ KINDS = st.sampled_from(
         "response.create",
         "response.cancel",
         "conversation.item.truncate",
+        "conversation.item.retrieve",
+        "conversation.item.delete",
+        "output_audio_buffer.clear",
         "dance",
     ]
 )
@@ -632,6 +637,11 @@ KEYS = st.sampled_from(
         "rate",
         "voice",
         "event_id",
+        "conversation",
+        "max_output_tokens",
+        "eagerness",
+        "idle_timeout_ms",
+        "create_response",
     ]
 ) | st.text(max_size=6)
 SCALARS = (
@@ -640,7 +650,11 @@ SCALARS = (
     | st.integers(min_value=-(2**40), max_value=2**40)
     | st.floats(allow_nan=True)
     | st.sampled_from(
-        ["realtime", "server_vad", "audio/pcm", "user", "message", "input_text", "AAAA"]
+        [
+            *("realtime", "server_vad", "semantic_vad", "audio/pcm", "audio/pcmu", "none"),
+            *("user", "message", "input_text", "input_audio", "item_reference", "AAAA"),
+            *("item_qs1", "item_qs2", "item_qs3"),
+        ]
     )
     | st.text(max_size=12)
 )
@@ -651,7 +665,10 @@ VALUES = st.recursive(
 )
 EVENTS = st.fixed_dictionaries(
     {"type": KINDS},
-    optional={k: VALUES for k in ["session", "audio", "item", "response", "event_id"]},
+    optional={
+        k: VALUES
+        for k in ["session", "audio", "item", "response", "event_id", "item_id", "audio_end_ms"]
+    },
 )
 
 
