@@ -404,6 +404,7 @@ class Realtime:
             output_rate=RATES[s.output_format],
             respond=vad.create_response if vad is not None else True,
             max_tokens=s.max_output_tokens,
+            interrupt=vad.interrupt_response if vad is not None else True,
         )
 
     def _append(self, value: object, now: float) -> list[Out]:
@@ -1040,7 +1041,7 @@ class Realtime:
                 case "create_response":
                     vad = replace(vad, create_response=_bool(v, where))
                 case "interrupt_response":
-                    _interrupt(v, where)
+                    vad = replace(vad, interrupt_response=_bool(v, where))
                 case "idle_timeout_ms":
                     idle = (
                         None
@@ -1296,19 +1297,10 @@ def _semantic_vad(config: Json, param: str) -> SemanticVad:
             case "create_response":
                 vad = replace(vad, create_response=_bool(v, where))
             case "interrupt_response":
-                _interrupt(v, where)
+                vad = replace(vad, interrupt_response=_bool(v, where))
             case _:
                 raise RealtimeError("unknown_parameter", f"unknown parameter {where}", where)
     return vad
-
-
-def _interrupt(value: object, param: str) -> None:
-    if not _bool(value, param):
-        raise RealtimeError(
-            "not_supported",
-            "interrupt_response false is not supported: speech always interrupts a reply",
-            param,
-        )
 
 
 def _max_tokens(value: object, param: str) -> int | None:

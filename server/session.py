@@ -203,6 +203,7 @@ class Configure:
     output_rate: int | None = None  # replies from now on are synthesized at this rate
     respond: bool = True  # False: a spoken turn is transcribed, not answered
     max_tokens: int | None = None  # the reply token budget (at most the server's)
+    interrupt: bool = True  # False: speech never cuts a reply; its turn waits for it
 
 
 @dataclass(frozen=True)
@@ -429,6 +430,7 @@ class Session:
         self.instructions: str | None = None  # Configure's system prompt
         self.speak = True
         self.respond = True  # Configure's: spoken turns are answered
+        self.interrupt = True  # Configure's: speech barges in on a reply
         self.max_tokens: int | None = None
 
     @property
@@ -619,6 +621,7 @@ class Session:
     def _on_configure(self, event: Configure) -> list[Effect]:
         self.instructions, self.speak = event.instructions, event.speak
         self.respond, self.max_tokens = event.respond, event.max_tokens
+        self.interrupt = event.interrupt
         if event.endpoint != self.config.endpoint:  # the end-of-turn policy follows it
             self.config = replace(self.config, endpoint=event.endpoint)
             self._endpointer.reconfigure(event.endpoint)
@@ -710,6 +713,8 @@ class Session:
         u = self._utterance
         if u is not None and u.ended:  # the turn was held open, and the user went on
             return self._continue_utterance(u, start)
+        if not self.interrupt and self._turn is not None and self._turn.released:
+            return self._hear_beside(start)
         if self._goes_on(start, now):
             return self._continue_answered(start)
         out = self._cancel_turn("barge_in")
@@ -757,6 +762,24 @@ class Session:
         u.ended = False
         return [*out, Send(p.SpeechStarted(u.turn_id, sample * 1000 // SAMPLE_RATE))]
 
+    def _hear_beside(self, start: int) -> list[Effect]:
+        """Speech while a reply plays and may not be interrupted: heard as a new
+        utterance; its turn starts once the reply ends (:meth:`_after_reply`)."""
+        u = _Utterance(turn_id=self._new_turn_id(), start=start, last_partial_at=start)
+        self._utterance = u
+        return [Send(p.SpeechStarted(u.turn_id, start * 1000 // SAMPLE_RATE))]
+
+    def _after_reply(self) -> list[Effect]:
+        """A reply that could not be interrupted has ended: the turn of the speech heard
+        meanwhile starts, if it has paused (speech still going on starts it at its
+        pause, as ever); its release comes with its transcript (_maybe_final)."""
+        u = self._utterance
+        if self.interrupt or u is None or self._turn is not None or u.end_time is None:
+            return []
+        turn = self._new_turn(u.turn_id, u.end_time, utterance_start=u.start)
+        turn.speculative = not u.ended
+        return self._begin_turn(turn, audio=self._utterance_audio(u), text=None, release=False)
+
     def _on_speech_paused(self, end: int, now: float) -> list[Effect]:
         u = self._utterance
         if u is None:
@@ -778,6 +801,8 @@ class Session:
             out.append(Send(p.SpeechStopped(u.turn_id, end * 1000 // SAMPLE_RATE)))
         u.ended = True
         turn = self._turn
+        if not self.interrupt and turn is not None and turn.released and turn.id != u.turn_id:
+            return out  # a reply plays on: this turn starts when it ends (_after_reply)
         if turn is None or turn.id != u.turn_id:  # no speculation running: start now
             assert u.end_time is not None
             turn = self._new_turn(u.turn_id, u.end_time, utterance_start=u.start)
@@ -966,7 +991,7 @@ class Session:
         turn = self._current(event.turn_id)
         if turn is None or not turn.released:  # audio of a cancelled turn is never sent
             return []
-        if turn.first_audio_time is None and self._endpointer.hearing_speech:
+        if turn.first_audio_time is None and self._endpointer.hearing_speech and self.interrupt:
             turn.waiting_audio.append(event)  # the user may be going on: see first
             return []
         return self._send_audio(turn, event, now)
@@ -1025,7 +1050,8 @@ class Session:
             self._remember(ChatMessage("assistant", kept))
         self._turn = None
         self._to(State.LISTENING)
-        return [*out, Send(p.ReplyDone(turn.id, text)), Send(self._metrics(turn, event))]
+        done = [Send(p.ReplyDone(turn.id, text)), Send(self._metrics(turn, event))]
+        return [*out, *done, *self._after_reply()]
 
     def _metrics(self, turn: _Turn, done: ReplyFinished | None) -> p.Metrics:
         def ms(a: float | None, b: float | None) -> float | None:
@@ -1080,7 +1106,7 @@ class Session:
         out: list[Effect] = [CancelTurn(turn.id)]
         if reason != "closed":
             cancelled = p.ReplyCancelled(turn.id, reason, spoken)  # type: ignore[arg-type]
-            out += [Send(cancelled), Send(self._metrics(turn, None))]
+            out += [Send(cancelled), Send(self._metrics(turn, None)), *self._after_reply()]
         return out
 
     def _on_disconnect(self) -> list[Effect]:

@@ -252,8 +252,8 @@ BAD: list[tuple[Json | str | bytes, str, str | None]] = [
         "session.audio.input.turn_detection.idle_timeout_ms",
     ),
     (
-        vad(type="server_vad", interrupt_response=False),
-        "not_supported",
+        vad(type="server_vad", interrupt_response=0),
+        "invalid_type",
         "session.audio.input.turn_detection.interrupt_response",
     ),
     (
@@ -792,6 +792,31 @@ def test_create_response_false_transcribes_and_waits_for_response_create() -> No
     answer_start = d.started()
     assert answer_start.reply and answer_start.audio is None
     assert answer_start.history[-1].content == ITALY
+
+
+def test_interrupt_response_false_lets_the_reply_finish_then_answers_the_speech() -> None:
+    d, _ = make()
+    d.send(vad(type="server_vad", interrupt_response=False))
+    _, turn = spoken_turn(d)
+    d.deliver(ReplySentence(turn, 0, ROME, 50.0))
+    d.deliver(ReplyAudio(turn, 0, pcm(0.2), RATE * 2, 20.0))
+    events = d.frames(0.9, 20) + d.frames(0.05, 25)  # talked over, then past the end of turn
+    assert types(events) == [
+        "input_audio_buffer.speech_started",
+        "input_audio_buffer.speech_stopped",
+    ]
+    assert len([e for e in d.effects if isinstance(e, StartTurn)]) == 1  # it waits
+    more = d.deliver(ReplyAudio(turn, 0, pcm(0.1), RATE * 2, None))
+    assert types(more) == ["response.output_audio.delta"]  # the reply goes on
+    done = d.deliver(ReplyFinished(turn, None, 90.0))
+    assert one(done, "response.done")["response"]["status"] == "completed"
+    assert d.session.conversation[-1].content == ROME  # all of it was heard
+    second = d.started()
+    assert second.turn_id != turn and second.audio is not None  # now the speech's turn
+    heard = d.deliver(FinalTranscript(second.turn_id, "And France?", 80.0))
+    completed = one(heard, "conversation.item.input_audio_transcription.completed")
+    assert completed["item_id"] == events[0]["item_id"]
+    assert "response.created" in types(heard)
 
 
 def test_idle_timeout_commits_silence_and_answers_once() -> None:
