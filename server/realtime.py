@@ -518,8 +518,8 @@ class Realtime:
         if message.audio is not None:
             return self._hold_audio(item_id, message.audio, RATES[self.settings.input_format])
         out: list[Out] = list(self.session.receive(UserText(message.text), now))
-        self._bound[item_id] = self.session.conversation[-1]
         previous = self._add_item(item_id)
+        self._bind(item_id, "user", message.text)
         item = {
             **_item(item_id, "user", "completed"),
             "content": [{"type": "input_text", "text": message.text}],
