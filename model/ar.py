@@ -21,6 +21,7 @@ from model.engine import ChatMessage, GenerationStats
 from model.generate import greedy
 from model.prefix import PrefixCache
 from model.tokenizer import Tokenizer, decoded
+from model.tools import Tool, ToolCall
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,12 @@ class AROptions:
 
 
 class ARGenerator:
-    """A :class:`model.engine.TextGenerator` running greedy decoding on a Llama."""
+    """A :class:`model.engine.TextGenerator` running greedy decoding on a Llama.
+
+    It has no tools: it is SmolLM2 as published, and the tool calls are the diffusion
+    adapter's training (docs/actions.md)."""
+
+    supports_tools = False
 
     def __init__(
         self,
@@ -55,7 +61,8 @@ class ARGenerator:
         conversation: Sequence[ChatMessage],
         max_tokens: int,
         should_stop: Callable[[], bool],
-    ) -> Generator[str, None, GenerationStats]:
+        tools: Sequence[Tool] = (),
+    ) -> Generator[str | ToolCall, None, GenerationStats]:
         tok = self.tokenizer
         prompt = build_prompt(
             tok, conversation, self.options.prompt_budget, self.options.system_prompt

@@ -33,6 +33,7 @@ import pytest
 
 from audio.asr import Transcript
 from model.engine import ChatMessage, GenerationStats, ReplyChunk, ReplyEnd
+from model.tools import Tool
 from server.runtime import Runtime, Worker, WorkerKind
 from server.session import (
     Event,
@@ -92,7 +93,7 @@ class FakeEngine:
         self.calls: list[tuple[tuple[ChatMessage, ...], int]] = []
 
     async def stream(
-        self, conversation: Sequence[ChatMessage], max_tokens: int
+        self, conversation: Sequence[ChatMessage], max_tokens: int, tools: Sequence[Tool] = ()
     ) -> AsyncIterator[ReplyChunk]:
         self.calls.append((tuple(conversation), max_tokens))
         try:
@@ -164,7 +165,9 @@ class Turn:
         max_tokens: int | None = None,
         reply: bool = True,
     ) -> asyncio.Task[None]:
-        start = StartTurn(TURN, audio, text, history, output_rate, speak, max_tokens, reply)
+        start = StartTurn(
+            TURN, audio, text, history, output_rate, speak, max_tokens=max_tokens, reply=reply
+        )
         return asyncio.create_task(run_turn(self.rt, start, self.released, self.deliver, pacing))
 
     def of(self, kind: type) -> list[Any]:
