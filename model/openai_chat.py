@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 
 from model.chat import SPOKEN_SYSTEM_PROMPT, with_system_prompt
 from model.engine import ChatMessage, GenerationStats
+from model.tools import Tool, ToolCall
 
 POLL_S = 0.05  # how long one wait for bytes lasts before the stop flag is checked again
 MAX_LINE = 1 << 20  # longest line of the event stream
@@ -205,6 +206,8 @@ class OpenAIChatGenerator:
     several threads share nothing."""
 
     name = "openai-chat"
+    # the remote model's own function calling is not wired to the session's tools yet
+    supports_tools = False
 
     def __init__(self, options: ChatServerOptions) -> None:
         self.options = options
@@ -215,7 +218,8 @@ class OpenAIChatGenerator:
         conversation: Sequence[ChatMessage],
         max_tokens: int,
         should_stop: Callable[[], bool],
-    ) -> Generator[str, None, GenerationStats]:
+        tools: Sequence[Tool] = (),
+    ) -> Generator[str | ToolCall, None, GenerationStats]:
         conn = self._connect()
         try:
             return (yield from self._exchange(conn, conversation, max_tokens, should_stop))
