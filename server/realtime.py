@@ -292,7 +292,9 @@ class Realtime:
     def open(self, now: float) -> list[Out]:
         """Start the session: its ready message becomes ``session.created``, showing
         the client secret's session config when there is one."""
-        start = p.Start(sample_rate=RATE, client="realtime", output_sample_rate=RATE)
+        # No tools yet: the session's would send v1 actions, which Realtime's function
+        # calls are to carry once they are wired (session.tools answers [] meanwhile).
+        start = p.Start(sample_rate=RATE, client="realtime", output_sample_rate=RATE, tools=[])
         out: list[Out] = list(self.session.receive(start, now))
         if self.preset is not None:
             try:

@@ -1080,3 +1080,15 @@ def test_a_client_secrets_session_applies_before_session_created() -> None:
     d = Driver(Realtime(session, "tiny.en", "gpt-realtime", preset=bad))
     created, error = d.run(d.codec.open(d.now))
     assert created["type"] == "session.created" and error["error"]["code"] == "invalid_value"
+
+
+def test_a_realtime_session_has_no_tools_until_function_calls_are_wired() -> None:
+    """The reply engine may call tools (can_act), but a Realtime session declares none:
+    its replies never send v1 actions, which the codec has no events for yet."""
+    session = Session("rt", SessionConfig(endpoint=ENDPOINT), "tiny.en", "x", can_act=True)
+    d = Driver(Realtime(session, "tiny.en", "gpt-realtime"))
+    (created,) = d.run(d.codec.open(d.now))
+    assert created["session"]["tools"] == [] and session.tools == ()
+    d.send(user_text())
+    d.send({"type": "response.create"})
+    assert d.started().tools == ()
