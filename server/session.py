@@ -212,6 +212,12 @@ class Configure:
     endpoint: EndpointConfig
     instructions: str | None = None  # the system prompt; None: the reply model's own
     speak: bool = True  # False: replies are text only, never synthesized
+    eagerness: Eagerness | None = None  # the end-of-turn policy's; None: as configured
+    input_rate: int | None = None  # audio from now on is at this rate (G.711: 8 kHz)
+    output_rate: int | None = None  # replies from now on are synthesized at this rate
+    respond: bool = True  # False: a spoken turn is transcribed, not answered
+    max_tokens: int | None = None  # the reply token budget (at most the server's)
+    interrupt: bool = True  # False: speech never cuts a reply; its turn waits for it
 
 
 @dataclass(frozen=True)
@@ -229,11 +235,24 @@ class Respond:
     audio: np.ndarray | None = None
     instructions: str | None = None  # this reply's system prompt instead of the session's
     speak: bool | None = None  # None: as the session is configured
+    max_tokens: int | None = None  # None: the session's
+    keep: bool = True  # False: out of band, the conversation keeps nothing of it
+    history: tuple[ChatMessage, ...] | None = None  # answer these instead of the conversation
+    unprompted: bool = False  # answer even with no user message waiting (an idle timeout)
 
 
 @dataclass(frozen=True)
 class ClearInput:
     """Forget the speech being heard and any turn started on it (input_audio_buffer.clear)."""
+
+
+@dataclass(frozen=True)
+class Amend:
+    """Replace a message of the conversation (this very object), or drop it (``new``
+    None): conversation.item.truncate and .delete."""
+
+    old: ChatMessage
+    new: ChatMessage | None
 
 
 Event = (
@@ -255,6 +274,7 @@ Event = (
     | UserText
     | Respond
     | ClearInput
+    | Amend
 )
 
 
@@ -272,6 +292,7 @@ class SendAudio:
     seq: int
     pcm: bytes
     sentence: int = 0  # reported back with AudioWritten once the frame is written
+    sentence_samples: int = 0  # the whole sentence's length at the output rate
 
 
 @dataclass(frozen=True)
@@ -298,6 +319,8 @@ class StartTurn:
     output_rate: int
     speak: bool = True  # False: the reply is text only
     tools: tuple[Tool, ...] = ()  # what the reply may call
+    max_tokens: int | None = None  # None: the server's reply budget
+    reply: bool = True  # False: transcribe the audio, answer nothing
 
 
 @dataclass(frozen=True)
@@ -348,6 +371,10 @@ class _Turn:
     speculative: bool = False  # started during the trailing silence
     speak: bool = True  # False: a text-only reply, complete once its text is sent
     instructions: str | None = None  # the system prompt of this reply
+    max_tokens: int | None = None
+    reply: bool = True  # False: transcribe only (Realtime's create_response false)
+    keep: bool = True  # False: out of band, its reply is not remembered
+    history: tuple[ChatMessage, ...] | None = None  # instead of the conversation
     transcript: str | None = None
     complete_p: float | None = None  # the end-of-turn score, once it is in
     end_of_turn: str | None = None  # the policy's tier when the turn was released
@@ -427,11 +454,29 @@ class Session:
         self.tools: tuple[Tool, ...] = ()
         self._can_act = can_act
         self._calls: dict[str, str] = {}  # recent call ids -> tool names
+        self.respond = True  # Configure's: spoken turns are answered
+        self.interrupt = True  # Configure's: speech barges in on a reply
+        self.max_tokens: int | None = None
 
     @property
     def output_rate(self) -> int:
         """Sample rate of the reply audio (0 before start)."""
         return self._output_rate
+
+    @property
+    def hearing(self) -> bool:
+        """An utterance is being heard (or waits to be final)."""
+        return self._utterance is not None
+
+    def text_allowance(self, now: float | None = None) -> tuple[float, float]:
+        """The text bucket at ``now`` (None: the last event's time), untouched: replies
+        that may still be asked for (text messages, requested replies), and seconds
+        until it is full again."""
+        cfg = self.config
+        now = self._now if now is None else now
+        refill = max(0.0, now - self._text_at) * cfg.text_per_minute / 60
+        left = min(float(cfg.text_burst), self._text_tokens + refill)
+        return left, (cfg.text_burst - left) * 60 / cfg.text_per_minute
 
     # -- entry point --
 
@@ -489,6 +534,9 @@ class Session:
                 self._endpointer.reset()
                 self._utterance = None
                 return self._drop_speculation()
+            case Amend():
+                self._amend(event)
+                return []
         raise AssertionError(f"unhandled event {event!r}")
 
     def _to(self, state: State) -> None:
@@ -611,15 +659,35 @@ class Session:
 
     def _on_configure(self, event: Configure) -> list[Effect]:
         self.instructions, self.speak = event.instructions, event.speak
+        self.respond, self.max_tokens = event.respond, event.max_tokens
+        self.interrupt = event.interrupt
         if event.endpoint != self.config.endpoint:  # the end-of-turn policy follows it
             self.config = replace(self.config, endpoint=event.endpoint)
             self._endpointer.reconfigure(event.endpoint)
+        if event.eagerness is not None and event.eagerness != self.config.eagerness:
+            self.config = replace(self.config, eagerness=event.eagerness)
+        if event.input_rate is not None and event.input_rate != self._input_rate:
+            self._input_rate = event.input_rate
+            quality: Quality = "QQ" if event.input_rate < SAMPLE_RATE else "LQ"
+            self._resampler = StreamResampler(event.input_rate, SAMPLE_RATE, quality)
+        if event.output_rate is not None:  # a turn in flight keeps the rate it started at
+            self._output_rate = event.output_rate
         return []
+
+    def _amend(self, event: Amend) -> None:
+        for i, message in enumerate(self.conversation):
+            if message is event.old:
+                if event.new is None:
+                    del self.conversation[i]
+                else:
+                    self.conversation[i] = event.new
+                return
 
     def _on_respond(self, event: Respond, now: float) -> list[Effect]:
         if self._turn is not None and self._turn.released:
             return self._error("response_in_progress", "a reply is in progress: cancel it first")
-        if event.audio is None and not (self.conversation and self.conversation[-1].role == "user"):
+        waiting = self.conversation and self.conversation[-1].role == "user"
+        if event.audio is None and event.history is None and not (waiting or event.unprompted):
             return self._error("nothing_to_answer", "no user message or audio waits for an answer")
         if not self._take_text_token(now):
             per = self.config.text_per_minute
@@ -631,6 +699,9 @@ class Session:
             turn.instructions = event.instructions
         if event.speak is not None:
             turn.speak = event.speak
+        if event.max_tokens is not None:
+            turn.max_tokens = event.max_tokens
+        turn.keep, turn.history, turn.reply = event.keep, event.history, True
         turn.final_time = now
         return out + self._begin_turn(turn, audio=event.audio, text=None, release=True)
 
@@ -681,6 +752,8 @@ class Session:
         u = self._utterance
         if u is not None and u.ended:  # the turn was held open, and the user went on
             return self._continue_utterance(u, start)
+        if not self.interrupt and self._turn is not None and self._turn.released:
+            return self._hear_beside(start)
         if self._goes_on(start, now):
             return self._continue_answered(start)
         out = self._cancel_turn("barge_in")
@@ -728,6 +801,24 @@ class Session:
         u.ended = False
         return [*out, Send(p.SpeechStarted(u.turn_id, sample * 1000 // SAMPLE_RATE))]
 
+    def _hear_beside(self, start: int) -> list[Effect]:
+        """Speech while a reply plays and may not be interrupted: heard as a new
+        utterance; its turn starts once the reply ends (:meth:`_after_reply`)."""
+        u = _Utterance(turn_id=self._new_turn_id(), start=start, last_partial_at=start)
+        self._utterance = u
+        return [Send(p.SpeechStarted(u.turn_id, start * 1000 // SAMPLE_RATE))]
+
+    def _after_reply(self) -> list[Effect]:
+        """A reply that could not be interrupted has ended: the turn of the speech heard
+        meanwhile starts, if it has paused (speech still going on starts it at its
+        pause, as ever); its release comes with its transcript (_maybe_final)."""
+        u = self._utterance
+        if self.interrupt or u is None or self._turn is not None or u.end_time is None:
+            return []
+        turn = self._new_turn(u.turn_id, u.end_time, utterance_start=u.start)
+        turn.speculative = not u.ended
+        return self._begin_turn(turn, audio=self._utterance_audio(u), text=None, release=False)
+
     def _on_speech_paused(self, end: int, now: float) -> list[Effect]:
         u = self._utterance
         if u is None:
@@ -749,6 +840,8 @@ class Session:
             out.append(Send(p.SpeechStopped(u.turn_id, end * 1000 // SAMPLE_RATE)))
         u.ended = True
         turn = self._turn
+        if not self.interrupt and turn is not None and turn.released and turn.id != u.turn_id:
+            return out  # a reply plays on: this turn starts when it ends (_after_reply)
         if turn is None or turn.id != u.turn_id:  # no speculation running: start now
             assert u.end_time is not None
             turn = self._new_turn(u.turn_id, u.end_time, utterance_start=u.start)
@@ -830,16 +923,28 @@ class Session:
             transcript=transcript,
             speak=self.speak,
             instructions=self.instructions,
+            max_tokens=self.max_tokens,
+            reply=self.respond,
         )
 
     def _begin_turn(
         self, turn: _Turn, audio: np.ndarray | None, text: str | None, release: bool
     ) -> list[Effect]:
         self._turn = turn
-        history = tuple(self.conversation)
+        history = tuple(self.conversation) if turn.history is None else turn.history
         if turn.instructions is not None:  # the reply engines take a leading system message
             history = (ChatMessage("system", turn.instructions), *history)
-        start = StartTurn(turn.id, audio, text, history, self._output_rate, turn.speak, self.tools)
+        start = StartTurn(
+            turn.id,
+            audio,
+            text,
+            history,
+            self._output_rate,
+            turn.speak,
+            self.tools,
+            max_tokens=turn.max_tokens,
+            reply=turn.reply,
+        )
         out: list[Effect] = [start]
         if release:
             out += self._release(turn, turn.final_time if turn.final_time is not None else 0.0)
@@ -973,7 +1078,7 @@ class Session:
         turn = self._current(event.turn_id)
         if turn is None or not turn.released:  # audio of a cancelled turn is never sent
             return []
-        if turn.first_audio_time is None and self._endpointer.hearing_speech:
+        if turn.first_audio_time is None and self._endpointer.hearing_speech and self.interrupt:
             turn.waiting_audio.append(event)  # the user may be going on: see first
             return []
         return self._send_audio(turn, event, now)
@@ -1001,7 +1106,8 @@ class Session:
         turn.sentence_samples[event.sentence] = event.sentence_samples
         turn.queued_samples += len(event.pcm) // 2
         turn.seq += 1
-        return [*out, SendAudio(turn.id, turn.seq - 1, event.pcm, event.sentence)]
+        audio = SendAudio(turn.id, turn.seq - 1, event.pcm, event.sentence, event.sentence_samples)
+        return [*out, audio]
 
     def _on_audio_written(self, event: AudioWritten) -> list[Effect]:
         turn = self._current(event.turn_id)
@@ -1027,10 +1133,12 @@ class Session:
         turn.unheard_text.clear()
         text = " ".join(turn.sentences)
         kept = text if turn.written_samples >= turn.queued_samples else self._spoken(turn)
-        self._remember_reply(turn, kept)
+        if turn.keep:  # an out-of-band reply joins no conversation
+            self._remember_reply(turn, kept)
         self._turn = None
         self._to(State.LISTENING)
-        return [*out, Send(p.ReplyDone(turn.id, text)), Send(self._metrics(turn, event))]
+        done = [Send(p.ReplyDone(turn.id, text)), Send(self._metrics(turn, event))]
+        return [*out, *done, *self._after_reply()]
 
     def _metrics(self, turn: _Turn, done: ReplyFinished | None) -> p.Metrics:
         def ms(a: float | None, b: float | None) -> float | None:
@@ -1081,13 +1189,13 @@ class Session:
             said = ChatMessage("user", turn.transcript or "")
             if turn.user_committed and self.conversation and self.conversation[-1] == said:
                 self.conversation.pop()
-        else:
+        elif turn.keep:
             self._remember_reply(turn, spoken)
         self._to(State.LISTENING)
         out: list[Effect] = [CancelTurn(turn.id)]
         if reason != "closed":
             cancelled = p.ReplyCancelled(turn.id, reason, spoken)  # type: ignore[arg-type]
-            out += [Send(cancelled), Send(self._metrics(turn, None))]
+            out += [Send(cancelled), Send(self._metrics(turn, None)), *self._after_reply()]
         return out
 
     def _on_disconnect(self) -> list[Effect]:

@@ -93,6 +93,9 @@ async def _run(
         transcript = await rt.worker(WorkerKind.ASR).run(rt.asr.transcribe, start.audio)
         text = transcript.text
         await deliver(FinalTranscript(start.turn_id, text, _ms(t0, loop.time())))
+        if not start.reply:  # heard, not answered (the client asks for a reply itself)
+            await deliver(ReplyFinished(start.turn_id, None, None))
+            return
     if start.audio is None and start.text is None:  # answer the history as it stands
         conversation = start.history
     elif text.strip():
@@ -135,7 +138,8 @@ async def _produce(
     t0 = loop.time()
     stats: GenerationStats | None = None
     try:
-        stream = rt.reply.stream(conversation, rt.max_reply_tokens, start.tools)
+        budget = min(rt.max_reply_tokens, start.max_tokens or rt.max_reply_tokens)
+        stream = rt.reply.stream(conversation, budget, start.tools)
         async for chunk in sentences(stream):
             match chunk:
                 case ToolCall():

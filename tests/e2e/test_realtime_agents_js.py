@@ -58,11 +58,9 @@ def test_a_text_turn_gets_a_spoken_answer_and_a_completed_response(turn: dict[st
 
 @pytest.mark.xfail(
     strict=True,
-    reason="the server refuses the SDK's default session config: its session.update "
-    "has session.audio.input.transcription.model 'gpt-4o-mini-transcribe' (invalid_value: "
-    "only the server's ASR name) and turn_detection semantic_vad (not_supported), so the "
-    "whole update and the agent's instructions are dropped; the SDK then sends "
-    "session.update with session.tracing 'auto' (not_supported)",
+    reason="the SDK's default session config is taken (transcription model "
+    "'gpt-4o-mini-transcribe' echoed, semantic_vad, the agent's instructions) but for its "
+    "second session.update, session.tracing 'auto' (not_supported: no trace store here)",
 )
 def test_the_sdk_s_default_session_config_is_accepted(turn: dict[str, Any]) -> None:
     assert turn["errors"] == []
