@@ -139,8 +139,10 @@ async def _produce(
     stats: GenerationStats | None = None
     try:
         budget = min(rt.max_reply_tokens, start.max_tokens or rt.max_reply_tokens)
-        stream = rt.reply.stream(conversation, budget, start.tools)
-        async for chunk in sentences(stream):
+        # No name holds the engine's stream: cancelled here (say, while Piper works), this
+        # frame's traceback must not keep it alive, so that it is closed and the model
+        # stops writing.
+        async for chunk in sentences(rt.reply.stream(conversation, budget, start.tools)):
             match chunk:
                 case ToolCall():
                     await deliver(ReplyAction(start.turn_id, chunk))
