@@ -33,6 +33,7 @@ from audio.endpoint import EndpointConfig
 from audio.resample import SAMPLE_RATE, float32_to_pcm16, pcm16_to_float32, resample
 from model.chat import SPOKEN_SYSTEM_PROMPT
 from model.engine import ChatMessage
+from model.tools import Tool, ToolError, parse_tools
 
 from . import protocol as p
 from .session import (
@@ -94,8 +95,6 @@ BETA_FIELDS = {
 }
 # GA session fields not built; a value that says what the server does anyway passes.
 NOT_YET_FIELDS: dict[str, tuple[object, ...]] = {
-    "tools": ([],),
-    "tool_choice": ("auto", "none"),
     "tracing": (None,),
     "prompt": (None,),
     "truncation": ("auto",),  # the session drops the oldest messages past its limit
@@ -210,6 +209,8 @@ class Settings:
     output_format: str = "audio/pcm"
     transcription: Json = field(default_factory=dict)  # as the client named it
     max_output_tokens: int | None = None  # None: "inf", the server's reply budget
+    tools: tuple[Tool, ...] = ()  # the session's functions (the reply engine's tools)
+    tool_choice: Literal["auto", "none"] = "auto"
 
 
 @dataclass
@@ -225,6 +226,7 @@ class _Response:
     sentences: dict[int, str] = field(default_factory=dict)
     sentence_samples: dict[int, int] = field(default_factory=dict)  # whole, per sentence
     sent_samples: dict[int, int] = field(default_factory=dict)  # sent as audio so far
+    calls: list[Json] = field(default_factory=list)  # function_call items, in output order
 
 
 @dataclass(frozen=True)
@@ -292,8 +294,7 @@ class Realtime:
     def open(self, now: float) -> list[Out]:
         """Start the session: its ready message becomes ``session.created``, showing
         the client secret's session config when there is one."""
-        # No tools yet: the session's would send v1 actions, which Realtime's function
-        # calls are to carry once they are wired (session.tools answers [] meanwhile).
+        # OpenAI's sessions start without tools; session.update gives them.
         start = p.Start(sample_rate=RATE, client="realtime", output_sample_rate=RATE, tools=[])
         out: list[Out] = list(self.session.receive(start, now))
         if self.preset is not None:
@@ -407,6 +408,7 @@ class Realtime:
             respond=vad.create_response if vad is not None else True,
             max_tokens=s.max_output_tokens,
             interrupt=vad.interrupt_response if vad is not None else True,
+            tools=s.tools if s.tool_choice == "auto" else (),
         )
 
     def _append(self, value: object, now: float) -> list[Out]:
@@ -513,6 +515,9 @@ class Realtime:
                 "items go at the end of the conversation: previous_item_id must be the last item",
                 "previous_item_id",
             )
+        item_value = _required(event, "item", "")
+        if isinstance(item_value, dict) and item_value.get("type") == "function_call_output":
+            return self._call_output(item_value, now)
         message = _user_message(_required(event, "item", ""), self.settings.input_format)
         item_id = message.id or self._id("item")
         if item_id in self._store:
@@ -526,6 +531,33 @@ class Realtime:
             **_item(item_id, "user", "completed"),
             "content": [{"type": "input_text", "text": message.text}],
         }
+        self._put(item)
+        return [
+            *out,
+            Emit(self._event("conversation.item.added", previous_item_id=previous, item=item)),
+            Emit(self._event("conversation.item.done", previous_item_id=previous, item=item)),
+        ]
+
+    def _call_output(self, value: Json, now: float) -> list[Out]:
+        """A function's result (the v1 action_result): it joins the conversation after
+        the reply that called it, and the client asks for the next reply itself."""
+        _known(value, {"type", "call_id", "output", "id", "object", "status"}, "item")
+        call_id = _text(_required(value, "call_id", "item"), "item.call_id", MAX_ID_CHARS)
+        output = _text(_required(value, "output", "item"), "item.output", p.MAX_TEXT_CHARS)
+        out: list[Out] = list(self.session.receive(p.ActionResult(call_id, output), now))
+        if any(isinstance(e, Send) and isinstance(e.message, p.Error) for e in out):
+            return out  # unknown_call_id: no item
+        item_id = value.get("id") or self._id("item")
+        item_id = _text(item_id, "item.id", MAX_ID_CHARS)
+        item = {
+            "id": item_id,
+            "object": "realtime.item",
+            "type": "function_call_output",
+            "call_id": call_id,
+            "output": output,
+            "status": "completed",
+        }
+        previous = self._add_item(item_id)
         self._put(item)
         return [
             *out,
@@ -679,6 +711,8 @@ class Realtime:
                 return self._heard(turn, text)
             case p.ReplyText(turn_id=turn, index=index, text=text):
                 return self._delta(turn, index, text)
+            case p.Action():
+                return self._function_call(message)
             case p.ReplyDone(turn_id=turn, text=text):
                 return self._close_response(turn, text, "completed", None)
             case p.ReplyCancelled():
@@ -821,6 +855,55 @@ class Realtime:
         kind = "response.output_audio_transcript.delta" if r.speak else "response.output_text.delta"
         return [self._event(kind, **_ids(r), delta=delta)]
 
+    def _function_call(self, action: p.Action) -> list[str]:
+        """The reply calls a tool: a function_call item beside its message, whole at
+        once (the call is written before any of the reply is sent)."""
+        r = self._responses.get(action.turn_id)
+        if r is None:
+            return []
+        index = 1 + len(r.calls)  # the message item is output 0
+        args = json.dumps(action.arguments, ensure_ascii=False)
+        item_id = self._id("item")
+        call = {
+            "id": item_id,
+            "object": "realtime.item",
+            "type": "function_call",
+            "status": "in_progress",
+            "name": action.name,
+            "call_id": action.call_id,
+            "arguments": "",
+        }
+        ids = {"response_id": r.id, "item_id": item_id, "output_index": index}
+        out = [
+            self._event(
+                "response.output_item.added", response_id=r.id, output_index=index, item=call
+            )
+        ]
+        previous = self._add_item(item_id) if r.keep else None
+        if r.keep:
+            out.append(self._event("conversation.item.added", previous_item_id=previous, item=call))
+        done = {**call, "status": "completed", "arguments": args}
+        r.calls.append(done)
+        out += [
+            self._event(
+                "response.function_call_arguments.delta", **ids, call_id=action.call_id, delta=args
+            ),
+            self._event(
+                "response.function_call_arguments.done",
+                **ids,
+                call_id=action.call_id,
+                name=action.name,
+                arguments=args,
+            ),
+            self._event(
+                "response.output_item.done", response_id=r.id, output_index=index, item=done
+            ),
+        ]
+        if r.keep:
+            self._put(done)
+            out.append(self._event("conversation.item.done", item=done))
+        return out
+
     def _cancelled(self, message: p.ReplyCancelled) -> list[str]:
         if message.reason == "error":
             details = {"type": "failed", "error": {"type": "server_error", "code": "turn_failed"}}
@@ -865,7 +948,9 @@ class Realtime:
         self._idle_from = self._input_ms + PLAYBACK_LEAD_MS
         return [
             *out,
-            self._event("response.done", response=self._response(r, status, [item], details)),
+            self._event(
+                "response.done", response=self._response(r, status, [item, *r.calls], details)
+            ),
         ]
 
     def _keep_reply(self, r: _Response, item: Json) -> None:
@@ -938,8 +1023,8 @@ class Realtime:
                 "output": {"format": _format_json(s.output_format), "voice": VOICE, "speed": 1.0},
             },
             "max_output_tokens": "inf" if tokens is None else tokens,
-            "tools": [],
-            "tool_choice": "auto",
+            "tools": [{"type": "function", **t.schema()} for t in s.tools],
+            "tool_choice": s.tool_choice,
             "tracing": None,
             "truncation": "auto",
         }
@@ -972,6 +1057,10 @@ class Realtime:
                     s = self._audio_settings(s, v)
                 case "max_output_tokens":
                     s = replace(s, max_output_tokens=_max_tokens(v, param))
+                case "tools":
+                    s = replace(s, tools=self._tools(v, param))
+                case "tool_choice":
+                    s = replace(s, tool_choice=_tool_choice(v, param))
                 case _ if key in BETA_FIELDS:
                     raise RealtimeError(
                         "beta_protocol",
@@ -983,6 +1072,25 @@ class Realtime:
                 case _:
                     raise RealtimeError("unknown_parameter", f"unknown parameter {param}", param)
         return s
+
+    def _tools(self, value: object, param: str) -> tuple[Tool, ...]:
+        """session.tools: functions, as the reply engine's tools."""
+        if not isinstance(value, list):
+            raise RealtimeError("invalid_type", f"{param} must be a list", param)
+        for i, tool in enumerate(value):
+            where = f"{param}[{i}]"
+            if not isinstance(tool, dict) or tool.get("type", "function") != "function":
+                raise RealtimeError(
+                    "not_supported", f"{where}: only function tools (no MCP servers)", where
+                )
+        if value and not self.session.can_act:
+            raise RealtimeError(
+                "not_supported", "this server's reply engine cannot call tools", param
+            )
+        try:
+            return parse_tools(value)
+        except ToolError as err:
+            raise RealtimeError("invalid_value", f"{param}: {err}", param) from None
 
     def _audio_settings(self, s: Settings, value: object) -> Settings:
         audio = _object(value, "session.audio")
@@ -1350,14 +1458,26 @@ class _Message:
     audio: bytes | None = None
 
 
+def _tool_choice(value: object, param: str) -> Literal["auto", "none"]:
+    """``auto`` (the model decides) or ``none``; forcing a call is not built: the model
+    decides from its first token (docs/actions.md)."""
+    if value == "auto" or value == "none":
+        return value
+    if value == "required" or isinstance(value, dict):
+        raise RealtimeError("not_supported", f"{param}: only auto and none", param)
+    raise RealtimeError("invalid_value", f"{param} must be auto or none", param)
+
+
 def _user_message(value: object, input_format: str) -> _Message:
     """conversation.item.create's item: a user message of text parts, or of one
     input_audio part in the session's input format."""
     item = _object(value, "item")
     kind = item.get("type", "message")
-    if kind in ("function_call", "function_call_output"):
+    if kind == "function_call":
         raise RealtimeError(
-            "not_supported", f"{kind} items need tools, which are not supported yet", "item.type"
+            "not_supported",
+            "function_call items are written by the model, not created",
+            "item.type",
         )
     if kind != "message":
         raise RealtimeError("invalid_value", "item.type must be message", "item.type")

@@ -218,6 +218,7 @@ class Configure:
     respond: bool = True  # False: a spoken turn is transcribed, not answered
     max_tokens: int | None = None  # the reply token budget (at most the server's)
     interrupt: bool = True  # False: speech never cuts a reply; its turn waits for it
+    tools: tuple[Tool, ...] | None = None  # what replies may call; None: as they are
 
 
 @dataclass(frozen=True)
@@ -452,7 +453,7 @@ class Session:
         self.instructions: str | None = None  # Configure's system prompt
         self.speak = True
         self.tools: tuple[Tool, ...] = ()
-        self._can_act = can_act
+        self.can_act = can_act  # the reply engine writes tool calls
         self._calls: dict[str, str] = {}  # recent call ids -> tool names
         self.respond = True  # Configure's: spoken turns are answered
         self.interrupt = True  # Configure's: speech barges in on a reply
@@ -615,7 +616,7 @@ class Session:
         quality: Quality = "QQ" if start.sample_rate < SAMPLE_RATE else "LQ"
         self._resampler = StreamResampler(start.sample_rate, SAMPLE_RATE, quality)
         self._output_rate = out_rate
-        self.tools = tools if self._can_act else ()
+        self.tools = tools if self.can_act else ()
         self._to(State.LISTENING)
         asr, engine = self._names
         token = self.resume_token if self._resume is not None else ""
@@ -631,7 +632,7 @@ class Session:
             tools=[t.name for t in self.tools],
         )
         out: list[Effect] = [Send(ready)]
-        if start.tools and not self._can_act:
+        if start.tools and not self.can_act:
             message = f"the reply engine {engine!r} cannot call tools; replies only speak"
             out.append(Send(p.Error("tools_unsupported", message)))
         return out
@@ -672,6 +673,8 @@ class Session:
             self._resampler = StreamResampler(event.input_rate, SAMPLE_RATE, quality)
         if event.output_rate is not None:  # a turn in flight keeps the rate it started at
             self._output_rate = event.output_rate
+        if event.tools is not None and self.can_act:  # the codec refuses them otherwise
+            self.tools = event.tools
         return []
 
     def _amend(self, event: Amend) -> None:

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from audio import g711
 from audio.endpoint import EndpointConfig
 from model.engine import ChatMessage
+from model.tools import ToolCall
 from server import protocol as p
 from server.realtime import RATE, VOICE, Emit, Out, Realtime
 from server.session import (
@@ -27,6 +28,7 @@ from server.session import (
     Close,
     Event,
     FinalTranscript,
+    ReplyAction,
     ReplyAudio,
     ReplyFinished,
     ReplySentence,
@@ -310,8 +312,8 @@ BAD: list[tuple[Json | str | bytes, str, str | None]] = [
             "type": "conversation.item.create",
             "item": {"type": "function_call_output", "call_id": "c", "output": "{}"},
         },
-        "not_supported",
-        "item.type",
+        "unknown_call_id",  # no call awaits it
+        None,
     ),
     (
         {
@@ -1082,13 +1084,115 @@ def test_a_client_secrets_session_applies_before_session_created() -> None:
     assert created["type"] == "session.created" and error["error"]["code"] == "invalid_value"
 
 
-def test_a_realtime_session_has_no_tools_until_function_calls_are_wired() -> None:
-    """The reply engine may call tools (can_act), but a Realtime session declares none:
-    its replies never send v1 actions, which the codec has no events for yet."""
+TIMER_TOOL = {
+    "type": "function",
+    "name": "timer_set",
+    "description": "Start a countdown timer.",
+    "parameters": {
+        "type": "object",
+        "properties": {"seconds": {"type": "integer", "minimum": 1}},
+        "required": ["seconds"],
+    },
+}
+
+
+def acting() -> Driver:
     session = Session("rt", SessionConfig(endpoint=ENDPOINT), "tiny.en", "x", can_act=True)
     d = Driver(Realtime(session, "tiny.en", "gpt-realtime"))
-    (created,) = d.run(d.codec.open(d.now))
-    assert created["session"]["tools"] == [] and session.tools == ()
+    d.run(d.codec.open(d.now))
+    return d
+
+
+def test_a_realtime_session_starts_without_tools_as_openai_s_do() -> None:
+    """The reply engine may call tools (can_act), but a session declares none until
+    session.update gives it functions."""
+    d = acting()
+    assert d.session.tools == ()
     d.send(user_text())
     d.send({"type": "response.create"})
     assert d.started().tools == ()
+
+
+def test_session_tools_become_the_reply_engine_s_tools() -> None:
+    d = acting()
+    (updated,) = d.send(update({"type": "realtime", "tools": [TIMER_TOOL], "tool_choice": "auto"}))
+    assert updated["session"]["tools"] == [TIMER_TOOL]
+    assert [t.name for t in d.session.tools] == ["timer_set"]
+    d.send(user_text("Set a timer for five minutes."))
+    d.send({"type": "response.create"})
+    assert [t.name for t in d.started().tools] == ["timer_set"]
+    (updated,) = d.send(update({"type": "realtime", "tool_choice": "none"}))  # listed, never called
+    assert updated["session"]["tool_choice"] == "none" and d.session.tools == ()
+
+
+@pytest.mark.parametrize(
+    ("session", "code"),
+    [
+        ({"tools": [{"type": "mcp", "server_url": "x"}]}, "not_supported"),
+        ({"tools": [{**TIMER_TOOL, "name": "has space"}]}, "invalid_value"),
+        ({"tools": "timer"}, "invalid_type"),
+        ({"tool_choice": "required"}, "not_supported"),
+        ({"tool_choice": {"type": "function", "name": "timer_set"}}, "not_supported"),
+        ({"tool_choice": "sometimes"}, "invalid_value"),
+    ],
+)
+def test_tools_the_server_cannot_honour_are_refused(session: Json, code: str) -> None:
+    d = acting()
+    (error,) = d.send(update({"type": "realtime", **session}))
+    assert error["type"] == "error" and error["error"]["code"] == code
+
+
+def test_an_engine_that_cannot_act_refuses_tools() -> None:
+    d, _ = make()  # can_act False
+    (error,) = d.send(update({"type": "realtime", "tools": [TIMER_TOOL]}))
+    assert error["error"]["code"] == "not_supported" and error["error"]["param"] == "session.tools"
+
+
+def test_a_call_is_a_function_call_item_and_its_output_joins_the_conversation() -> None:
+    d = acting()
+    d.send(update({"type": "realtime", "tools": [TIMER_TOOL]}))
+    d.send(user_text("Set a timer for five minutes."))
+    opened = d.send({"type": "response.create"})
+    response_id = opened[0]["response"]["id"]
+    turn = d.started().turn_id
+    call = ToolCall("timer_set", {"seconds": 300}, passes=4)
+    events = d.deliver(ReplyAction(turn, call))
+    events += answer(d, turn, "Timer set for five minutes.")
+    kinds = types(events)
+    i = kinds.index("response.function_call_arguments.done")
+    assert kinds[: i + 1] == [
+        "response.output_item.added",
+        "conversation.item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+    ]
+    assert kinds.index("response.output_item.done") < kinds.index(
+        "response.output_audio_transcript.delta"
+    )
+    done_args = events[i]
+    assert done_args["name"] == "timer_set" and json.loads(done_args["arguments"]) == {
+        "seconds": 300
+    }
+    call_id = done_args["call_id"]
+    assert done_args["response_id"] == response_id and done_args["output_index"] == 1
+    response = one(events, "response.done")["response"]
+    assert [o["type"] for o in response["output"]] == ["message", "function_call"]
+    assert response["output"][1]["arguments"] == done_args["arguments"]
+
+    out = d.send(
+        {
+            "type": "conversation.item.create",
+            "item": {"type": "function_call_output", "call_id": call_id, "output": "ticking"},
+        }
+    )
+    assert types(out) == ["conversation.item.added", "conversation.item.done"]
+    assert out[0]["item"]["type"] == "function_call_output"
+    last = d.session.conversation[-1]
+    assert last.role == "tool" and json.loads(last.content)["output"] == "ticking"
+    (error,) = d.send(
+        {
+            "type": "conversation.item.create",
+            "item": {"type": "function_call_output", "call_id": "call_99", "output": "x"},
+        }
+    )
+    assert error["error"]["code"] == "unknown_call_id"
