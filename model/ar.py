@@ -19,6 +19,7 @@ from model.backend import StepBackend
 from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt
 from model.engine import ChatMessage, GenerationStats
 from model.generate import greedy
+from model.openings import reply_openings
 from model.prefix import PrefixCache
 from model.tokenizer import Tokenizer, decoded
 
@@ -32,6 +33,10 @@ class AROptions:
     system_prompt: str = SPOKEN_SYSTEM_PROMPT
     # conversations whose KV cache is kept for their next turn (model/prefix.py)
     cache_sessions: int = 16
+    # earlier messages in the prompt (None: what the prompt budget holds; model/chat.py)
+    history_window: int | None = None
+    # a reply may not start with an earlier reply's first N tokens (0: off; model/openings.py)
+    opening_ban: int = 0
 
 
 class ARGenerator:
@@ -56,10 +61,11 @@ class ARGenerator:
         max_tokens: int,
         should_stop: Callable[[], bool],
     ) -> Generator[str, None, GenerationStats]:
-        tok = self.tokenizer
+        tok, opts = self.tokenizer, self.options
         prompt = build_prompt(
-            tok, conversation, self.options.prompt_budget, self.options.system_prompt
+            tok, conversation, opts.prompt_budget, opts.system_prompt, opts.history_window
         )
+        avoid = reply_openings(tok, conversation, opts.opening_ban)
         decoder = tok.stream_decoder()
         max_tokens = min(max_tokens, self.backend.max_len - len(prompt))
         prefix = self.prefixes.take(prompt)
@@ -69,7 +75,7 @@ class ARGenerator:
             said.append(token)
             return decoder.push(token)
 
-        tokens = greedy(self.backend, prompt, max_tokens, tok.stop_ids, should_stop, prefix)
+        tokens = greedy(self.backend, prompt, max_tokens, tok.stop_ids, should_stop, prefix, avoid)
         try:
             stats = yield from decoded(tokens, push)
         finally:  # the cache holds prompt + the reply tokens fed: the next turn's start

@@ -21,6 +21,7 @@ import numpy as np
 from model.backend import StepBackend
 from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt
 from model.engine import ChatMessage, GenerationStats
+from model.openings import reply_openings
 from model.prefix import PrefixCache
 from model.sampler import DiffusionConfig, SamplerSettings, sample
 from model.tokenizer import Tokenizer, decoded
@@ -35,6 +36,10 @@ class DiffusionOptions:
     cache_sessions: int = 32  # conversations whose KV cache is kept (LRU)
     seed: int = 0  # each reply's sampler generator starts from it
     dtype: str = "float32"  # torch dtype of the default (PyTorch) model
+    # earlier messages in the prompt (None: what the prompt budget holds; model/chat.py)
+    history_window: int | None = None
+    # a reply may not start with an earlier reply's first N tokens (0: off; model/openings.py)
+    opening_ban: int = 0
 
     @property
     def cache_len(self) -> int:
@@ -77,16 +82,18 @@ class DiffusionGenerator:
         should_stop: Callable[[], bool],
     ) -> Generator[str, None, GenerationStats]:
         opts, tok = self.options, self.tokenizer
-        prompt = build_prompt(tok, conversation, opts.prompt_budget, opts.system_prompt)
+        prompt = build_prompt(
+            tok, conversation, opts.prompt_budget, opts.system_prompt, opts.history_window
+        )
+        avoid = reply_openings(tok, conversation, opts.opening_ban)
         max_tokens = self._room(len(prompt), max_tokens)
         rng = np.random.default_rng(opts.seed)
         cached = self.model.attention == "block"
         prefix = self.prefixes.take(prompt) if cached else None
         decoder = tok.stream_decoder()
         try:
-            tokens = sample(
-                self.backend, prompt, self.model, opts.sampler, rng, max_tokens, should_stop, prefix
-            )
+            args = (prompt, self.model, opts.sampler, rng, max_tokens, should_stop, prefix)
+            tokens = sample(self.backend, *args, avoid=avoid)
             stats = yield from decoded(tokens, decoder.push)
         finally:
             if prefix is not None:
