@@ -17,6 +17,7 @@ and deciding again leaves the step's other commits as they were, so it costs no 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -26,21 +27,30 @@ from model.engine import ChatMessage
 from model.tokenizer import Tokenizer
 
 Opening = tuple[int, ...]
+# A sentence's last mark: . ! ? or an ellipsis, before a space or the end of the text
+SENTENCE_END = re.compile(r"[.!?\u2026]+(?=\s|$)")
 
 
 def reply_openings(
     tok: Tokenizer, conversation: Sequence[ChatMessage], n: int
 ) -> tuple[Opening, ...]:
     """The first ``n`` tokens of every assistant message in ``conversation`` and of its
-    latest user message (an earlier reply shorter than ``n`` tokens: all of it). Empty
-    when ``n`` is 0."""
+    latest user message, cut at the end of its first sentence ("1." of "1. Stay
+    focused. 2. ..."; an earlier reply shorter than that: all of it). Empty when ``n``
+    is 0."""
     if n <= 0:
         return ()
     texts = [m.content for m in conversation if m.role == "assistant"]
     users = [m.content for m in conversation if m.role == "user"]
-    texts += users[-1:]
-    found = {tuple(tok.encode_plain(t.strip())[:n]) for t in texts}
+    found = {tuple(tok.encode_plain(first_sentence(t))[:n]) for t in texts + users[-1:]}
     return tuple(sorted(o for o in found if o))
+
+
+def first_sentence(text: str) -> str:
+    """The text up to its first sentence's last mark, stripped."""
+    text = text.strip()
+    m = SENTENCE_END.search(text)
+    return text[: m.end()] if m else text
 
 
 def completed_opening(

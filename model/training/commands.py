@@ -131,6 +131,9 @@ def _register_sessions(ev_sub: argparse._SubParsersAction[argparse.ArgumentParse
         "default: the engines')",
     )
     ses.add_argument("--no-quality", action="store_true", help="skip NLL and similarity")
+    ses.add_argument(
+        "--references", type=Path, default=None, help="reuse the AR references of a --json report"
+    )
     ses.add_argument("--json", type=Path, default=None, dest="json_out")
     ses.add_argument("--threads", type=int, default=2)
     ses.add_argument("--log-level", default="INFO")
@@ -259,6 +262,7 @@ def _eval_sessions(args: argparse.Namespace) -> int:
         full_history=window == "all",
         opening_ban=args.opening_ban,
         quality=not args.no_quality,
+        references=args.references,
         threads=args.threads,
     )
     try:

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from model.chat import build_prompt
 from model.engine import ChatMessage, GenerationStats
+from model.openings import first_sentence as opening_sentence
 from model.training.data import PROMPTS_DIR
 from model.training.eval import distinct_bigrams, ends_a_sentence, per_token
 
@@ -68,8 +69,7 @@ def words(text: str) -> list[str]:
 def first_sentence(text: str) -> str:
     """The normalised words of the text's first sentence (up to . ! ? or an ellipsis
     followed by a space or the end)."""
-    m = re.search(r"[.!?\u2026]+(\s|$)", text)
-    return " ".join(words(text[: m.start()] if m else text))
+    return " ".join(words(opening_sentence(text)))
 
 
 def repeats(reply: str, earlier: Sequence[str]) -> bool:
@@ -231,6 +231,8 @@ class SessionOptions:
     opening_ban: int | None = None
     full_history: bool = False  # history_window None for the engines (their default aside)
     quality: bool = True  # NLL and similarity (loads the AR model in PyTorch)
+    # an earlier report (--json) whose AR references to reuse instead of writing them again
+    references: Path | None = None
     threads: int = 2
     dtype: str = "bfloat16"  # the scoring model, as quicksilver eval llm
 
@@ -303,8 +305,8 @@ def _options_json(gen: Generator) -> dict[str, Any]:
 
 def load_scorer(opts: SessionOptions, questions: list[str]) -> Scorer:
     """The AR SmolLM2 in PyTorch: its fp32 greedy replies to ``questions`` asked alone
-    (the references, as ``quicksilver eval llm`` writes them), then ``opts.dtype`` for
-    the NLL; and the sentence embedder."""
+    (the references, as ``quicksilver eval llm`` writes them; or those of the earlier
+    report ``opts.references``), then ``opts.dtype`` for the NLL; and the embedder."""
     import torch
 
     from model.nn.gguf import GGUFFile, find_smollm2_gguf
@@ -317,9 +319,12 @@ def load_scorer(opts: SessionOptions, questions: list[str]) -> Scorer:
     tok = Tokenizer(f.tokenizer_data())
     config = f.llama_config()
     model = Llama.from_state_dict(config, f.state_dict(config), torch.float32)
+    old = json.loads(opts.references.read_text())["references"] if opts.references else {}
+    new = [q for q in questions if q not in old]
     ev = EvalOptions(max_tokens=opts.max_tokens)
-    greedy = ar_replies(model, tok, [prompt_ids(tok, q) for q in questions], ev, 0.0)
-    refs = {q: tok.decode(y).strip() for q, y in zip(questions, greedy.ids, strict=True)}
+    greedy = ar_replies(model, tok, [prompt_ids(tok, q) for q in new], ev, 0.0)
+    refs = {q: tok.decode(y).strip() for q, y in zip(new, greedy.ids, strict=True)}
+    refs.update({q: old[q] for q in questions if q in old})
     return Scorer(model.to(getattr(torch, opts.dtype)), tok, load_embedder(), refs)
 
 
@@ -340,6 +345,7 @@ def run_sessions(opts: SessionOptions, log: Callable[[str], None] = print) -> di
     log(f"{len(scripts)} sessions, {len(questions)} distinct turns; scorer ready")
     gens = [configure(load_generator(e), opts) for e in opts.engines]  # type: ignore[arg-type]
     report = evaluate(gens, scripts, opts, scorer, log)
+    report["references"] = scorer.references if scorer else {}
     report["wall_s"] = time.perf_counter() - t0
     return report
 

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import itertools
+
 from model.chat import (
     SPOKEN_SYSTEM_PROMPT,
     TRIM_STEP,
@@ -98,7 +100,7 @@ def test_a_window_keeps_at_most_that_many_earlier_messages_in_steps() -> None:
         assert dropped % TRIM_STEP == 0 and dropped < max(0, n - 2 - 6) + TRIM_STEP, n
         starts.append(out[1])
     # the start moves every other turn (TRIM_STEP messages), not every turn
-    moves = sum(a != b for a, b in zip(starts, starts[1:], strict=False))
+    moves = sum(a != b for a, b in itertools.pairwise(starts))
     assert 0 < moves <= len(starts) // 2
     assert trim_history(tok, LONG, big, window=0) == [SYSTEM, LONG[-1]]
 
