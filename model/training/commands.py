@@ -99,6 +99,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     llm.add_argument(
         "--history", type=int, default=0, help="earlier turns before each question (default 0)"
     )
+    llm.add_argument(
+        "--opening-ban",
+        type=int,
+        default=None,
+        help="tokens of an earlier reply's (or the question's) opening a diffusion reply may "
+        "not repeat (0: off; default: the engines')",
+    )
     llm.add_argument("--seed", type=int, default=0)
     llm.add_argument("--threads", type=int, default=2)
     llm.set_defaults(run=_eval_llm)
@@ -234,6 +241,7 @@ def _eval_llm(args: argparse.Namespace) -> int:
         onnx=args.onnx,
         onnx_variant=args.onnx_variant,
         history=args.history,
+        opening_ban=args.opening_ban,
         dtype=args.dtype,
         seed=args.seed,
         threads=args.threads,
