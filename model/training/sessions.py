@@ -102,6 +102,9 @@ class Turn:
     empty: bool = False
     nll: tuple[float, int] | None = None  # summed NLL, tokens (Scorer)
     similarity: float | None = None  # to the AR greedy reply to the words alone (Scorer)
+    # prompt tokens not shared with the previous turn's prompt: what a warm engine
+    # prefills (model/prefix.py; the AR engine also keeps the previous reply's tokens)
+    prefill: int = 0
 
 
 def read_scripts(path: Path = SCRIPTS_FILE) -> dict[str, list[str]]:
@@ -122,6 +125,7 @@ def run_session(gen: Generator, user_turns: Sequence[str], max_tokens: int) -> l
         )
         turn = _reply(gen, conversation, max_tokens)
         turn.prompt = prompt
+        turn.prefill = len(prompt) - (_shared(out[-1].prompt, prompt) if out else 0)
         earlier = [t.reply for t in out]
         turn.repeat, turn.echo = repeats(turn.reply, earlier), echoes(turn.reply, text)
         turn.empty = not words(turn.reply)
@@ -129,6 +133,11 @@ def run_session(gen: Generator, user_turns: Sequence[str], max_tokens: int) -> l
         if kept := " ".join(turn.reply.split()):  # as the session keeps its sentences
             conversation.append(ChatMessage("assistant", kept))
     return out
+
+
+def _shared(a: list[int], b: list[int]) -> int:
+    n = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+    return min(len(a), len(b)) if n is None else n
 
 
 def _reply(gen: Generator, conversation: list[ChatMessage], max_tokens: int) -> Turn:
@@ -200,6 +209,8 @@ def score_session(turns: list[Turn], tok: Tokenizer) -> dict[str, Any]:
         ),
         "tokens_per_reply": statistics.mean(t.stats.tokens for t in turns),
         "passes_per_reply": statistics.mean(t.stats.forward_passes for t in turns),
+        "prompt_tokens": statistics.mean(len(t.prompt) for t in turns),
+        "prefill_tokens": statistics.mean(t.prefill for t in turns),
         "first_sentence_ms_median": _median([t.first_sentence_ms for t in turns]),
         "reply_ms_median": statistics.median(t.reply_ms for t in turns),
     }
@@ -288,6 +299,7 @@ def _turn_json(t: Turn) -> dict[str, Any]:
         "tokens": t.stats.tokens,
         "passes": t.stats.forward_passes,
         "prompt_tokens": len(t.prompt),
+        "prefill_tokens": t.prefill,
         "reply_ms": round(t.reply_ms, 1),
         "first_sentence_ms": None if t.first_sentence_ms is None else round(t.first_sentence_ms, 1),
         "repeat": t.repeat,
@@ -365,6 +377,7 @@ def table(report: dict[str, Any]) -> str:
         ("similarity_median", "similarity", "{:.3f}"),
         ("distinct_bigrams", "distinct bigrams", "{:.3f}"),
         ("tokens_per_reply", "tokens", "{:.1f}"),
+        ("prefill_tokens", "prefill", "{:.0f}"),
         ("first_sentence_ms_median", "first sentence ms", "{:.0f}"),
     ]
     cols = [c for c in cols if any(c[0] in r for r in report["rows"])]

@@ -111,6 +111,11 @@ def test_evaluate_runs_sessions_on_their_own_replies_and_counts(tmp_path) -> Non
             # the engine saw its own earlier replies: the prompt grows turn by turn
             sizes = [t["prompt_tokens"] for t in turns]
             assert sizes == sorted(sizes) and sizes[-1] > sizes[0]
+            # no window: each prompt starts with the previous one, only the rest is new
+            prefills = [t["prefill_tokens"] for t in turns]
+            assert prefills[0] == sizes[0] and all(
+                0 < p < s for p, s in zip(prefills[1:], sizes[1:], strict=True)
+            )
         total = mine["total"]
         assert total["turns"] == 5
         assert total["repeats"] == mine["a"]["repeats"] + mine["b"]["repeats"]
