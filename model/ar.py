@@ -33,10 +33,12 @@ class AROptions:
     system_prompt: str = SPOKEN_SYSTEM_PROMPT
     # conversations whose KV cache is kept for their next turn (model/prefix.py)
     cache_sessions: int = 16
-    # earlier messages in the prompt (None: what the prompt budget holds; model/chat.py)
-    history_window: int | None = None
-    # a reply may not start with an earlier reply's first N tokens (0: off; model/openings.py)
-    opening_ban: int = 0
+    # Earlier messages in the prompt (None: what the prompt budget holds; model/chat.py)
+    # and the tokens of an earlier reply's opening (or the user's words) a reply may not
+    # repeat (0: off; model/openings.py). Inside 20-turn sessions of their own replies
+    # the two keep both engines from copying themselves (docs/training.md, "Conversations")
+    history_window: int | None = 4
+    opening_ban: int = 4
 
 
 class ARGenerator:

@@ -36,10 +36,12 @@ class DiffusionOptions:
     cache_sessions: int = 32  # conversations whose KV cache is kept (LRU)
     seed: int = 0  # each reply's sampler generator starts from it
     dtype: str = "float32"  # torch dtype of the default (PyTorch) model
-    # earlier messages in the prompt (None: what the prompt budget holds; model/chat.py)
-    history_window: int | None = None
-    # a reply may not start with an earlier reply's first N tokens (0: off; model/openings.py)
-    opening_ban: int = 0
+    # Earlier messages in the prompt (None: what the prompt budget holds; model/chat.py)
+    # and the tokens of an earlier reply's opening (or the user's words) a reply may not
+    # repeat (0: off; model/openings.py). Inside 20-turn sessions of their own replies
+    # the two keep both engines from copying themselves (docs/training.md, "Conversations")
+    history_window: int | None = 4
+    opening_ban: int = 4
 
     @property
     def cache_len(self) -> int:

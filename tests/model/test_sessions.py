@@ -18,6 +18,7 @@ from model.training.sessions import (
     SCRIPTS_FILE,
     Scorer,
     SessionOptions,
+    configure,
     echoes,
     evaluate,
     first_sentence,
@@ -85,10 +86,10 @@ class BagOfLetters:
 
 def test_evaluate_runs_sessions_on_their_own_replies_and_counts(tmp_path) -> None:
     tok = tiny_tokenizer()
-    opts = AROptions(prompt_budget=200, system_prompt="Be brief.")
+    opts = AROptions(prompt_budget=200, system_prompt="Be brief.", history_window=None)
     model = tiny_model(config=dataclasses.replace(TINY, vocab_size=tok.vocab_size))
     ar = ARGenerator(TorchBackend(model, max_len=256), tok, opts, name="tiny-ar")
-    diffusion, _ = tiny_generator(prompt_budget=200, system_prompt="Be brief.")
+    diffusion, _ = tiny_generator(prompt_budget=200, system_prompt="Be brief.", history_window=None)
     scripts = {"a": ["hi", "hi", "go"], "b": ["yes?", "no"]}
     refs = {q: q for turns in scripts.values() for q in turns}
     scorer = Scorer(tiny_model(1), tok, BagOfLetters(), refs, batch=2)
@@ -122,7 +123,7 @@ def test_evaluate_runs_sessions_on_their_own_replies_and_counts(tmp_path) -> Non
         assert 0 <= total["clean_end_rate"] <= 1
         assert total["nll_per_token"] > 0 or math.isnan(total["nll_per_token"])  # all empty
         assert -1 <= total["similarity_median"] <= 1
-    assert report["engine_options"]["tiny-ar"] == {"history_window": None, "opening_ban": 0}
+    assert report["engine_options"]["tiny-ar"] == {"history_window": None, "opening_ban": 4}
     assert "| tiny-ar | total | 5 |" in table(report)
     json.dumps(report)  # what --json writes
 
@@ -151,3 +152,15 @@ def test_evaluate_counts_a_collapsed_session_exactly() -> None:
     assert row["clean_end_rate"] == 1.0 and "nll_per_token" not in row
     replies = [t["reply"] for t in report["replies"]["parrot"]["s"]]
     assert replies[1] == replies[3] == "I'm running GREAT!"
+
+
+def test_configure_sets_the_window_and_ban_the_options_ask_for() -> None:
+    tok = tiny_tokenizer()
+    gen = ARGenerator(TorchBackend(tiny_model(), max_len=64), tok, AROptions())
+    default = (gen.options.history_window, gen.options.opening_ban)
+    configure(gen, SessionOptions())  # nothing asked: the engine's defaults
+    assert (gen.options.history_window, gen.options.opening_ban) == default
+    configure(gen, SessionOptions(history_window=2, opening_ban=0))
+    assert (gen.options.history_window, gen.options.opening_ban) == (2, 0)
+    configure(gen, SessionOptions(full_history=True))
+    assert (gen.options.history_window, gen.options.opening_ban) == (None, 0)
