@@ -10,6 +10,7 @@ from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 import numpy as np
+import pytest
 
 from model.ar import ARGenerator, AROptions
 from model.engine import ChatMessage, GenerationStats
@@ -164,3 +165,28 @@ def test_configure_sets_the_window_and_ban_the_options_ask_for() -> None:
     assert (gen.options.history_window, gen.options.opening_ban) == (2, 0)
     configure(gen, SessionOptions(full_history=True))
     assert (gen.options.history_window, gen.options.opening_ban) == (None, 0)
+
+
+@pytest.mark.models
+def test_the_command_runs_a_session_on_the_served_ar_engine(tmp_path, capsys) -> None:
+    """`quicksilver eval sessions` end to end: two turns on the int8 AR engine, no
+    scoring model; the table and the JSON agree."""
+    from model.assemble import engine_model_dir
+    from model.modeldir import is_complete
+    from server.cli import main
+
+    if not is_complete(engine_model_dir("smollm2-ar-onnx"), "int8"):
+        pytest.skip("no exported AR model (quicksilver serve --engine smollm2-ar-onnx builds it)")
+    scripts = tmp_path / "s.json"
+    scripts.write_text(json.dumps({"one": ["Set a timer for five minutes.", "Play some jazz."]}))
+    out = tmp_path / "r.json"
+    argv = ["eval", "sessions", "--engine", "smollm2-ar-onnx", "--scripts", str(scripts)]
+    assert main([*argv, "--no-quality", "--history-window", "all", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["engine_options"]["smollm2-ar-onnx"]["history_window"] is None
+    turns = report["replies"]["smollm2-ar-onnx"]["one"]
+    assert [t["user"] for t in turns] == ["Set a timer for five minutes.", "Play some jazz."]
+    assert not any(t["echo"] for t in turns)  # the engine's default ban: no echo
+    total = report["rows"][-1]
+    assert total["session"] == "total" and total["turns"] == 2
+    assert "| smollm2-ar-onnx | total | 2 |" in capsys.readouterr().out
