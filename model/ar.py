@@ -22,6 +22,7 @@ from model.generate import greedy
 from model.openings import reply_openings
 from model.prefix import PrefixCache
 from model.tokenizer import Tokenizer, decoded
+from model.tools import Tool, ToolCall
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,12 @@ class AROptions:
 
 
 class ARGenerator:
-    """A :class:`model.engine.TextGenerator` running greedy decoding on a Llama."""
+    """A :class:`model.engine.TextGenerator` running greedy decoding on a Llama.
+
+    It has no tools: it is SmolLM2 as published, and the tool calls are the diffusion
+    adapter's training (docs/actions.md)."""
+
+    supports_tools = False
 
     def __init__(
         self,
@@ -62,7 +68,8 @@ class ARGenerator:
         conversation: Sequence[ChatMessage],
         max_tokens: int,
         should_stop: Callable[[], bool],
-    ) -> Generator[str, None, GenerationStats]:
+        tools: Sequence[Tool] = (),
+    ) -> Generator[str | ToolCall, None, GenerationStats]:
         tok, opts = self.tokenizer, self.options
         prompt = build_prompt(
             tok, conversation, opts.prompt_budget, opts.system_prompt, opts.history_window

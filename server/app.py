@@ -172,7 +172,14 @@ class Connection:
         token = secrets.token_urlsafe(18)
         if realtime_model is not None:
             resume = None
-        self.session = Session(uuid.uuid4().hex[:12], config.session, *names, resume, token)
+        self.session = Session(
+            uuid.uuid4().hex[:12],
+            config.session,
+            *names,
+            resume,
+            token,
+            can_act=rt.reply.supports_tools,
+        )
         self.wire: Wire = (
             VoiceWire(self.session)
             if realtime_model is None

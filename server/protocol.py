@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from enum import IntEnum
 from typing import Any, ClassVar, Literal
 
@@ -45,6 +45,9 @@ class Start:
     output_sample_rate: int | None = None
     protocol: int = PROTOCOL_VERSION
     resume_token: str | None = None  # from an earlier ready: continue that conversation
+    # [{name, description, parameters}] the assistant may call (docs/protocol.md, "Actions");
+    # None: the server's default device tools; []: no tools
+    tools: list[Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -69,9 +72,18 @@ class EndOfInput:
     type: ClassVar[str] = "end_of_input"
 
 
-ClientMessage = Start | Text | Cancel | EndOfInput
+@dataclass(frozen=True)
+class ActionResult:
+    """What came of an ``action`` the client carried out; the next reply may use it."""
+
+    type: ClassVar[str] = "action_result"
+    call_id: str
+    output: Any = None  # any JSON value; a short string reads best to the model
+
+
+ClientMessage = Start | Text | Cancel | EndOfInput | ActionResult
 _CLIENT_TYPES: dict[str, type[ClientMessage]] = {
-    cls.type: cls for cls in (Start, Text, Cancel, EndOfInput)
+    cls.type: cls for cls in (Start, Text, Cancel, EndOfInput, ActionResult)
 }
 
 
@@ -92,6 +104,7 @@ class Ready:
     resume_token: str = ""  # send in a later start to continue this conversation
     resumed: bool = False  # this session continues an earlier conversation
     history: int = 0  # messages of conversation the session starts with (when resumed)
+    tools: list[str] = field(default_factory=list)  # what the assistant may call
 
 
 @dataclass(frozen=True)
@@ -133,6 +146,17 @@ class ReplyText:
 
 
 @dataclass(frozen=True)
+class Action:
+    """The reply calls a tool: sent before the reply's spoken confirmation."""
+
+    type: ClassVar[str] = "action"
+    turn_id: int
+    call_id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class ReplyDone:
     type: ClassVar[str] = "reply_done"
     turn_id: int
@@ -166,6 +190,8 @@ class Metrics:
     # final after 200 ms), "unsure" (the endpointer's 416 ms), "incomplete" (held open),
     # "empty" (no words); None for a text turn, end_of_input or the length limit.
     end_of_turn: str | None = None
+    action: str | None = None  # the tool the reply called, if it acted
+    action_passes: int = 0  # model passes the call took to write
 
 
 @dataclass(frozen=True)
@@ -182,6 +208,7 @@ ServerMessage = (
     | TranscriptPartial
     | TranscriptFinal
     | ReplyText
+    | Action
     | ReplyDone
     | ReplyCancelled
     | Metrics
@@ -196,6 +223,7 @@ _SERVER_TYPES: dict[str, type[ServerMessage]] = {
         TranscriptPartial,
         TranscriptFinal,
         ReplyText,
+        Action,
         ReplyDone,
         ReplyCancelled,
         Metrics,
@@ -265,6 +293,12 @@ def decode_client(raw: str | bytes) -> ClientMessage:
         case Text(text=text) if not encodable(text):
             raise ProtocolError(
                 "bad_message", "text: a lone surrogate (\\ud800-\\udfff) is not text"
+            )
+        case Start(tools=tools) if tools is not None and not isinstance(tools, list):
+            raise ProtocolError("bad_message", "start: tools must be a list")
+        case ActionResult(output=output) if len(json.dumps(output)) > MAX_TEXT_CHARS:
+            raise ProtocolError(
+                "bad_message", f"action_result: output longer than {MAX_TEXT_CHARS} characters"
             )
         case _:
             pass

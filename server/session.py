@@ -21,6 +21,7 @@ conversation keeps only the part sent as audio.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import cached_property
@@ -39,12 +40,14 @@ from audio.endpoint import (
 from audio.resample import Quality, StreamResampler, pcm16_to_float32
 from audio.ring import AudioRing
 from model.engine import ChatMessage, GenerationStats
+from model.tools import DEFAULT_TOOLS, Tool, ToolCall, ToolError, parse_tools, render_call
 
 from . import protocol as p
 from .resume import ResumeStore
 from .turn_end import Eagerness, TurnEndPolicy
 
 SAMPLE_RATE = 16_000  # everything inside the session runs at 16 kHz
+MAX_OPEN_CALLS = 16  # actions whose results are still taken (oldest forgotten first)
 # An answered turn and speech that goes on with it are heard as one utterance when they
 # span at most this (a long one would crowd Whisper's 30 s window).
 MAX_CONTINUED_SPAN_S = 15.0
@@ -86,6 +89,9 @@ class SessionConfig:
     # `text` messages: a burst of text_burst, then one per 60 / text_per_minute s.
     text_per_minute: float = 20.0
     text_burst: int = 5
+    # The tools of a session whose start names none (docs/protocol.md, "Actions"), when
+    # its reply engine can call tools (Session's can_act)
+    tools: tuple[Tool, ...] = DEFAULT_TOOLS
 
     @cached_property
     def end_of_turn(self) -> TurnEndPolicy:
@@ -139,6 +145,14 @@ class ReplySentence:
     index: int
     text: str
     elapsed_ms: float  # since the reply model started
+
+
+@dataclass(frozen=True)
+class ReplyAction:
+    """The reply calls a tool (before its spoken confirmation)."""
+
+    turn_id: int
+    call: ToolCall
 
 
 @dataclass(frozen=True)
@@ -230,6 +244,7 @@ Event = (
     | FinalTranscript
     | TurnEndScored
     | ReplySentence
+    | ReplyAction
     | ReplyAudio
     | AudioWritten
     | ReplyFinished
@@ -282,6 +297,7 @@ class StartTurn:
     history: tuple[ChatMessage, ...]
     output_rate: int
     speak: bool = True  # False: the reply is text only
+    tools: tuple[Tool, ...] = ()  # what the reply may call
 
 
 @dataclass(frozen=True)
@@ -336,6 +352,10 @@ class _Turn:
     complete_p: float | None = None  # the end-of-turn score, once it is in
     end_of_turn: str | None = None  # the policy's tier when the turn was released
     user_committed: bool = False
+    action: p.Action | None = None  # the tool call the reply made
+    action_text: str = ""  # that call as the conversation keeps it
+    action_passes: int = 0
+    results: list[ChatMessage] = field(default_factory=list)  # action_results meanwhile
     held: list[p.ServerMessage] = field(default_factory=list)
     # Until the first audio frame goes out, the reply is not heard: its text waits for
     # that frame (nothing of an answer withdrawn before it is shown either), and its
@@ -380,7 +400,9 @@ class Session:
         engine: str,
         resume: ResumeStore | None = None,
         resume_token: str = "",
+        can_act: bool = False,
     ) -> None:
+        """``can_act``: the reply engine writes tool calls (its ``supports_tools``)."""
         self.id = session_id
         self.config = config
         self.state = State.IDLE
@@ -402,6 +424,9 @@ class Session:
         self._text_at = 0.0
         self.instructions: str | None = None  # Configure's system prompt
         self.speak = True
+        self.tools: tuple[Tool, ...] = ()
+        self._can_act = can_act
+        self._calls: dict[str, str] = {}  # recent call ids -> tool names
 
     @property
     def output_rate(self) -> int:
@@ -441,6 +466,10 @@ class Session:
                 return self._on_turn_end_scored(event, now)
             case ReplySentence():
                 return self._on_sentence(event)
+            case ReplyAction():
+                return self._on_action(event)
+            case p.ActionResult():
+                return self._on_action_result(event)
             case ReplyAudio():
                 return self._on_reply_audio(event, now)
             case AudioWritten():
@@ -520,6 +549,10 @@ class Session:
             return self._error(
                 "unsupported_sample_rate", f"output_sample_rate must be one of {rates}"
             )
+        try:
+            tools = self.config.tools if start.tools is None else parse_tools(start.tools)
+        except ToolError as err:
+            return self._error("bad_tools", str(err))
         resumed = start.resume_token is not None
         if start.resume_token is not None:
             if self._resume is None:
@@ -534,6 +567,7 @@ class Session:
         quality: Quality = "QQ" if start.sample_rate < SAMPLE_RATE else "LQ"
         self._resampler = StreamResampler(start.sample_rate, SAMPLE_RATE, quality)
         self._output_rate = out_rate
+        self.tools = tools if self._can_act else ()
         self._to(State.LISTENING)
         asr, engine = self._names
         token = self.resume_token if self._resume is not None else ""
@@ -546,8 +580,13 @@ class Session:
             resume_token=token,
             resumed=resumed,
             history=len(self.conversation),
+            tools=[t.name for t in self.tools],
         )
-        return [Send(ready)]
+        out: list[Effect] = [Send(ready)]
+        if start.tools and not self._can_act:
+            message = f"the reply engine {engine!r} cannot call tools; replies only speak"
+            out.append(Send(p.Error("tools_unsupported", message)))
+        return out
 
     def _on_audio_bytes(self, data: bytes) -> list[Effect]:
         assert self._resampler is not None
@@ -800,7 +839,7 @@ class Session:
         history = tuple(self.conversation)
         if turn.instructions is not None:  # the reply engines take a leading system message
             history = (ChatMessage("system", turn.instructions), *history)
-        start = StartTurn(turn.id, audio, text, history, self._output_rate, turn.speak)
+        start = StartTurn(turn.id, audio, text, history, self._output_rate, turn.speak, self.tools)
         out: list[Effect] = [start]
         if release:
             out += self._release(turn, turn.final_time if turn.final_time is not None else 0.0)
@@ -883,6 +922,53 @@ class Session:
             return []
         return self._emit(turn, text)
 
+    def _on_action(self, event: ReplyAction) -> list[Effect]:
+        """Tell the client to act: with the reply's first audio, as its text goes (an
+        answer withdrawn before it is heard must not have acted either)."""
+        turn = self._current(event.turn_id)
+        tool = next((t for t in self.tools if t.name == event.call.name), None)
+        if turn is None or tool is None or turn.action is not None:
+            return []
+        call_id = f"call_{turn.id}"
+        args = dict(event.call.arguments)
+        turn.action = p.Action(turn.id, call_id, tool.name, args)
+        turn.action_text, turn.action_passes = render_call(tool, args), event.call.passes
+        self._calls[call_id] = tool.name
+        while len(self._calls) > MAX_OPEN_CALLS:
+            del self._calls[next(iter(self._calls))]
+        if turn.first_audio_time is None and turn.speak:
+            turn.unheard_text.append(turn.action)
+            return []
+        return self._emit(turn, turn.action)
+
+    def _on_action_result(self, event: p.ActionResult) -> list[Effect]:
+        """What came of an action joins the conversation after the reply that made it."""
+        name = self._calls.pop(event.call_id, None)
+        if name is None:
+            return self._error("unknown_call_id", f"no action {event.call_id!r} awaits a result")
+        body = json.dumps({"name": name, "output": event.output}, ensure_ascii=False)
+        turn = self._turn
+        if turn is not None and turn.action is not None and turn.action.call_id == event.call_id:
+            turn.results.append(ChatMessage("tool", body))  # after the reply, once it ends
+        else:
+            self._remember(ChatMessage("tool", body))
+        return []
+
+    @staticmethod
+    def _acted(turn: _Turn) -> bool:
+        """The turn's action went out to the client."""
+        a = turn.action
+        return a is not None and a not in turn.unheard_text and a not in turn.held
+
+    def _remember_reply(self, turn: _Turn, spoken: str) -> None:
+        """What the conversation keeps of a reply: the call it made (if the client got
+        it), the words the user heard, then the results that came back meanwhile."""
+        said = " ".join(x for x in (turn.action_text if self._acted(turn) else "", spoken) if x)
+        if said:
+            self._remember(ChatMessage("assistant", said))
+        for result in turn.results:
+            self._remember(result)
+
     def _on_reply_audio(self, event: ReplyAudio, now: float) -> list[Effect]:
         turn = self._current(event.turn_id)
         if turn is None or not turn.released:  # audio of a cancelled turn is never sent
@@ -941,8 +1027,7 @@ class Session:
         turn.unheard_text.clear()
         text = " ".join(turn.sentences)
         kept = text if turn.written_samples >= turn.queued_samples else self._spoken(turn)
-        if kept:
-            self._remember(ChatMessage("assistant", kept))
+        self._remember_reply(turn, kept)
         self._turn = None
         self._to(State.LISTENING)
         return [*out, Send(p.ReplyDone(turn.id, text)), Send(self._metrics(turn, event))]
@@ -964,6 +1049,8 @@ class Session:
             reply_tokens=stats.tokens if stats else 0,
             forward_passes=stats.forward_passes if stats else 0,
             end_of_turn=turn.end_of_turn,
+            action=turn.action.name if turn.action is not None else None,
+            action_passes=turn.action_passes,
         )
 
     def _on_failed(self, event: TurnFailed) -> list[Effect]:
@@ -994,8 +1081,8 @@ class Session:
             said = ChatMessage("user", turn.transcript or "")
             if turn.user_committed and self.conversation and self.conversation[-1] == said:
                 self.conversation.pop()
-        elif spoken:
-            self._remember(ChatMessage("assistant", spoken))
+        else:
+            self._remember_reply(turn, spoken)
         self._to(State.LISTENING)
         out: list[Effect] = [CancelTurn(turn.id)]
         if reason != "closed":

@@ -20,11 +20,13 @@ import numpy as np
 
 from audio.resample import float32_to_pcm16, int16_to_float32, resample
 from model.engine import ChatMessage, GenerationStats, ReplyEnd
+from model.tools import ToolCall
 
 from .runtime import Runtime, WorkerKind
 from .session import (
     Event,
     FinalTranscript,
+    ReplyAction,
     ReplyAudio,
     ReplyFinished,
     ReplySentence,
@@ -133,8 +135,11 @@ async def _produce(
     t0 = loop.time()
     stats: GenerationStats | None = None
     try:
-        async for chunk in sentences(rt.reply.stream(conversation, rt.max_reply_tokens)):
+        stream = rt.reply.stream(conversation, rt.max_reply_tokens, start.tools)
+        async for chunk in sentences(stream):
             match chunk:
+                case ToolCall():
+                    await deliver(ReplyAction(start.turn_id, chunk))
                 case Sentence(text=text, index=index):
                     await deliver(ReplySentence(start.turn_id, index, text, _ms(t0, loop.time())))
                     if not start.speak:

@@ -1,5 +1,5 @@
-"""``quicksilver data``, ``quicksilver train``, ``quicksilver eval llm`` and
-``quicksilver eval sessions``.
+"""``quicksilver data``, ``quicksilver train``, ``quicksilver eval llm``, ``quicksilver
+eval actions`` and ``quicksilver eval sessions``.
 
 Registered in server/cli.py; torch and the model code are imported only when a command
 runs, so ``quicksilver serve`` never pays for them.
@@ -110,6 +110,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     llm.add_argument("--threads", type=int, default=2)
     llm.set_defaults(run=_eval_llm)
     llm.add_argument("--log-level", default="INFO")  # cli.py adds it to top-level ones
+
+    acts = ev_sub.add_parser(
+        "actions", help="tool calls of the served engine on held-out commands and chat"
+    )
+    acts.add_argument("--data", type=Path, default=Path("data/actions"))
+    acts.add_argument("--onnx", type=Path, default=None, help="default: the served model")
+    acts.add_argument("--onnx-variant", default="int8", choices=("int8", "fp32", "fp16"))
+    acts.add_argument("--per-tool", type=int, default=None, help="first N commands per tool")
+    acts.add_argument("--chat-limit", type=int, default=None, help="first N chat questions")
+    acts.add_argument("--max-tokens", type=int, default=64)
+    acts.add_argument("--threads", type=int, default=2)
+    acts.add_argument("--json", type=Path, required=True, dest="json_out")
+    acts.add_argument("--log-level", default="INFO")
+    acts.set_defaults(run=_eval_actions)
+
     _register_sessions(ev_sub)
 
 
@@ -283,6 +298,43 @@ def _eval_sessions(args: argparse.Namespace) -> int:
         args.json_out.write_text(json.dumps(report, indent=2) + "\n")
     print(table(report))
     return 0
+
+
+def _eval_actions(args: argparse.Namespace) -> int:
+    from model.training.eval_actions import ActionsEvalOptions, run_actions_eval
+
+    opts = ActionsEvalOptions(
+        data=args.data,
+        onnx=args.onnx,
+        onnx_variant=args.onnx_variant,
+        per_tool=args.per_tool,
+        chat_limit=args.chat_limit,
+        max_tokens=args.max_tokens,
+        threads=args.threads,
+    )
+    try:
+        report = run_actions_eval(opts, log=_log)
+    except FileNotFoundError as exc:  # the held-out files or the model directory
+        print(f"quicksilver eval actions: {exc}", file=sys.stderr)
+        return 2
+    args.json_out.parent.mkdir(parents=True, exist_ok=True)
+    args.json_out.write_text(json.dumps(report, indent=2) + "\n")
+    summary = {k: v for k, v in report["summary"].items() if k != "per_tool"}
+    print(json.dumps(summary, indent=2))
+    print(actions_table(report["summary"]["per_tool"]))
+    return 0
+
+
+def actions_table(per_tool: dict[str, dict[str, object]]) -> str:
+    """The per-tool figures as a Markdown table (docs/actions.md)."""
+    lines = [
+        "| tool | n | exact | called | passes p50 | action ms p50 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, r in per_tool.items():
+        cells = [r["n"], r["exact_rate"], r["called_rate"], r["passes_p50"], r["action_ms_p50"]]
+        lines.append(f"| `{name}` | " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines)
 
 
 def _log(line: str) -> None:

@@ -144,13 +144,16 @@ def _reply(gen: Generator, conversation: list[ChatMessage], max_tokens: int) -> 
     t0 = time.perf_counter()
     pieces: list[str] = []
     first: float | None = None
-    it = gen.generate(list(conversation), max_tokens, lambda: False)
+    # no tools: the sessions measure the reply text (a call is not a reply's words)
+    it = gen.generate(list(conversation), max_tokens, lambda: False, tools=())
     while True:
         try:
-            pieces.append(next(it))
+            piece = next(it)
         except StopIteration as done:
             stats: GenerationStats = done.value
             break
+        if isinstance(piece, str):
+            pieces.append(piece)
         if first is None and re.search(r"[.!?\u2026]\s", "".join(pieces)):
             first = (time.perf_counter() - t0) * 1000
     ms = (time.perf_counter() - t0) * 1000

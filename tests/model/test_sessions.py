@@ -15,6 +15,7 @@ import pytest
 from model.ar import ARGenerator, AROptions
 from model.engine import ChatMessage, GenerationStats
 from model.nn.backend import TorchBackend
+from model.tools import Tool, ToolCall
 from model.training.sessions import (
     SCRIPTS_FILE,
     Scorer,
@@ -134,8 +135,12 @@ class Parrot(ARGenerator):
     AR engine's collapse, for exact counts."""
 
     def generate(
-        self, conversation: Sequence[ChatMessage], max_tokens: int, should_stop: Callable[[], bool]
-    ) -> Generator[str, None, GenerationStats]:
+        self,
+        conversation: Sequence[ChatMessage],
+        max_tokens: int,
+        should_stop: Callable[[], bool],
+        tools: Sequence[Tool] = (),
+    ) -> Generator[str | ToolCall, None, GenerationStats]:
         users = [m for m in conversation if m.role == "user"]
         text = users[-1].content if len(users) % 2 else "I'm running GREAT!"
         yield text

@@ -1,0 +1,154 @@
+"""Tool calls written into the reply's blocks (model/actions.py) and the engine that
+acts (model/diffusion_engine.py), on the tiny random diffusion model: whatever the
+weights, a call fits its schema, its strings come from the user's words, and the
+passes it reports are the passes it ran."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from model.actions import call_starts, decode_call, shapes
+from model.backend import last_row
+from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt
+from model.diffusion_engine import smollm2_diffusion_config
+from model.engine import ChatMessage, drain
+from model.nn.backend import TorchBackend
+from model.sampler import SamplerSettings, sample
+from model.tools import CALL_OPEN, DEFAULT_TOOLS, Param, Tool, ToolCall, call_ids, validate
+
+from .conftest import tiny_tokenizer
+from .test_diffusion import tiny_diffusion, tiny_generator
+
+USER = "please navigate to the old harbour and tell Anna I am 5 minutes late"
+# the default set without climate.set: a random model may write "-" or "." as a number
+# (the one way a call can still fail validation: it is then not made)
+TOOLS = tuple(t for t in DEFAULT_TOOLS if t.name != "climate.set")
+
+
+class Counting:
+    """A StepBackend that counts the passes run through it."""
+
+    def __init__(self, inner: TorchBackend) -> None:
+        self.inner, self.steps = inner, 0
+        self.name, self.vocab_size, self.max_len = inner.name, inner.vocab_size, inner.max_len
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def step(self, *args: Any, **kwargs: Any) -> Any:
+        self.steps += 1
+        return self.inner.step(*args, **kwargs)
+
+
+def prefilled(seed: int, text: str = USER) -> tuple[Counting, Any, np.ndarray, Any]:
+    tok = tiny_tokenizer()
+    backend = Counting(TorchBackend(tiny_diffusion(seed), max_len=512))
+    prompt = build_prompt(tok, [ChatMessage("user", text)], 400, SPOKEN_SYSTEM_PROMPT)
+    cache = backend.new_cache()
+    ids = np.asarray(prompt, np.int64)
+    last = backend.step(cache, ids, "causal", commit=True, rows=last_row(ids))[-1]
+    return backend, cache, last, tok
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_whatever_the_weights_a_call_fits_its_schema_and_its_ids(seed: int) -> None:
+    backend, cache, last, tok = prefilled(seed)
+    config = smollm2_diffusion_config(tok)
+    before = backend.steps
+    done = decode_call(backend, tok, cache, last, TOOLS, USER, config, block=8)
+    assert done is not None
+    tool = next(t for t in TOOLS if t.name == done.call.name)
+    validate(tool, done.call.arguments)
+    # the ids are exactly the call's piecewise encoding: what training writes
+    assert done.ids == call_ids(tok, tool, done.call.arguments)
+    assert done.passes == backend.steps - before  # every pass is counted
+    assert done.committed == len(done.ids) // 8 * 8  # whole blocks went to the cache
+    assert backend.cache_length(cache) == _prompt_len(tok) + done.committed
+    for p in tool.params:
+        value = done.call.arguments.get(p.name)
+        if p.type == "string" and value is not None:
+            assert value.lower() in USER.lower()  # copied from what was said
+
+
+def _prompt_len(tok: Any) -> int:
+    return len(build_prompt(tok, [ChatMessage("user", USER)], 400, SPOKEN_SYSTEM_PROMPT))
+
+
+def test_every_way_to_write_a_call_is_a_program() -> None:
+    """Optional parameters present or not, each enum and boolean value spelled out."""
+    tok = tiny_tokenizer()
+    by_tool: dict[str, int] = {}
+    for s in shapes(tok, DEFAULT_TOOLS):
+        by_tool[s.tool.name] = by_tool.get(s.tool.name, 0) + 1
+    assert by_tool["lights.set"] == 2  # true, false
+    assert by_tool["reminder.create"] == 2  # with and without "when"
+    assert by_tool["volume.set"] == 6  # {}, level, up, down, level + up, level + down
+    assert sum(by_tool.values()) == len(DEFAULT_TOOLS) - 3 + 2 + 2 + 6
+
+
+def test_a_string_value_is_refused_when_no_word_of_the_user_fits() -> None:
+    """Nothing said to copy: the call cannot be written, and no call is made."""
+    say = (Tool("say", "", (Param("text", "string"),)),)
+    backend, cache, last, tok = prefilled(0, "")
+    done = decode_call(backend, tok, cache, last, say, "", smollm2_diffusion_config(tok), 8)
+    assert done is None
+
+
+def test_a_cancelled_call_stops_before_its_next_pass() -> None:
+    backend, cache, last, tok = prefilled(1)
+    before = backend.steps
+    config = smollm2_diffusion_config(tok)
+    stop = decode_call(backend, tok, cache, last, TOOLS, USER, config, 8, should_stop=lambda: True)
+    assert stop is None and backend.steps == before
+
+
+def test_the_first_token_decides() -> None:
+    tok = tiny_tokenizer()
+    logits = np.zeros(300, np.float32)
+    assert not call_starts(tok, logits)
+    logits[tok.encode_plain(CALL_OPEN)[0]] = 5.0
+    assert call_starts(tok, logits)
+
+
+def test_forced_tokens_are_laid_down_not_yielded() -> None:
+    tok = tiny_tokenizer()
+    backend = TorchBackend(tiny_diffusion(2), max_len=256)
+    config = smollm2_diffusion_config(tok)
+    prompt = build_prompt(tok, [ChatMessage("user", "hi")], 200, SPOKEN_SYSTEM_PROMPT)
+    settings = SamplerSettings(block_size=8, steps_per_block=4)
+    rng = np.random.default_rng(0)
+    forced = tok.encode_plain("<call>")  # 6 of the first block's 8
+    tokens, stats = drain(sample(backend, prompt, config, settings, rng, 16, forced=forced))
+    assert len(tokens) == stats.tokens == 16 - len(forced)  # the tiny model never ends
+    with pytest.raises(ValueError, match="do not fit"):
+        drain(sample(backend, prompt, config, settings, rng, 4, forced=forced))
+
+
+class CallsFirst(TorchBackend):
+    """The tiny model with the call's first token always most likely: so the engine
+    takes the call path (the decision itself is test_the_first_token_decides)."""
+
+    def step(self, *args: Any, **kwargs: Any) -> Any:
+        logits = super().step(*args, **kwargs)
+        logits[:, self.open_id] += 100.0
+        return logits
+
+
+def test_the_engine_yields_the_call_then_speaks_and_keeps_only_the_prompt() -> None:
+    gen, _ = tiny_generator()
+    tok = gen.tokenizer
+    backend = CallsFirst(tiny_diffusion(4), max_len=1024)
+    backend.open_id = tok.encode_plain(CALL_OPEN)[0]  # type: ignore[attr-defined]
+    gen.backend = gen.prefixes.backend = backend
+    convo = [ChatMessage("user", "set a timer for 5 minutes")]
+    items, stats = drain(gen.generate(convo, 48, lambda: False, TOOLS[:2]))  # timer.*
+    call, *speech = items
+    assert isinstance(call, ToolCall) and call.passes > 0
+    assert all(isinstance(s, str) for s in speech)  # the confirmation, never the call
+    assert stats.forward_passes > call.passes and stats.tokens <= 48
+    assert len(gen.prefixes) == 1  # the next turn reuses the prompt's cache
+    no_tools, _ = drain(tiny_generator()[0].generate(convo, 16, lambda: False))
+    assert not any(isinstance(i, ToolCall) for i in no_tools)
