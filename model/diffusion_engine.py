@@ -22,6 +22,7 @@ from model.actions import ActionSettings, call_starts, decode_call
 from model.backend import Prefix, StepBackend, last_row
 from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt
 from model.engine import ChatMessage, GenerationStats
+from model.openings import reply_openings
 from model.prefix import PrefixCache
 from model.sampler import DiffusionConfig, SamplerSettings, sample
 from model.tokenizer import Tokenizer, decoded
@@ -41,6 +42,12 @@ class DiffusionOptions:
     seed: int = 0  # each reply's sampler generator starts from it
     dtype: str = "float32"  # torch dtype of the default (PyTorch) model
     actions: ActionSettings = field(default_factory=ActionSettings)
+    # Earlier messages in the prompt (None: what the prompt budget holds; model/chat.py)
+    # and the tokens of an earlier reply's opening (or the user's words) a reply may not
+    # repeat (0: off; model/openings.py). Inside 20-turn sessions of their own replies
+    # the two keep both engines from copying themselves (docs/training.md, "Conversations")
+    history_window: int | None = 4
+    opening_ban: int = 4
 
     @property
     def cache_len(self) -> int:
@@ -88,7 +95,8 @@ class DiffusionGenerator:
         opts, tok = self.options, self.tokenizer
         tools = tools if self.supports_tools else ()
         system = tools_system_prompt(opts.system_prompt, tools)
-        prompt = build_prompt(tok, conversation, opts.prompt_budget, system)
+        prompt = build_prompt(tok, conversation, opts.prompt_budget, system, opts.history_window)
+        avoid = reply_openings(tok, conversation, opts.opening_ban)
         room = self._room(len(prompt), max_tokens)
         rng = np.random.default_rng(opts.seed)
         cached = self.model.attention == "block"
@@ -115,6 +123,7 @@ class DiffusionGenerator:
                 should_stop,
                 prefix,
                 forced,
+                avoid=() if forced else avoid,  # a call's confirmation may open as before
             )
             stats = yield from decoded(tokens, decoder.push)
         finally:

@@ -1,4 +1,5 @@
-"""``quicksilver data``, ``quicksilver train`` and ``quicksilver eval llm``.
+"""``quicksilver data``, ``quicksilver train``, ``quicksilver eval llm``, ``quicksilver
+eval actions`` and ``quicksilver eval sessions``.
 
 Registered in server/cli.py; torch and the model code are imported only when a command
 runs, so ``quicksilver serve`` never pays for them.
@@ -98,6 +99,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     llm.add_argument(
         "--history", type=int, default=0, help="earlier turns before each question (default 0)"
     )
+    llm.add_argument(
+        "--opening-ban",
+        type=int,
+        default=None,
+        help="tokens of an earlier reply's (or the question's) opening a diffusion reply may "
+        "not repeat (0: off; default: the engines')",
+    )
     llm.add_argument("--seed", type=int, default=0)
     llm.add_argument("--threads", type=int, default=2)
     llm.set_defaults(run=_eval_llm)
@@ -117,12 +125,56 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     acts.add_argument("--log-level", default="INFO")
     acts.set_defaults(run=_eval_actions)
 
+    _register_sessions(ev_sub)
+
+
+def _register_sessions(ev_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    ses = ev_sub.add_parser("sessions", help="20-turn scripted sessions on their own replies")
+    ses.add_argument(
+        "--engine",
+        action="append",
+        default=None,
+        help="a reply engine (repeatable; default: diffusion-onnx and smollm2-ar-onnx)",
+    )
+    ses.add_argument("--scripts", type=Path, default=None, help="JSON: session -> user turns")
+    ses.add_argument("--turns", type=int, default=None, help="first N turns of each session")
+    ses.add_argument("--max-tokens", type=int, default=64)
+    ses.add_argument(
+        "--history-window",
+        type=_window,
+        default=None,
+        help="earlier messages in each prompt: N or 'all' (default: the engines')",
+    )
+    ses.add_argument(
+        "--opening-ban",
+        type=int,
+        default=None,
+        help="tokens of an earlier reply's opening a reply may not repeat (0: off; "
+        "default: the engines')",
+    )
+    ses.add_argument("--no-quality", action="store_true", help="skip NLL and similarity")
+    ses.add_argument(
+        "--references", type=Path, default=None, help="reuse the AR references of a --json report"
+    )
+    ses.add_argument("--json", type=Path, default=None, dest="json_out")
+    ses.add_argument("--threads", type=int, default=2)
+    ses.add_argument("--log-level", default="INFO")
+    ses.set_defaults(run=_eval_sessions)
+
 
 def _lookahead(text: str) -> int | None:
     if text == "any":
         return None
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"expected a count >= 0 or 'any', not {text!r}")
+    return int(text)
+
+
+def _window(text: str) -> int | str:
+    if text == "all":
+        return text
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a count >= 0 or 'all', not {text!r}")
     return int(text)
 
 
@@ -204,6 +256,7 @@ def _eval_llm(args: argparse.Namespace) -> int:
         onnx=args.onnx,
         onnx_variant=args.onnx_variant,
         history=args.history,
+        opening_ban=args.opening_ban,
         dtype=args.dtype,
         seed=args.seed,
         threads=args.threads,
@@ -216,6 +269,34 @@ def _eval_llm(args: argparse.Namespace) -> int:
     args.json_out.parent.mkdir(parents=True, exist_ok=True)
     args.json_out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report["summary"], indent=2))
+    return 0
+
+
+def _eval_sessions(args: argparse.Namespace) -> int:
+    from model.training.sessions import SCRIPTS_FILE, SessionOptions, run_sessions, table
+
+    window = args.history_window  # None: the engines'; "all": no window
+    opts = SessionOptions(
+        scripts=args.scripts or SCRIPTS_FILE,
+        engines=tuple(args.engine or SessionOptions().engines),
+        turns=args.turns,
+        max_tokens=args.max_tokens,
+        history_window=None if window == "all" else window,
+        full_history=window == "all",
+        opening_ban=args.opening_ban,
+        quality=not args.no_quality,
+        references=args.references,
+        threads=args.threads,
+    )
+    try:
+        report = run_sessions(opts, log=_log)
+    except (FileNotFoundError, ValueError) as exc:  # a scripts file, a model, an engine
+        print(f"quicksilver eval: {exc}", file=sys.stderr)
+        return 2
+    if args.json_out:
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        args.json_out.write_text(json.dumps(report, indent=2) + "\n")
+    print(table(report))
     return 0
 
 
