@@ -16,8 +16,10 @@ the keys. Only three kinds of thing are the model's to choose:
   string, the tokens of the user's own words, which is where a destination, a contact
   or a message text comes from) plus the token that closes the value, which also picks
   among programs that differ right after it. A pass commits the longest run of slot
-  positions, from the left, whose masked confidence passes the threshold (at least
-  one), so a value is never written around an undecided hole.
+  positions, from the left, whose chosen token the model itself gives more than the
+  threshold (at least one), so a value is never written around an undecided hole, and a
+  position predicted while its left neighbour was still masked commits only when the
+  model needed no neighbour to know it.
 
 Positions are laid out in the reply's blocks exactly as the sampler lays them
 (``model/sampler.py``): a pass runs the current block with its decided tokens and masks
@@ -50,7 +52,7 @@ MAX_STRING_TOKENS = 24
 
 @dataclass(frozen=True)
 class ActionSettings:
-    threshold: float = 0.9  # a slot position commits above it (masked confidence)
+    threshold: float = 0.9  # a slot position commits above it (the model's probability)
     max_passes: int = 48  # a call that takes more is given up
 
 
@@ -216,12 +218,14 @@ def _rows(c: _Call, want: int) -> NDArray[np.float32]:
 
 
 def _masked_choice(logits: NDArray[np.float32], allowed: NDArray[np.int64]) -> tuple[int, float]:
-    """The best allowed token and its probability among the allowed ones."""
-    z = logits[allowed].astype(np.float64)
-    p = np.exp(z - z.max())
-    p /= p.sum()
-    j = int(np.argmax(p))
-    return int(allowed[j]), float(p[j])
+    """The best allowed token and the model's own probability of it (over the whole
+    vocabulary: renormalized over the allowed tokens alone, a token the model barely
+    believes would look certain once its rivals are masked out)."""
+    z = logits.astype(np.float64)
+    z = z - z.max()
+    p = np.exp(z)
+    token = int(allowed[int(np.argmax(z[allowed]))])
+    return token, float(p[token] / p.sum())
 
 
 def _branch(c: _Call, options: list[int]) -> None:
