@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,10 +127,17 @@ def value_vocab(tok: Tokenizer, p: Param, user_text: str) -> NDArray[np.int64]:
 # ---------------------------------------------------------------------------- the decoder
 
 
-def call_starts(tok: Tokenizer, logits: NDArray[np.float32]) -> bool:
+def call_starts(
+    tok: Tokenizer, logits: NDArray[np.float32], echoes: Collection[int] = frozenset()
+) -> bool:
     """The model's greedy first reply token (``logits (V,)``, the prefill's last row) is
-    a call's: the decision costs no pass."""
-    return int(np.argmax(logits)) == tok.encode_plain(CALL_OPEN)[0]
+    a call's: the decision costs no pass. ``echoes``: first tokens of the openings the
+    reply may not repeat (the user's own words, earlier replies: ``model/openings.py``)
+    do not compete: "Set a timer for five minutes" is otherwise half the time answered
+    by starting to say it back."""
+    ranked = logits.copy()
+    ranked[list(echoes)] = -np.inf
+    return int(np.argmax(ranked)) == tok.encode_plain(CALL_OPEN)[0]
 
 
 @dataclass

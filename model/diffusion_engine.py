@@ -22,11 +22,11 @@ from model.actions import ActionSettings, call_starts, decode_call
 from model.backend import Prefix, StepBackend, last_row
 from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt
 from model.engine import ChatMessage, GenerationStats
-from model.openings import reply_openings
+from model.openings import Opening, reply_openings
 from model.prefix import PrefixCache
 from model.sampler import DiffusionConfig, SamplerSettings, sample
 from model.tokenizer import Tokenizer, decoded
-from model.tools import Tool, ToolCall, tools_system_prompt
+from model.tools import CALL_OPEN, Tool, ToolCall, tools_system_prompt
 
 # What a reply says when the model began a call it could not finish validly.
 CANNOT_ACT = "Sorry, I can't do that."
@@ -106,7 +106,7 @@ class DiffusionGenerator:
             head, forced, passes = prompt, list[int](), 0
             if tools and prefix is not None:
                 acted = yield from self._act(
-                    prompt, prefix, tools, _user_text(conversation), should_stop
+                    prompt, prefix, tools, _user_text(conversation), should_stop, avoid
                 )
                 if acted is None:  # it meant to act and could not write a valid call
                     yield CANNOT_ACT
@@ -123,7 +123,8 @@ class DiffusionGenerator:
                 should_stop,
                 prefix,
                 forced,
-                avoid=() if forced else avoid,  # a call's confirmation may open as before
+                # a call's confirmation may open as before; a spoken reply never opens a call
+                avoid=() if forced else (*avoid, *self._no_call(tools)),
             )
             stats = yield from decoded(tokens, decoder.push)
         finally:
@@ -140,6 +141,7 @@ class DiffusionGenerator:
         tools: Sequence[Tool],
         user_text: str,
         should_stop: Callable[[], bool],
+        avoid: Sequence[Opening] = (),
     ) -> Generator[ToolCall, None, tuple[list[int], list[int], int] | None]:
         """Prefill the prompt and, when the model's first reply token opens a call,
         write the call (``model/actions.py``) and yield it. Returns what the sampler
@@ -152,7 +154,7 @@ class DiffusionGenerator:
         be.truncate(cache, start)
         chunk = np.asarray(prompt[start:], np.int64)
         last = be.step(cache, chunk, "causal", commit=True, rows=last_row(chunk))[-1]
-        if not call_starts(self.tokenizer, last):
+        if not call_starts(self.tokenizer, last, {o[0] for o in avoid}):
             return prompt, [], 1
         block = self.options.sampler.block_size
         done = decode_call(
@@ -165,6 +167,11 @@ class DiffusionGenerator:
         yield ToolCall(done.call.name, done.call.arguments, done.passes)
         head = [*prompt, *done.ids[: done.committed]]
         return head, done.ids[done.committed :], 1 + done.passes
+
+    def _no_call(self, tools: Sequence[Tool]) -> tuple[Opening, ...]:
+        """With tools, the call's first token as an opening no spoken reply may have: the
+        decision was made (call_starts), and the sampler must not write a call as words."""
+        return ((self.tokenizer.encode_plain(CALL_OPEN)[0],),) if tools else ()
 
     def _room(self, prompt_len: int, max_tokens: int) -> int:
         """``max_tokens``, cut so that the prompt and the reply blocks fit in a cache."""

@@ -111,6 +111,26 @@ def test_the_first_token_decides() -> None:
     assert not call_starts(tok, logits)
     logits[tok.encode_plain(CALL_OPEN)[0]] = 5.0
     assert call_starts(tok, logits)
+    echo = tok.encode_plain("Set")[0]  # "Set a timer ..." said back
+    logits[echo] = 6.0
+    assert not call_starts(tok, logits)
+    assert call_starts(tok, logits, {echo})  # an echo's start does not compete
+
+
+def test_a_spoken_reply_never_opens_with_the_call_s_first_token() -> None:
+    """The decision was speak: the sampler may not write a call as words."""
+    tok = tiny_tokenizer()
+    open_id = tok.encode_plain(CALL_OPEN)[0]
+    backend = CallsFirst(tiny_diffusion(3), max_len=256)
+    backend.open_id = open_id  # type: ignore[attr-defined]
+    prompt = build_prompt(tok, [ChatMessage("user", "hi")], 200, SPOKEN_SYSTEM_PROMPT)
+    settings = SamplerSettings(block_size=8, steps_per_block=4)
+    config = smollm2_diffusion_config(tok)
+    rng = np.random.default_rng(0)
+    free, _ = drain(sample(backend, prompt, config, settings, rng, 8))
+    assert free[0] == open_id  # what this backend writes unhindered
+    banned, _ = drain(sample(backend, prompt, config, settings, rng, 8, avoid=((open_id,),)))
+    assert banned[0] != open_id
 
 
 def test_forced_tokens_are_laid_down_not_yielded() -> None:
