@@ -95,7 +95,6 @@ BETA_FIELDS = {
 }
 # GA session fields not built; a value that says what the server does anyway passes.
 NOT_YET_FIELDS: dict[str, tuple[object, ...]] = {
-    "tracing": (None,),
     "prompt": (None,),
     "truncation": ("auto",),  # the session drops the oldest messages past its limit
     "include": (),
@@ -211,6 +210,9 @@ class Settings:
     max_output_tokens: int | None = None  # None: "inf", the server's reply budget
     tools: tuple[Tool, ...] = ()  # the session's functions (the reply engine's tools)
     tool_choice: Literal["auto", "none"] = "auto"
+    # null or "auto": echoed; no trace is recorded here (OpenAI's traces live in its
+    # dashboard), and an Agents SDK session asks for "auto" by default
+    tracing: str | None = None
 
 
 @dataclass
@@ -1025,7 +1027,7 @@ class Realtime:
             "max_output_tokens": "inf" if tokens is None else tokens,
             "tools": [{"type": "function", **t.schema()} for t in s.tools],
             "tool_choice": s.tool_choice,
-            "tracing": None,
+            "tracing": s.tracing,
             "truncation": "auto",
         }
 
@@ -1061,6 +1063,9 @@ class Realtime:
                     s = replace(s, tools=self._tools(v, param))
                 case "tool_choice":
                     s = replace(s, tool_choice=_tool_choice(v, param))
+                case "tracing":
+                    _not_yet(v, param, (None, "auto"))
+                    s = replace(s, tracing=v)
                 case _ if key in BETA_FIELDS:
                     raise RealtimeError(
                         "beta_protocol",

@@ -1196,3 +1196,12 @@ def test_a_call_is_a_function_call_item_and_its_output_joins_the_conversation() 
         }
     )
     assert error["error"]["code"] == "unknown_call_id"
+
+
+def test_tracing_auto_is_taken_and_echoed_and_nothing_else_is() -> None:
+    """The Agents SDK asks for tracing "auto" by default; no trace is recorded here."""
+    d, _ = make()
+    (updated,) = d.send(update({"type": "realtime", "tracing": "auto"}))
+    assert updated["session"]["tracing"] == "auto"
+    (error,) = d.send(update({"type": "realtime", "tracing": {"workflow_name": "x"}}))
+    assert error["error"]["code"] == "not_supported"
