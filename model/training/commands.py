@@ -34,6 +34,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     data.add_argument("--source", type=Path, default=Path("data/distill"))
     data.add_argument("--limit", type=int, default=500)
+    data.add_argument(
+        "--actions",
+        action="store_true",
+        help="instead: the tool-call corpus (commands with their calls, hard negatives, the "
+        "--source chat), into --out (docs/training.md, 'Tool calls')",
+    )
+    data.add_argument("--commands", type=int, default=1600, help="with --actions")
+    data.add_argument("--negatives", type=int, default=400, help="with --actions")
     data.set_defaults(run=_data)
 
     train = sub.add_parser("train", help="train the block-diffusion adapter")
@@ -98,6 +106,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     llm.add_argument(
         "--history", type=int, default=0, help="earlier turns before each question (default 0)"
     )
+    llm.add_argument(
+        "--tools",
+        default="none",
+        choices=("none", "default"),
+        help="the diffusion model's system prompt lists no tools (default) or the default "
+        "device tools, as a session that names none gets",
+    )
     llm.add_argument("--seed", type=int, default=0)
     llm.add_argument("--threads", type=int, default=2)
     llm.set_defaults(run=_eval_llm)
@@ -122,6 +137,8 @@ def _data(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     if args.own_replies:
         return _own_replies(args)
+    if args.actions:
+        return _actions(args)
     f = open_gguf()
     cfg = DataConfig(
         seed=args.seed,
@@ -132,6 +149,26 @@ def _data(args: argparse.Namespace) -> int:
         train_dtype=args.train_dtype,
     )
     recipe = make_dataset(load_smollm2(f), Tokenizer(f.tokenizer_data()), cfg, args.out, log=_log)
+    print(json.dumps(recipe, indent=2))
+    return 0
+
+
+def _actions(args: argparse.Namespace) -> int:
+    from model.nn.gguf import load_smollm2, open_gguf
+    from model.tokenizer import Tokenizer
+    from model.training.actions import ActionsConfig, make_actions
+    from model.training.data import DataConfig
+
+    f = open_gguf()
+    cfg = ActionsConfig(seed=args.seed, commands=args.commands, negatives=args.negatives)
+    data_cfg = DataConfig(
+        seed=args.seed,
+        max_reply_tokens=args.max_reply_tokens,
+        batch=args.batch,
+        train_dtype=args.train_dtype,
+    )
+    tok = Tokenizer(f.tokenizer_data())
+    recipe = make_actions(load_smollm2(f), tok, cfg, args.source, args.out, data_cfg, log=_log)
     print(json.dumps(recipe, indent=2))
     return 0
 
@@ -172,6 +209,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _eval_llm(args: argparse.Namespace) -> int:
+    from model.training.actions import TOOLS_SYSTEM_PROMPT
     from model.training.eval import EvalOptions, run_eval
 
     opts = EvalOptions(
@@ -190,6 +228,7 @@ def _eval_llm(args: argparse.Namespace) -> int:
         onnx=args.onnx,
         onnx_variant=args.onnx_variant,
         history=args.history,
+        system=TOOLS_SYSTEM_PROMPT if args.tools == "default" else "",
         dtype=args.dtype,
         seed=args.seed,
         threads=args.threads,

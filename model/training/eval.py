@@ -74,6 +74,10 @@ class EvalOptions:
     # earlier turns before each question (held-out questions and AR replies): how the
     # model answers inside a voice session rather than at its start
     history: int = 0
+    # the diffusion model's system prompt ("": the spoken-answer one; a session with the
+    # default tools gets model.training.actions.TOOLS_SYSTEM_PROMPT). The AR replies and
+    # the NLL scoring keep the spoken-answer prompt: the goal is today's spoken reply.
+    system: str = ""
     seed: int = 0
     threads: int = 2
     dtype: str = "bfloat16"  # replies and scoring; the AR greedy reference stays fp32
@@ -293,6 +297,7 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
 
     qs, refs = questions_and_references(opts)
     prompts = [prompt_ids(tok, q, earlier_turns(opts, i)) for i, q in enumerate(qs)]
+    asked = [prompt_ids(tok, q, earlier_turns(opts, i), opts.system) for i, q in enumerate(qs)]
     log(f"{len(qs)} questions; adapter {opts.onnx or folder}; block size {B}")
     if all(q in refs for q in qs) and not opts.history:
         greedy = from_references([refs[q] for q in qs], tok.im_end_id, opts.max_tokens)
@@ -313,7 +318,7 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
 
     rows = [score("ar-greedy", greedy, False), score(f"ar-t{opts.ar_temperature}", sampled, True)]
     samples: dict[str, list[str]] = {"ar-greedy": ref_text, "ar-sampled": text(sampled)}
-    max_len = max(len(p) for p in prompts) + opts.max_tokens + widest
+    max_len = max(len(p) for p in asked) + opts.max_tokens + widest
     if opts.onnx:
         from model.assemble import load_onnx_backend
         from model.runtime import RuntimeConfig
@@ -327,7 +332,7 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
         backend, runtime = TorchBackend(diff, max_len=max_len), f"torch-{opts.dtype}"
     for settings in sampler_settings(opts):
         th, fallback = settings.threshold, settings.fallback
-        r = diffusion_replies(backend, tok, prompts, settings, opts)
+        r = diffusion_replies(backend, tok, asked, settings, opts)
         name = f"diffusion-B{B}-th{th}" + ("-left" if fallback == "leftmost" else "")
         if (ahead := settings.end_lookahead) != SamplerSettings().end_lookahead:
             name += "-endany" if ahead is None else f"-end{ahead}"
@@ -335,6 +340,7 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
         if (first := settings.first_blocks) != SamplerSettings().first_blocks:
             name += f"-first{schedule_label(first)}"
         name += f"-h{opts.history}" if opts.history else ""
+        name += "-tools" if opts.system else ""
         name += f"-{runtime}" if opts.onnx else ""
         rows.append(score(name, r, True))
         samples[name] = text(r)
@@ -344,6 +350,7 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
         "adapter": str(folder) if folder else None,
         "adapter_manifest": adapter_manifest,
         "diffusion_runtime": runtime,
+        "system_prompt": opts.system or None,
         "rows": rows,
         "replies": samples,
         "summary": headline(rows),
