@@ -118,6 +118,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     llm.set_defaults(run=_eval_llm)
     llm.add_argument("--log-level", default="INFO")  # cli.py adds it to top-level ones
 
+    calls = ev_sub.add_parser(
+        "calls", help="tool calls on the held-out commands and chat, plain diffusion sampler"
+    )
+    calls.add_argument("--data", type=Path, default=Path("data/actions"))
+    model = calls.add_mutually_exclusive_group()
+    model.add_argument("--onnx", type=Path, default=None, help="exported model dir (as served)")
+    model.add_argument("--adapter", type=Path, default=None, help="else PyTorch + this adapter")
+    calls.add_argument("--onnx-variant", default="int8", choices=("int8", "fp32", "fp16"))
+    calls.add_argument("--per-tool", type=int, default=None, help="first N commands per tool")
+    calls.add_argument("--chat-limit", type=int, default=None, help="first N chat questions")
+    calls.add_argument("--max-tokens", type=int, default=64)
+    calls.add_argument("--threads", type=int, default=2)
+    calls.add_argument("--json", type=Path, required=True, dest="json_out")
+    calls.add_argument("--log-level", default="INFO")
+    calls.set_defaults(run=_eval_calls)
+
 
 def _lookahead(text: str) -> int | None:
     if text == "any":
@@ -236,6 +252,30 @@ def _eval_llm(args: argparse.Namespace) -> int:
     try:
         report = run_eval(opts, log=_log)
     except FileNotFoundError as exc:  # a prompts file, model directory or graph missing
+        print(f"quicksilver eval: {exc}", file=sys.stderr)
+        return 2
+    args.json_out.parent.mkdir(parents=True, exist_ok=True)
+    args.json_out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report["summary"], indent=2))
+    return 0
+
+
+def _eval_calls(args: argparse.Namespace) -> int:
+    from model.training.calls import CallsOptions, run_calls
+
+    opts = CallsOptions(
+        data=args.data,
+        onnx=args.onnx,
+        onnx_variant=args.onnx_variant,
+        adapter=args.adapter,
+        per_tool=args.per_tool,
+        chat_limit=args.chat_limit,
+        max_tokens=args.max_tokens,
+        threads=args.threads,
+    )
+    try:
+        report = run_calls(opts, log=_log)
+    except FileNotFoundError as exc:
         print(f"quicksilver eval: {exc}", file=sys.stderr)
         return 2
     args.json_out.parent.mkdir(parents=True, exist_ok=True)
