@@ -257,6 +257,16 @@ def earlier_turns(opts: EvalOptions, i: int) -> list[tuple[str, str]]:
     return [(e.question, e.reply.strip()) for e in turns]
 
 
+def eval_prompts(
+    tok: Tokenizer, qs: Sequence[str], opts: EvalOptions
+) -> tuple[list[list[int]], list[list[int]]]:
+    """The AR model's prompts (spoken system prompt: its replies are the reference and
+    it scores every reply) and the diffusion model's (``opts.system``)."""
+    turns = [earlier_turns(opts, i) for i in range(len(qs))]
+    ar = [prompt_ids(tok, q, t) for q, t in zip(qs, turns, strict=True)]
+    return ar, [prompt_ids(tok, q, t, opts.system) for q, t in zip(qs, turns, strict=True)]
+
+
 def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
     from model.modeldir import shipped_adapter
     from model.nn.adapter import load_adapter
@@ -296,8 +306,7 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
         diff = load_smollm2_diffusion(f, adapter, dtype)
 
     qs, refs = questions_and_references(opts)
-    prompts = [prompt_ids(tok, q, earlier_turns(opts, i)) for i, q in enumerate(qs)]
-    asked = [prompt_ids(tok, q, earlier_turns(opts, i), opts.system) for i, q in enumerate(qs)]
+    prompts, asked = eval_prompts(tok, qs, opts)
     log(f"{len(qs)} questions; adapter {opts.onnx or folder}; block size {B}")
     if all(q in refs for q in qs) and not opts.history:
         greedy = from_references([refs[q] for q in qs], tok.im_end_id, opts.max_tokens)

@@ -24,6 +24,7 @@ from model.training.actions import (
 )
 from model.training.calls import command_row, summary
 from model.training.data import DataConfig, Example, _norm, prompt_ids, read_jsonl, write_jsonl
+from model.training.eval import EvalOptions, eval_prompts
 from model.training.train import encode_examples
 from tests.model.conftest import tiny_tokenizer
 from tests.model.test_data import ending_model
@@ -152,3 +153,11 @@ def test_a_call_counts_only_when_tool_and_arguments_are_exact():
     assert s["exact"] == pytest.approx(1 / 3) and s["starts_call"] == pytest.approx(2 / 3)
     assert s["false_triggers"] == 0.25
     assert s["per_tool"]["timer.set"]["passes"] == pytest.approx(23 / 3)
+
+
+def test_eval_llm_with_tools_asks_the_diffusion_model_only_under_the_tools_prompt():
+    tok = tiny_tokenizer()
+    ar, asked = eval_prompts(tok, ["Hi?"], EvalOptions(system=TOOLS_SYSTEM_PROMPT))
+    assert ar == [prompt_ids(tok, "Hi?")]  # the reference and the scorer: spoken prompt
+    assert asked == [prompt_ids(tok, "Hi?", system=TOOLS_SYSTEM_PROMPT)]
+    assert eval_prompts(tok, ["Hi?"], EvalOptions()) == (ar, ar)
