@@ -106,6 +106,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="tokens of an earlier reply's (or the question's) opening a diffusion reply may "
         "not repeat (0: off; default: the engines')",
     )
+    llm.add_argument(
+        "--tools",
+        default="none",
+        choices=("none", "default"),
+        help="the diffusion model's system prompt lists no tools (default) or the default "
+        "device tools, as a session that names none gets",
+    )
     llm.add_argument("--seed", type=int, default=0)
     llm.add_argument("--threads", type=int, default=2)
     llm.set_defaults(run=_eval_llm)
@@ -124,6 +131,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     acts.add_argument("--json", type=Path, required=True, dest="json_out")
     acts.add_argument("--log-level", default="INFO")
     acts.set_defaults(run=_eval_actions)
+
+    calls = ev_sub.add_parser(
+        "calls", help="tool calls on the held-out commands and chat, plain diffusion sampler"
+    )
+    calls.add_argument("--data", type=Path, default=Path("data/actions"))
+    model = calls.add_mutually_exclusive_group()
+    model.add_argument("--onnx", type=Path, default=None, help="exported model dir (as served)")
+    model.add_argument("--adapter", type=Path, default=None, help="else PyTorch + this adapter")
+    calls.add_argument("--onnx-variant", default="int8", choices=("int8", "fp32", "fp16"))
+    calls.add_argument("--per-tool", type=int, default=None, help="first N commands per tool")
+    calls.add_argument("--chat-limit", type=int, default=None, help="first N chat questions")
+    calls.add_argument("--max-tokens", type=int, default=64)
+    calls.add_argument("--threads", type=int, default=2)
+    calls.add_argument("--json", type=Path, required=True, dest="json_out")
+    calls.add_argument("--log-level", default="INFO")
+    calls.set_defaults(run=_eval_calls)
 
     _register_sessions(ev_sub)
 
@@ -238,6 +261,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _eval_llm(args: argparse.Namespace) -> int:
+    from model.training.actions import TOOLS_SYSTEM_PROMPT
     from model.training.eval import EvalOptions, run_eval
 
     opts = EvalOptions(
@@ -257,6 +281,7 @@ def _eval_llm(args: argparse.Namespace) -> int:
         onnx_variant=args.onnx_variant,
         history=args.history,
         opening_ban=args.opening_ban,
+        system=TOOLS_SYSTEM_PROMPT if args.tools == "default" else "",
         dtype=args.dtype,
         seed=args.seed,
         threads=args.threads,
@@ -335,6 +360,30 @@ def actions_table(per_tool: dict[str, dict[str, object]]) -> str:
         cells = [r["n"], r["exact_rate"], r["called_rate"], r["passes_p50"], r["action_ms_p50"]]
         lines.append(f"| `{name}` | " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines)
+
+
+def _eval_calls(args: argparse.Namespace) -> int:
+    from model.training.calls import CallsOptions, run_calls
+
+    opts = CallsOptions(
+        data=args.data,
+        onnx=args.onnx,
+        onnx_variant=args.onnx_variant,
+        adapter=args.adapter,
+        per_tool=args.per_tool,
+        chat_limit=args.chat_limit,
+        max_tokens=args.max_tokens,
+        threads=args.threads,
+    )
+    try:
+        report = run_calls(opts, log=_log)
+    except FileNotFoundError as exc:
+        print(f"quicksilver eval: {exc}", file=sys.stderr)
+        return 2
+    args.json_out.parent.mkdir(parents=True, exist_ok=True)
+    args.json_out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report["summary"], indent=2))
+    return 0
 
 
 def _log(line: str) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +68,9 @@ class Example:
     reply: str
     reply_ids: list[int]  # the reply's tokens, ending with <|im_end|> when it ended
     ended: bool
+    # the system prompt the example is trained with; "": the spoken-answer one. A tool
+    # call's reply_ids are made piece by piece (model.tools.call_ids), not from `reply`
+    system: str = ""
 
 
 # ---------------------------------------------------------------- questions
@@ -208,12 +211,15 @@ def training_questions(
 # ---------------------------------------------------------------- replies
 
 
-def prompt_ids(tok: Tokenizer, question: str, history: Sequence[tuple[str, str]] = ()) -> list[int]:
+def prompt_ids(
+    tok: Tokenizer, question: str, history: Sequence[tuple[str, str]] = (), system: str = ""
+) -> list[int]:
     """The prompt the engines build for ``question`` after the earlier turns
-    ``history`` ((question, reply) pairs, oldest first) of the same conversation."""
+    ``history`` ((question, reply) pairs, oldest first) of the same conversation, under
+    ``system`` ("": the spoken-answer system prompt)."""
     earlier = [m for q, a in history for m in (ChatMessage("user", q), ChatMessage("assistant", a))]
     conversation = [*earlier, ChatMessage("user", question)]
-    return build_prompt(tok, conversation, PROMPT_BUDGET, SPOKEN_SYSTEM_PROMPT)
+    return build_prompt(tok, conversation, PROMPT_BUDGET, system or SPOKEN_SYSTEM_PROMPT)
 
 
 def answer_all(
@@ -241,11 +247,14 @@ def answer_all(
 # ---------------------------------------------------------------- files
 
 
-def write_jsonl(path: Path, examples: Iterator[Example]) -> list[Example]:
+def write_jsonl(path: Path, examples: Iterable[Example]) -> list[Example]:
     done = []
     with path.open("w") as f:
         for ex in examples:
-            f.write(json.dumps(asdict(ex)) + "\n")
+            row = asdict(ex)
+            if not ex.system:  # the spoken prompt: rows as the corpus always had them
+                del row["system"]
+            f.write(json.dumps(row) + "\n")
             f.flush()  # a long run can be watched and used partially
             done.append(ex)
     return done

@@ -78,6 +78,10 @@ class EvalOptions:
     # a reply may not open with an earlier reply's (or the question's) first N tokens
     # (model/openings.py); None: the diffusion engine's default
     opening_ban: int | None = None
+    # the diffusion model's system prompt ("": the spoken-answer one; a session with the
+    # default tools gets model.training.actions.TOOLS_SYSTEM_PROMPT). The AR replies and
+    # the NLL scoring keep the spoken-answer prompt: the goal is today's spoken reply.
+    system: str = ""
     seed: int = 0
     threads: int = 2
     dtype: str = "bfloat16"  # replies and scoring; the AR greedy reference stays fp32
@@ -274,6 +278,16 @@ def openings(
     return reply_openings(tok, [*earlier, ChatMessage("user", question)], n)
 
 
+def eval_prompts(
+    tok: Tokenizer, qs: Sequence[str], opts: EvalOptions
+) -> tuple[list[list[int]], list[list[int]]]:
+    """The AR model's prompts (spoken system prompt: its replies are the reference and
+    it scores every reply) and the diffusion model's (``opts.system``)."""
+    turns = [earlier_turns(opts, i) for i in range(len(qs))]
+    ar = [prompt_ids(tok, q, t) for q, t in zip(qs, turns, strict=True)]
+    return ar, [prompt_ids(tok, q, t, opts.system) for q, t in zip(qs, turns, strict=True)]
+
+
 def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
     from model.diffusion_engine import DiffusionOptions
     from model.modeldir import shipped_adapter
@@ -314,7 +328,7 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
         diff = load_smollm2_diffusion(f, adapter, dtype)
 
     qs, refs = questions_and_references(opts)
-    prompts = [prompt_ids(tok, q, earlier_turns(opts, i)) for i, q in enumerate(qs)]
+    prompts, asked = eval_prompts(tok, qs, opts)
     avoid = [openings(tok, q, earlier_turns(opts, i), opts) for i, q in enumerate(qs)]
     engine_ban = DiffusionOptions().opening_ban
     log(f"{len(qs)} questions; adapter {opts.onnx or folder}; block size {B}")
@@ -337,7 +351,7 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
 
     rows = [score("ar-greedy", greedy, False), score(f"ar-t{opts.ar_temperature}", sampled, True)]
     samples: dict[str, list[str]] = {"ar-greedy": ref_text, "ar-sampled": text(sampled)}
-    max_len = max(len(p) for p in prompts) + opts.max_tokens + widest
+    max_len = max(len(p) for p in asked) + opts.max_tokens + widest
     if opts.onnx:
         from model.assemble import load_onnx_backend
         from model.runtime import RuntimeConfig
@@ -351,7 +365,7 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
         backend, runtime = TorchBackend(diff, max_len=max_len), f"torch-{opts.dtype}"
     for settings in sampler_settings(opts):
         th, fallback = settings.threshold, settings.fallback
-        r = diffusion_replies(backend, tok, prompts, settings, opts, avoid)
+        r = diffusion_replies(backend, tok, asked, settings, opts, avoid)
         name = f"diffusion-B{B}-th{th}" + ("-left" if fallback == "leftmost" else "")
         if (ahead := settings.end_lookahead) != SamplerSettings().end_lookahead:
             name += "-endany" if ahead is None else f"-end{ahead}"
@@ -360,6 +374,7 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
             name += f"-first{schedule_label(first)}"
         name += f"-h{opts.history}" if opts.history else ""
         name += f"-ban{ban}" if (ban := opts.opening_ban) not in (None, engine_ban) else ""
+        name += "-tools" if opts.system else ""
         name += f"-{runtime}" if opts.onnx else ""
         rows.append(score(name, r, True))
         samples[name] = text(r)
@@ -369,6 +384,7 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
         "adapter": str(folder) if folder else None,
         "adapter_manifest": adapter_manifest,
         "diffusion_runtime": runtime,
+        "system_prompt": opts.system or None,
         "rows": rows,
         "replies": samples,
         "summary": headline(rows),

@@ -277,7 +277,8 @@ def encode_examples(
     tok: Tokenizer, examples: list[Example], B: int
 ) -> list[tuple[list[int], list[int]]]:
     return [
-        (prompt_ids(tok, e.question), pad_reply(e.reply_ids, B, tok.im_end_id)) for e in examples
+        (prompt_ids(tok, e.question, system=e.system), pad_reply(e.reply_ids, B, tok.im_end_id))
+        for e in examples
     ]
 
 
@@ -299,7 +300,7 @@ def with_history(
             continue
         others = torch.randint(len(examples), (h,), generator=gen).tolist()
         turns = [(examples[j].question, examples[j].reply.strip()) for j in others if j != i]
-        out.append((prompt_ids(tok, examples[i].question, turns), items[i][1]))
+        out.append((prompt_ids(tok, examples[i].question, turns, examples[i].system), items[i][1]))
     return out
 
 
