@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 from typing import Any
 
 import numpy as np
@@ -342,3 +343,34 @@ async def test_mu_law_at_8khz_both_ways(
     assert len(reply) > 8000 // 2  # one byte a sample at 8 kHz: over half a second
     said = tiny.transcribe(audio).text  # the telephone-quality reply is still intelligible
     assert word_error_rate(transcript, said) <= 0.35, (transcript, said)
+
+
+async def test_a_function_tool_is_called_and_its_output_taken(client: Any) -> None:
+    """session.update gives a function; a command gets a function_call item with valid
+    arguments beside a spoken confirmation, and the function's output is accepted."""
+    from model.tools import DEFAULT_TOOLS
+
+    timer = {"type": "function", **DEFAULT_TOOLS[0].schema()}  # timer.set(seconds)
+    async with client.realtime.connect(model="quicksilver") as conn:
+        await events_until(conn, "session.created")
+        await conn.session.update(session={"type": "realtime", "tools": [timer]})
+        (updated,) = of(await events_until(conn, "session.updated"), "session.updated")
+        assert updated.session.tools[0].name == "timer.set"
+        content = [{"type": "input_text", "text": "Set a timer for five minutes."}]
+        await conn.conversation.item.create(
+            item={"type": "message", "role": "user", "content": content}
+        )
+        await conn.response.create()
+        events = await events_until(conn, "response.done")
+        (args,) = of(events, "response.function_call_arguments.done")
+        assert args.name == "timer.set"
+        seconds = json.loads(args.arguments)["seconds"]  # valid by construction (an int >= 1)
+        assert isinstance(seconds, int) and seconds >= 1
+        done = events[-1].response
+        assert done.status == "completed"
+        assert [o.type for o in done.output] == ["message", "function_call"]
+        await conn.conversation.item.create(
+            item={"type": "function_call_output", "call_id": args.call_id, "output": "ticking"}
+        )
+        added = (await events_until(conn, "conversation.item.added"))[-1]
+        assert added.item.type == "function_call_output" and added.item.call_id == args.call_id
