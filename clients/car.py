@@ -9,7 +9,9 @@ and ``end_of_input`` when it is released, so the server answers at once instead 
 waiting for trailing silence. Pressing the button while a reply plays cancels it. When
 the connection drops the client reconnects with backoff and sends its resume token, so
 the conversation goes on where it was; a question cut off by the drop is asked again.
-Every server event is printed as one JSON line on stdout.
+Every server event is printed as one JSON line on stdout. The assistant's actions are
+carried out (``clients/actions.py``: a real countdown timer, the rest logged) and
+answered with ``action_result``; ``--tools`` says which tools the session declares.
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidURI
 
 from server import protocol as p
 
+from .actions import Actions, add_action_options, finish_actions, tools_option
 from .common import (
     NETWORK_ERRORS,
     Arrival,
@@ -57,6 +61,7 @@ class CarOptions:
     output_rate: int = 16000
     turn_timeout_s: float = 120.0
     retries: int = 8
+    tools: list[Any] | None = None  # sent in start: None, the server's default device tools
 
 
 @dataclass
@@ -81,6 +86,7 @@ class Car:
         speaker: Speaker | None = None,
         on_frame: Callable[[p.ServerMessage | None, str | bytes], None] = print_event,
         resume_token: str | None = None,
+        actions: Actions | None = None,
     ) -> None:
         if options.rate not in RATES:
             raise ValueError(f"the car client sends 8000 or 16000 Hz, not {options.rate}")
@@ -88,6 +94,7 @@ class Car:
         self.speaker = speaker
         self.on_frame = on_frame
         self.resume_token = resume_token
+        self.actions = actions or Actions(options.tools, speaker)
         self.log = CarLog()
         self.ws: ClientConnection | None = None
         self.inbox: Inbox | None = None
@@ -117,13 +124,13 @@ class Car:
         return ready
 
     async def _start(self, ws: ClientConnection) -> p.Ready:
-        rate, out_rate = self.options.rate, self.options.output_rate
+        rate, out_rate, tools = self.options.rate, self.options.output_rate, self.options.tools
         try:
-            ready = await start_session(ws, rate, "car", self.resume_token, out_rate)
+            ready = await start_session(ws, rate, "car", self.resume_token, out_rate, tools)
         except ResumeRefused as exc:
             self.log.refused.append(exc.code)
             log(f"could not resume the conversation ({exc.code}); starting a new one")
-            ready = await start_session(ws, rate, "car", None, out_rate)
+            ready = await start_session(ws, rate, "car", None, out_rate, tools)
         self.resume_token = ready.resume_token or None
         self.log.readies.append(ready)
         return ready
@@ -179,9 +186,9 @@ class Car:
         """Handle what arrived while nobody was asking (late audio, a closed socket)."""
         assert self.inbox is not None
         while not self.inbox.queue.empty():
-            self._handle(await self.inbox.get())
+            await self._handle(await self.inbox.get())
 
-    def _handle(self, arrival: Arrival) -> None:
+    async def _handle(self, arrival: Arrival) -> None:
         self.on_frame(arrival.message, arrival.raw)
         if arrival.audio is not None:
             turn_id, _seq, data = arrival.audio
@@ -189,6 +196,12 @@ class Car:
             if self.speaker is not None:
                 self.speaker.play(turn_id, data)
         match arrival.message:
+            case p.Action() as action:
+                result = await self.actions.carry_out(action)
+                assert self.ws is not None
+                await self.ws.send(p.encode(result))
+            case p.Error(code="tools_unsupported", message=text):
+                log(text)  # the session goes on; its replies only speak
             case p.ReplyCancelled(turn_id=t):
                 if self.speaker is not None:
                     self.speaker.flush(t)
@@ -201,7 +214,7 @@ class Car:
         transcript, done, audio = "", None, TurnAudio()
         while True:
             arrival = await self.inbox.get()
-            self._handle(arrival)
+            await self._handle(arrival)
             match arrival.message:
                 case p.Error(code="no_speech"):
                     raise ClientError("the server heard no speech in that press")
@@ -216,14 +229,21 @@ class Car:
                 audio.add(arrival.raw if isinstance(arrival.raw, bytes) else b"")
 
 
-async def run_wavs(options: CarOptions, wavs: list[Path], out_dir: Path | None) -> int:
-    speaker = WavSpeaker(options.output_rate)
+async def run_wavs(
+    options: CarOptions, wavs: list[Path], out_dir: Path | None, wait_timers: bool = False
+) -> int:
+    speaker = WavSpeaker(options.output_rate, out_dir / "sounds.wav" if out_dir else None)
     async with Car(options, speaker) as car:
-        for i, wav in enumerate(wavs, 1):
-            result = await car.ask(read_wav(wav))
-            log(f"turn {i}: {result.transcript!r} -> {result.reply!r}")
-            if out_dir is not None:
-                write_wav(out_dir / f"reply{i}.wav", result.audio, result.output_rate)
+        try:
+            for i, wav in enumerate(wavs, 1):
+                result = await car.ask(read_wav(wav))
+                log(f"turn {i}: {result.transcript!r} -> {result.reply!r}")
+                if out_dir is not None:
+                    write_wav(out_dir / f"reply{i}.wav", result.audio, result.output_rate)
+            await finish_actions(car.actions, wait_timers, log)
+        finally:
+            await finish_actions(car.actions, False, log)
+            speaker.close()
     return 0
 
 
@@ -234,10 +254,13 @@ async def run_live(options: CarOptions) -> int:
     speaker = DeviceSpeaker(options.output_rate)
     try:
         async with Car(options, speaker) as car:
-            while await loop.run_in_executor(None, sys.stdin.readline):
-                log("talking... (Enter to release)")
-                captured = await _capture_until_enter(mic, loop)
-                await car.ask(captured)
+            try:
+                while await loop.run_in_executor(None, sys.stdin.readline):
+                    log("talking... (Enter to release)")
+                    captured = await _capture_until_enter(mic, loop)
+                    await car.ask(captured)
+            finally:
+                await finish_actions(car.actions, False, log)
     finally:
         speaker.close()
     return 0
@@ -268,16 +291,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-dir", type=Path, help="write reply N to DIR/replyN.wav")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per turn")
     parser.add_argument("--retries", type=int, default=8, help="reconnection attempts")
+    add_action_options(parser)
     args = parser.parse_args(argv)
     if not args.wav and not args.live:
         parser.error("give --wav FILE... or --live")
-    options = CarOptions(args.url, args.rate, turn_timeout_s=args.timeout, retries=args.retries)
+    try:
+        tools = tools_option(args.tools)
+    except ValueError as exc:
+        log(str(exc))
+        return 2
+    options = CarOptions(
+        args.url, args.rate, turn_timeout_s=args.timeout, retries=args.retries, tools=tools
+    )
     try:
         if args.live:
             return asyncio.run(run_live(options))
         if args.out_dir is not None:
             args.out_dir.mkdir(parents=True, exist_ok=True)
-        return asyncio.run(run_wavs(options, args.wav, args.out_dir))
+        return asyncio.run(run_wavs(options, args.wav, args.out_dir, args.wait_timers))
     except (ClientError, ValueError, RuntimeError, FileNotFoundError) as exc:
         log(str(exc))
         return 1

@@ -17,6 +17,7 @@ import wave
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -162,10 +163,16 @@ async def start_session(
     client: str,
     resume_token: str | None = None,
     output_rate: int = 16000,
+    tools: list[Any] | None = None,
 ) -> p.Ready:
-    """Send ``start`` and wait for ``ready``; a refused resume raises :class:`ResumeRefused`."""
+    """Send ``start`` and wait for ``ready``; a refused resume raises :class:`ResumeRefused`.
+    ``tools``: the tools the assistant may call (None: the server's default set)."""
     start = p.Start(
-        sample_rate=rate, client=client, output_sample_rate=output_rate, resume_token=resume_token
+        sample_rate=rate,
+        client=client,
+        output_sample_rate=output_rate,
+        resume_token=resume_token,
+        tools=tools,
     )
     await ws.send(p.encode(start))
     message = p.decode_server(await ws.recv())

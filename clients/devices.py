@@ -3,7 +3,8 @@
 A microphone is an async iterator of small PCM16 frames at its rate; a speaker takes
 reply audio per turn and drops a cancelled turn's audio at once (:meth:`Speaker.flush`),
 including what is already queued for the sound card, so a barge-in silences the
-assistant within one audio block.
+assistant within one audio block. A speaker also plays the device's own sounds (a
+timer's chime, :meth:`Speaker.sound`), which belong to no turn and are never flushed.
 """
 
 from __future__ import annotations
@@ -94,8 +95,17 @@ class DeviceMicrophone:
                 yield await queue.get()
 
 
+SOUND_TURN = -1  # the device's own sounds in a speaker's queue: no turn has this id
+
+
 class Speaker(Protocol):
+    rate: int
+
     def play(self, turn_id: int, pcm: bytes) -> None: ...
+
+    def sound(self, pcm: bytes) -> None:
+        """A sound of the device's own (a timer's chime), after what is queued."""
+        ...
 
     def flush(self, turn_id: int) -> None:
         """The turn was cancelled: drop all of its audio now, queued or not."""
@@ -105,13 +115,14 @@ class Speaker(Protocol):
 
 
 class WavSpeaker:
-    """Keeps the audio of every turn that was not cancelled; writes it on close."""
+    """Keeps the audio of every turn that was not cancelled, and the device's sounds,
+    in the order they came; writes it on close."""
 
     def __init__(self, rate: int, path: Path | None = None) -> None:
         self.rate = rate
         self.path = path
         self.audio = TurnAudio()
-        self.kept: list[int] = []  # turns to write, in order
+        self.kept: list[int | bytes] = []  # turns to write and sounds, in order
 
     def play(self, turn_id: int, pcm: bytes) -> None:
         if turn_id not in self.audio.cancelled:
@@ -123,9 +134,13 @@ class WavSpeaker:
     def keep(self, turn_id: int) -> None:
         self.kept.append(turn_id)
 
+    def sound(self, pcm: bytes) -> None:
+        self.kept.append(pcm)
+
     def close(self) -> None:
         if self.path is not None and self.kept:
-            write_wav(self.path, b"".join(self.audio.pcm(t) for t in self.kept), self.rate)
+            out = (x if isinstance(x, bytes) else self.audio.pcm(x) for x in self.kept)
+            write_wav(self.path, b"".join(out), self.rate)
 
 
 class DeviceSpeaker:
@@ -150,6 +165,9 @@ class DeviceSpeaker:
         with self._lock:
             if turn_id not in self._cancelled:
                 self._queue.append((turn_id, pcm))
+
+    def sound(self, pcm: bytes) -> None:
+        self.play(SOUND_TURN, pcm)
 
     def flush(self, turn_id: int) -> None:
         with self._lock:

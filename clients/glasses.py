@@ -12,7 +12,9 @@ plays replies on the default speaker (needs the ``audio`` extra) until Ctrl-C or
 (audio frames as ``{"type": "audio", ...}``). Playback of a cancelled reply stops at
 once. After a dropped connection the client reconnects with backoff and resumes the
 conversation with its resume token; an unreachable server is reported on stderr with a
-non-zero exit.
+non-zero exit. The assistant's actions are carried out (``clients/actions.py``: a real
+countdown timer, the rest logged) and answered with ``action_result``; ``--tools``
+says which tools the session declares.
 """
 
 from __future__ import annotations
@@ -25,12 +27,14 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidURI
 
 from server import protocol as p
 
+from .actions import Actions, add_action_options, finish_actions, tools_option
 from .common import (
     NETWORK_ERRORS,
     ClientError,
@@ -114,6 +118,7 @@ class GlassesOptions:
     timeout_s: float | None = 120.0  # for the whole run, reconnections included
     retries: int = 8  # reconnection attempts after a drop before giving up
     output_rate: int = 16000
+    tools: list[Any] | None = None  # sent in start: None, the server's default device tools
 
 
 def print_event(message: p.ServerMessage | None, frame: str | bytes) -> None:
@@ -138,11 +143,13 @@ class Glasses:
         mic: Microphone,
         speaker: Speaker,
         on_frame: Callable[[p.ServerMessage | None, str | bytes], None] = print_event,
+        actions: Actions | None = None,
     ) -> None:
         self.options = options
         self.mic = mic
         self.speaker = speaker
         self.on_frame = on_frame
+        self.actions = actions or Actions(options.tools, speaker)
         self.results: list[TurnResult] = []
         self.resume_token: str | None = None
         self.connections = 0
@@ -196,12 +203,12 @@ class Glasses:
                     await sender
 
     async def _start(self, ws: ClientConnection) -> p.Ready:
-        rate, out_rate = self.mic.rate, self.options.output_rate
+        rate, out_rate, tools = self.mic.rate, self.options.output_rate, self.options.tools
         try:
-            ready = await start_session(ws, rate, "glasses", self.resume_token, out_rate)
+            ready = await start_session(ws, rate, "glasses", self.resume_token, out_rate, tools)
         except ResumeRefused as exc:
             log(f"could not resume the conversation ({exc.code}); starting a new one")
-            ready = await start_session(ws, rate, "glasses", None, out_rate)
+            ready = await start_session(ws, rate, "glasses", None, out_rate, tools)
         self.resume_token = ready.resume_token or None
         return ready
 
@@ -225,6 +232,10 @@ class Glasses:
             match message:
                 case p.TranscriptFinal(turn_id=t, text=text):
                     transcripts[t] = text
+                case p.Action():
+                    await ws.send(p.encode(await self.actions.carry_out(message)))
+                case p.Error(code="tools_unsupported", message=text):
+                    log(text)  # the session goes on; its replies only speak
                 case p.ReplyCancelled(turn_id=t):
                     audio.cancel(t)
                     self.speaker.flush(t)
@@ -258,6 +269,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--turns", type=int, help="stop after N turns (default 1 with --wav)")
     parser.add_argument("--timeout", type=float, help="seconds for the whole run")
     parser.add_argument("--retries", type=int, default=8, help="reconnections after a drop")
+    add_action_options(parser)
     return parser
 
 
@@ -276,14 +288,15 @@ def main(argv: list[str] | None = None) -> int:
     live = args.wav is None
     turns = args.turns if args.turns is not None else (None if live else 1)
     timeout = args.timeout or (None if live and turns is None else 120.0)
-    options = GlassesOptions(args.url, turns, timeout, args.retries)
     try:
+        tools = tools_option(args.tools)
         mic, speaker = _devices(args)
     except (RuntimeError, ValueError) as exc:
         log(str(exc))
         return 2
+    options = GlassesOptions(args.url, turns, timeout, args.retries, tools=tools)
     try:
-        asyncio.run(Glasses(options, mic, speaker).run())
+        asyncio.run(_run(Glasses(options, mic, speaker), args.wait_timers))
     except (ClientError, ValueError) as exc:
         log(str(exc))
         return 1
@@ -292,6 +305,15 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         speaker.close()
     return 0
+
+
+async def _run(glasses: Glasses, wait_timers: bool) -> None:
+    try:
+        await glasses.run()
+        if wait_timers:
+            await finish_actions(glasses.actions, True, log)
+    finally:
+        await finish_actions(glasses.actions, False, log)
 
 
 if __name__ == "__main__":

@@ -19,8 +19,10 @@ from model.backend import StepBackend
 from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt
 from model.engine import ChatMessage, GenerationStats
 from model.generate import greedy
+from model.openings import reply_openings
 from model.prefix import PrefixCache
 from model.tokenizer import Tokenizer, decoded
+from model.tools import Tool, ToolCall
 
 
 @dataclass(frozen=True)
@@ -32,10 +34,21 @@ class AROptions:
     system_prompt: str = SPOKEN_SYSTEM_PROMPT
     # conversations whose KV cache is kept for their next turn (model/prefix.py)
     cache_sessions: int = 16
+    # Earlier messages in the prompt (None: what the prompt budget holds; model/chat.py)
+    # and the tokens of an earlier reply's opening (or the user's words) a reply may not
+    # repeat (0: off; model/openings.py). Inside 20-turn sessions of their own replies
+    # the two keep both engines from copying themselves (docs/training.md, "Conversations")
+    history_window: int | None = 4
+    opening_ban: int = 4
 
 
 class ARGenerator:
-    """A :class:`model.engine.TextGenerator` running greedy decoding on a Llama."""
+    """A :class:`model.engine.TextGenerator` running greedy decoding on a Llama.
+
+    It has no tools: it is SmolLM2 as published, and the tool calls are the diffusion
+    adapter's training (docs/actions.md)."""
+
+    supports_tools = False
 
     def __init__(
         self,
@@ -55,11 +68,13 @@ class ARGenerator:
         conversation: Sequence[ChatMessage],
         max_tokens: int,
         should_stop: Callable[[], bool],
-    ) -> Generator[str, None, GenerationStats]:
-        tok = self.tokenizer
+        tools: Sequence[Tool] = (),
+    ) -> Generator[str | ToolCall, None, GenerationStats]:
+        tok, opts = self.tokenizer, self.options
         prompt = build_prompt(
-            tok, conversation, self.options.prompt_budget, self.options.system_prompt
+            tok, conversation, opts.prompt_budget, opts.system_prompt, opts.history_window
         )
+        avoid = reply_openings(tok, conversation, opts.opening_ban)
         decoder = tok.stream_decoder()
         max_tokens = min(max_tokens, self.backend.max_len - len(prompt))
         prefix = self.prefixes.take(prompt)
@@ -69,7 +84,7 @@ class ARGenerator:
             said.append(token)
             return decoder.push(token)
 
-        tokens = greedy(self.backend, prompt, max_tokens, tok.stop_ids, should_stop, prefix)
+        tokens = greedy(self.backend, prompt, max_tokens, tok.stop_ids, should_stop, prefix, avoid)
         try:
             stats = yield from decoded(tokens, push)
         finally:  # the cache holds prompt + the reply tokens fed: the next turn's start

@@ -6,6 +6,9 @@ the exported base + shipped adapter; "smollm2-ar-onnx" is
 :class:`model.runtime.OrtBackend` and import no torch, so the two engines differ only in
 their decoder. The "diffusion" and "smollm2-ar" engines run the same decoders on the
 PyTorch model (:mod:`model.nn.engines`), the only engines that import torch.
+"openai-chat" runs no model here: :class:`model.openai_chat.OpenAIChatGenerator` streams
+the reply from an OpenAI-compatible chat-completions server (vLLM, llama.cpp's, a hosted
+API).
 
 Building an exported model directory is build-time work (:mod:`export.build`); this
 module only loads a directory that is already complete.
@@ -29,9 +32,10 @@ from model.modeldir import (
     read_manifest,
     shipped_adapter,
 )
+from model.openai_chat import ChatServerOptions, OpenAIChatGenerator
 from model.runtime import Device, OrtBackend, RuntimeConfig, choose_providers
 
-EngineName = Literal["diffusion-onnx", "diffusion", "smollm2-ar-onnx", "smollm2-ar"]
+EngineName = Literal["diffusion-onnx", "diffusion", "smollm2-ar-onnx", "smollm2-ar", "openai-chat"]
 ENGINES: tuple[EngineName, ...] = get_args(EngineName)
 ONNX_ENGINES: tuple[EngineName, ...] = ("smollm2-ar-onnx", "diffusion-onnx")
 # The diffusion engine on the int8 graph of base + shipped adapter: its held-out replies
@@ -42,7 +46,10 @@ DEFAULT_ENGINE: EngineName = "diffusion-onnx"
 def reply_on_cpu(engine: EngineName, device: Device = "auto") -> bool:
     """Whether the reply model ``engine`` shares the CPU with Piper: the PyTorch engines
     run on it here, the ONNX ones unless ``device`` (auto: whatever ONNX Runtime offers)
-    puts them on a GPU."""
+    puts them on a GPU; "openai-chat" never (its model runs in the chat server, which
+    pausing our reads of its stream would not pause)."""
+    if engine == "openai-chat":
+        return False
     if engine not in ONNX_ENGINES:
         return True
     return bool(choose_providers(device)[0] == "CPUExecutionProvider")
@@ -110,10 +117,18 @@ def load_onnx_diffusion_generator(
 
 
 def load_generator(
-    engine: EngineName, cache_dir: Path | None = None, device: Device = "auto"
+    engine: EngineName,
+    cache_dir: Path | None = None,
+    device: Device = "auto",
+    chat: ChatServerOptions | None = None,
 ) -> TextGenerator:
     """The blocking generator of ``engine``. An ONNX engine's model directory must be
-    complete (``quicksilver serve`` builds it on first start, :mod:`export.build`)."""
+    complete (``quicksilver serve`` builds it on first start, :mod:`export.build`);
+    "openai-chat" needs ``chat``, the server it asks."""
+    if engine == "openai-chat":
+        if chat is None:
+            raise ValueError("the openai-chat engine needs a chat server's URL and model name")
+        return OpenAIChatGenerator(chat)
     if engine == "smollm2-ar":
         from model.nn.engines import load_ar_generator  # PyTorch
 

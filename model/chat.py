@@ -55,8 +55,11 @@ def with_system_prompt(
 TRIM_STEP = 4
 
 
-def trim_history(tok: Tokenizer, messages: Sequence[ChatMessage], budget: int) -> list[ChatMessage]:
-    """Drop the oldest turns until the prompt fits in ``budget`` tokens.
+def trim_history(
+    tok: Tokenizer, messages: Sequence[ChatMessage], budget: int, window: int | None = None
+) -> list[ChatMessage]:
+    """Drop the oldest turns until the prompt fits in ``budget`` tokens and at most
+    ``window`` messages come before the latest one.
 
     The system prompt and the latest message are always kept, even if they alone
     exceed the budget. Messages go in steps of :data:`TRIM_STEP` counted from the start
@@ -67,9 +70,9 @@ def trim_history(tok: Tokenizer, messages: Sequence[ChatMessage], budget: int) -
     head = msgs[:1] if msgs and msgs[0].role == "system" else []
     body = msgs[len(head) :]
     sizes = [len(encode_message(tok, m)) for m in body]
-    total = sum(len(encode_message(tok, m)) for m in head) + sum(sizes)
+    drop = 0 if window is None else max(0, len(body) - 1 - window)
+    total = sum(len(encode_message(tok, m)) for m in head) + sum(sizes[drop:])
     total += len(encode_chat(tok, []))  # + "<|im_start|>assistant\n"
-    drop = 0
     while drop < len(body) - 1 and total > budget:
         total -= sizes[drop]
         drop += 1
@@ -85,10 +88,13 @@ def build_prompt(
     conversation: Sequence[ChatMessage],
     budget: int,
     system_prompt: str = SPOKEN_SYSTEM_PROMPT,
+    window: int | None = None,
 ) -> list[int]:
-    """Token ids of the prompt that asks for the next assistant reply. A latest message
-    that alone passes the budget is cut to fit (its start kept)."""
-    messages = trim_history(tok, with_system_prompt(conversation, system_prompt), budget)
+    """Token ids of the prompt that asks for the next assistant reply, with at most
+    ``window`` earlier messages (:func:`trim_history`). A latest message that alone
+    passes the budget is cut to fit (its start kept)."""
+    conversation = with_system_prompt(conversation, system_prompt)
+    messages = trim_history(tok, conversation, budget, window)
     ids = encode_chat(tok, messages)
     if len(ids) <= budget or not messages:
         return ids

@@ -18,12 +18,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from model.backend import StepBackend
+from model.actions import ActionSettings, call_starts, decode_call
+from model.backend import Prefix, StepBackend, last_row
 from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt
 from model.engine import ChatMessage, GenerationStats
+from model.openings import Opening, reply_openings
 from model.prefix import PrefixCache
 from model.sampler import DiffusionConfig, SamplerSettings, sample
 from model.tokenizer import Tokenizer, decoded
+from model.tools import CALL_OPEN, Tool, ToolCall, tools_system_prompt
+
+# What a reply says when the model began a call it could not finish validly.
+CANNOT_ACT = "Sorry, I can't do that."
 
 
 @dataclass(frozen=True)
@@ -35,6 +41,13 @@ class DiffusionOptions:
     cache_sessions: int = 32  # conversations whose KV cache is kept (LRU)
     seed: int = 0  # each reply's sampler generator starts from it
     dtype: str = "float32"  # torch dtype of the default (PyTorch) model
+    actions: ActionSettings = field(default_factory=ActionSettings)
+    # Earlier messages in the prompt (None: what the prompt budget holds; model/chat.py)
+    # and the tokens of an earlier reply's opening (or the user's words) a reply may not
+    # repeat (0: off; model/openings.py). Inside 20-turn sessions of their own replies
+    # the two keep both engines from copying themselves (docs/training.md, "Conversations")
+    history_window: int | None = 4
+    opening_ban: int = 4
 
     @property
     def cache_len(self) -> int:
@@ -69,23 +82,49 @@ class DiffusionGenerator:
         self.options = options
         self.name = name
         self.prefixes = PrefixCache(backend, options.cache_sessions)
+        # tool calls are written into the reply's blocks against the KV cache
+        self.supports_tools = model.attention == "block"
 
     def generate(
         self,
         conversation: Sequence[ChatMessage],
         max_tokens: int,
         should_stop: Callable[[], bool],
-    ) -> Generator[str, None, GenerationStats]:
+        tools: Sequence[Tool] = (),
+    ) -> Generator[str | ToolCall, None, GenerationStats]:
         opts, tok = self.options, self.tokenizer
-        prompt = build_prompt(tok, conversation, opts.prompt_budget, opts.system_prompt)
-        max_tokens = self._room(len(prompt), max_tokens)
+        tools = tools if self.supports_tools else ()
+        system = tools_system_prompt(opts.system_prompt, tools)
+        prompt = build_prompt(tok, conversation, opts.prompt_budget, system, opts.history_window)
+        avoid = reply_openings(tok, conversation, opts.opening_ban)
+        room = self._room(len(prompt), max_tokens)
         rng = np.random.default_rng(opts.seed)
         cached = self.model.attention == "block"
         prefix = self.prefixes.take(prompt) if cached else None
         decoder = tok.stream_decoder()
         try:
+            head, forced, passes = prompt, list[int](), 0
+            if tools and prefix is not None:
+                acted = yield from self._act(
+                    prompt, prefix, tools, _user_text(conversation), should_stop, avoid
+                )
+                if acted is None:  # it meant to act and could not write a valid call
+                    yield CANNOT_ACT
+                    return GenerationStats(0, 1, "cancel" if should_stop() else "end")
+                head, forced, passes = acted
+                prefix = Prefix(prefix.cache, len(head))
             tokens = sample(
-                self.backend, prompt, self.model, opts.sampler, rng, max_tokens, should_stop, prefix
+                self.backend,
+                head,
+                self.model,
+                opts.sampler,
+                rng,
+                self._room(len(head), len(forced) + max_tokens) if forced else room,
+                should_stop,
+                prefix,
+                forced,
+                # a call's confirmation may open as before; a spoken reply never opens a call
+                avoid=() if forced else (*avoid, *self._no_call(tools)),
             )
             stats = yield from decoded(tokens, decoder.push)
         finally:
@@ -93,7 +132,46 @@ class DiffusionGenerator:
                 self.prefixes.put(prompt, prefix.cache)
         if stats.stopped_by != "cancel" and (rest := decoder.flush()):
             yield rest
-        return stats
+        return GenerationStats(stats.tokens, stats.forward_passes + passes, stats.stopped_by)
+
+    def _act(
+        self,
+        prompt: list[int],
+        prefix: Prefix,
+        tools: Sequence[Tool],
+        user_text: str,
+        should_stop: Callable[[], bool],
+        avoid: Sequence[Opening] = (),
+    ) -> Generator[ToolCall, None, tuple[list[int], list[int], int] | None]:
+        """Prefill the prompt and, when the model's first reply token opens a call,
+        write the call (``model/actions.py``) and yield it. Returns what the sampler
+        goes on from: the prompt with the call's committed blocks, the call's other
+        tokens (forced into the reply's first block) and the passes spent here; None
+        when the call could not be written (cancelled, or nothing valid in its passes:
+        the sampler would only write the call's text again)."""
+        be, cache = self.backend, prefix.cache
+        start = min(prefix.length, len(prompt) - 1)  # as the sampler: >= 1 new token
+        be.truncate(cache, start)
+        chunk = np.asarray(prompt[start:], np.int64)
+        last = be.step(cache, chunk, "causal", commit=True, rows=last_row(chunk))[-1]
+        if not call_starts(self.tokenizer, last, {o[0] for o in avoid}):
+            return prompt, [], 1
+        block = self.options.sampler.block_size
+        done = decode_call(
+            be, self.tokenizer, cache, last, tools, user_text, self.model, block,
+            self.options.actions, should_stop,
+        )  # fmt: skip
+        if done is None:
+            be.truncate(cache, len(prompt))
+            return None
+        yield ToolCall(done.call.name, done.call.arguments, done.passes)
+        head = [*prompt, *done.ids[: done.committed]]
+        return head, done.ids[done.committed :], 1 + done.passes
+
+    def _no_call(self, tools: Sequence[Tool]) -> tuple[Opening, ...]:
+        """With tools, the call's first token as an opening no spoken reply may have: the
+        decision was made (call_starts), and the sampler must not write a call as words."""
+        return ((self.tokenizer.encode_plain(CALL_OPEN)[0],),) if tools else ()
 
     def _room(self, prompt_len: int, max_tokens: int) -> int:
         """``max_tokens``, cut so that the prompt and the reply blocks fit in a cache."""
@@ -106,3 +184,8 @@ class DiffusionGenerator:
                 f"{self.backend.max_len}-position cache"
             )
         return min(max_tokens, fits[-1])
+
+
+def _user_text(conversation: Sequence[ChatMessage]) -> str:
+    """The latest user message: where a call's string arguments are copied from."""
+    return next((m.content for m in reversed(conversation) if m.role == "user"), "")

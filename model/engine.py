@@ -21,7 +21,11 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Literal, Protocol, TypeVar
 
-Role = Literal["system", "user", "assistant"]
+from model.tools import Tool, ToolCall
+
+# "tool": what came of a tool call (the client's action_result), after the reply that
+# made the call
+Role = Literal["system", "user", "assistant", "tool"]
 T = TypeVar("T")
 
 
@@ -48,26 +52,31 @@ class ReplyEnd:
 
 
 # A reply streams as text pieces in order (a token or a few), then one ReplyEnd; a
-# cancelled reply ends without it. The turn pipeline cuts the pieces into sentences.
-ReplyChunk = str | ReplyEnd
+# cancelled reply ends without it. A reply that acts starts with its ToolCall, and its
+# text is the spoken confirmation. The turn pipeline cuts the pieces into sentences.
+ReplyChunk = str | ToolCall | ReplyEnd
 
 
 class TextGenerator(Protocol):
     """Blocking generator run in a worker thread.
 
-    ``generate`` yields decoded text pieces in order; it checks ``should_stop`` at least
-    once per forward pass and returns promptly when it is true. It returns the stats
-    of the reply as the iterator's return value (``StopIteration.value``).
+    ``generate`` yields decoded text pieces in order, after a :class:`ToolCall` when
+    the reply acts (only a generator that ``supports_tools``, and only one of
+    ``tools``); it checks ``should_stop`` at least once per forward pass and returns
+    promptly when it is true. It returns the stats of the reply as the iterator's
+    return value (``StopIteration.value``).
     """
 
     name: str
+    supports_tools: bool
 
     def generate(
         self,
         conversation: Sequence[ChatMessage],
         max_tokens: int,
         should_stop: Callable[[], bool],
-    ) -> Generator[str, None, GenerationStats]: ...
+        tools: Sequence[Tool] = (),
+    ) -> Generator[str | ToolCall, None, GenerationStats]: ...
 
 
 def drain(gen: Generator[T, None, GenerationStats]) -> tuple[list[T], GenerationStats]:
@@ -85,9 +94,10 @@ class ReplyEngine(Protocol):
     """What the server needs from a reply model."""
 
     name: str
+    supports_tools: bool
 
     def stream(
-        self, conversation: Sequence[ChatMessage], max_tokens: int
+        self, conversation: Sequence[ChatMessage], max_tokens: int, tools: Sequence[Tool] = ()
     ) -> AsyncIterator[ReplyChunk]: ...
 
 
@@ -120,9 +130,10 @@ class ThreadedReplyEngine:
         self._executor = executor
         self.gate = gate
         self.name = generator.name
+        self.supports_tools = generator.supports_tools
 
     async def stream(
-        self, conversation: Sequence[ChatMessage], max_tokens: int
+        self, conversation: Sequence[ChatMessage], max_tokens: int, tools: Sequence[Tool] = ()
     ) -> AsyncIterator[ReplyChunk]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[object] = asyncio.Queue()
@@ -137,7 +148,7 @@ class ThreadedReplyEngine:
             return stop.is_set()
 
         def work() -> None:
-            it = self._generator.generate(conversation, max_tokens, should_stop)
+            it = self._generator.generate(conversation, max_tokens, should_stop, tools)
             try:
                 while True:
                     try:
@@ -156,7 +167,7 @@ class ThreadedReplyEngine:
             while (item := await queue.get()) is not _DONE:
                 if isinstance(item, Exception):
                     raise item
-                assert isinstance(item, str | ReplyEnd)
+                assert isinstance(item, str | ToolCall | ReplyEnd)
                 yield item
         finally:
             stop.set()

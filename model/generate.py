@@ -17,6 +17,7 @@ import numpy as np
 
 from model.backend import Prefix, StepBackend, last_row
 from model.engine import GenerationStats
+from model.openings import Opening, completed_opening
 
 
 def _never() -> bool:
@@ -30,6 +31,7 @@ def greedy(
     stop_ids: Collection[int],
     should_stop: Callable[[], bool] = _never,
     prefix: Prefix | None = None,
+    avoid: Sequence[Opening] = (),
 ) -> Generator[int, None, GenerationStats]:
     """Yield reply token ids (stop tokens excluded); return what the reply cost.
 
@@ -39,9 +41,11 @@ def greedy(
     and the cache is left holding the prompt and the reply tokens fed, for the next turn.
     ``stopped_by`` is "end" on a stop token,
     "budget" after ``max_new_tokens`` tokens, "cancel" when ``should_stop()`` turned
-    true.
+    true. ``avoid``: token sequences the reply may not start with (:mod:`model.openings`).
     """
     n_tokens = passes = 0
+    longest = max(map(len, avoid), default=0)
+    said = np.zeros(0, dtype=np.int64)  # the reply's first tokens, while it may open badly
     if max_new_tokens <= 0:
         return GenerationStats(0, 0, "budget")
     cache = prefix.cache if prefix is not None else backend.new_cache()
@@ -53,7 +57,11 @@ def greedy(
             return GenerationStats(n_tokens, passes, "cancel")
         logits = backend.step(cache, x, "causal", commit=True, rows=last_row(x))  # (1, V)
         passes += 1
-        token = int(logits[-1].argmax())
+        if n_tokens < longest:  # the reply may still open as an earlier one did
+            token = _choose(logits[-1], said, avoid)
+            said = np.append(said, token)
+        else:
+            token = int(logits[-1].argmax())
         if token in stop_ids:
             return GenerationStats(n_tokens, passes, "end")
         n_tokens += 1
@@ -61,3 +69,13 @@ def greedy(
         if n_tokens >= max_new_tokens:
             return GenerationStats(n_tokens, passes, "budget")
         x = np.array([token], dtype=np.int64)  # (1,)
+
+
+def _choose(logits: np.ndarray, said: np.ndarray, avoid: Sequence[Opening]) -> int:
+    """The greedy token, unless it would make the reply start with one of ``avoid``."""
+    token, at = int(logits.argmax()), np.array([said.size])
+    while completed_opening(np.append(said, 0), at, np.array([token]), avoid):
+        logits = logits.copy()
+        logits[token] = -np.inf
+        token = int(logits.argmax())
+    return token

@@ -47,6 +47,7 @@ from numpy.typing import NDArray
 
 from model.backend import Prefix, StepBackend, last_row
 from model.engine import GenerationStats
+from model.openings import Opening, completed_opening
 
 Rule = Literal["threshold", "lowconf"]
 Fallback = Literal["confident", "leftmost"]
@@ -253,11 +254,13 @@ class _Reply:
     budget: int  # denoising steps the reply may take (SamplerSettings.step_budget)
     passes: int = 0  # model passes: prefill, denoising steps, block commits
     steps: int = 0  # denoising steps (what the step budget counts)
-    done: int = 0  # reply tokens released
+    done: int = 0  # reply tokens released (forced ones included)
     ended: bool = False  # an end token was committed
+    skipped: int = 0  # forced tokens: placed, never released
+    avoid: Sequence[Opening] = ()  # openings the reply may not start with (model/openings.py)
 
     def stats(self, stopped_by: Literal["end", "budget", "cancel"]) -> GenerationStats:
-        return GenerationStats(self.done, self.passes, stopped_by)
+        return GenerationStats(self.done - self.skipped, self.passes, stopped_by)
 
 
 def _never() -> bool:
@@ -273,20 +276,31 @@ def sample(
     max_tokens: int,
     should_stop: Callable[[], bool] = _never,
     prefix: Prefix | None = None,
+    forced: Sequence[int] = (),
+    avoid: Sequence[Opening] = (),
 ) -> Generator[int, None, GenerationStats]:
     """Yield reply token ids (end token excluded) as soon as they are final.
 
     ``prefix``: a cache already holding the start of ``prompt`` (block attention only);
     the rest of the prompt is prefilled, and the cache ends up holding the prompt and
-    the committed blocks. Returns the reply's :class:`GenerationStats`; ``stopped_by``
-    is "end" (an end token), "budget" (``max_tokens`` or the step budget), "cancel".
+    the committed blocks. ``forced``: the reply's first tokens, already decided (a tool
+    call, ``model/actions.py``): laid into the first block as committed, never yielded,
+    and counted in ``max_tokens``. ``avoid``: token sequences the reply may not start
+    with (:mod:`model.openings`). Returns the reply's :class:`GenerationStats`
+    (tokens: the yielded ones); ``stopped_by`` is "end" (an end token), "budget"
+    (``max_tokens`` or the step budget), "cancel".
     """
     if not prompt:
         raise ValueError("the prompt is empty")
     blocks = settings.blocks(max_tokens)
     x = np.full(blocks[-1][1] if blocks else 0, model.mask_id, dtype=np.int64)
     limit = max(max_tokens, 0)
+    if len(forced) > limit:
+        raise ValueError(f"{len(forced)} forced tokens do not fit in {limit}")
+    x[: len(forced)] = forced
     r = _Reply(model, settings, rng, should_stop, x, limit, blocks, settings.step_budget(limit))
+    r.done = r.skipped = len(forced)
+    r.avoid = avoid
     if r.limit == 0:
         return r.stats("budget")
     if model.attention == "full":
@@ -419,6 +433,9 @@ def _denoise(
         logits[want] = _no_mask(rows, r.model.mask_id)  # the other rows are never read
         r.steps, taken = r.steps + 1, taken + 1  # predict counts the passes it runs
         pos, tok = decide(logits, masked, r.settings, left, r.rng, r.model.end_ids)
+        while r.avoid and (ban := completed_opening(r.x, lo + pos, tok, r.avoid)):
+            logits[ban[0] - lo, ban[1]] = -np.inf  # decide again without it
+            pos, tok = decide(logits, masked, r.settings, left, r.rng, r.model.end_ids)
         r.x[lo + pos] = tok
         if cut_at_end(r.x, lo, hi, r.model.end_ids) is not None:
             r.ended = True

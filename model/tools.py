@@ -24,10 +24,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
-
-if TYPE_CHECKING:
-    from model.tokenizer import Tokenizer
+from typing import Any, Literal, Protocol
 
 ParamType = Literal["integer", "number", "string", "boolean"]
 PARAM_TYPES: tuple[ParamType, ...] = ("integer", "number", "string", "boolean")
@@ -36,6 +33,12 @@ MAX_TOOLS = 32
 MAX_PARAMS = 8
 MAX_STRING_CHARS = 200  # a string argument the decoder may write
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
+
+
+class Encoder(Protocol):
+    """What :func:`call_ids` needs of a tokenizer (``model.tokenizer.Tokenizer``)."""
+
+    def encode_plain(self, text: str) -> list[int]: ...
 
 
 class ToolError(ValueError):
@@ -85,6 +88,7 @@ class Tool:
 class ToolCall:
     name: str
     arguments: Mapping[str, Any] = field(default_factory=dict)
+    passes: int = 0  # model passes the call took to write (0: not written by a model)
 
 
 def _plain(x: float) -> int | float:
@@ -242,33 +246,37 @@ def after_value(p: Param) -> str:
     return '"' if p.type == "string" else ""
 
 
-def call_pieces(tool: Tool, arguments: Mapping[str, Any]) -> list[tuple[str, bool]]:
-    """The call's text in pieces ``(text, is_value)``, schema order; concatenated they
-    are :func:`render_call`'s text. Fixed text next to fixed text is merged."""
-    head = f'{CALL_OPEN}{{"name": "{tool.name}", "arguments": {{'
-    pieces: list[tuple[str, bool]] = [(head, False)]
-    first = True
-    for p in tool.params:
-        if p.name not in arguments:
-            continue
-        pieces += [(key_text(p, first), False), (value_text(p, arguments[p.name]), True)]
-        pieces.append((after_value(p), False))
-        first = False
-    pieces.append((f"}}}}{CALL_CLOSE}", False))
-    merged: list[tuple[str, bool]] = []
-    for text, is_value in pieces:
-        if merged and not is_value and not merged[-1][1]:
-            merged[-1] = (merged[-1][0] + text, False)
-        elif text or is_value:
-            merged.append((text, is_value))
+def layout(tool: Tool, present: Sequence[Param]) -> list[str | Param]:
+    """A call of ``tool`` with the ``present`` parameters (schema order) as fixed JSON
+    text with the parameters whose values go between; neighbouring texts are merged."""
+    items: list[str | Param] = [f'{CALL_OPEN}{{"name": "{tool.name}", "arguments": {{']
+    for i, p in enumerate(present):
+        items += [key_text(p, i == 0), p, after_value(p)]
+    items.append(f"}}}}{CALL_CLOSE}")
+    merged: list[str | Param] = []
+    for item in items:
+        if isinstance(item, str) and merged and isinstance(merged[-1], str):
+            merged[-1] += item
+        elif item != "":
+            merged.append(item)
     return merged
+
+
+def call_pieces(tool: Tool, arguments: Mapping[str, Any]) -> list[tuple[str, bool]]:
+    """The call's text in pieces ``(text, is_value)``: :func:`layout` with the values
+    written in; concatenated they are :func:`render_call`'s text."""
+    present = [p for p in tool.params if p.name in arguments]
+    return [
+        (item, False) if isinstance(item, str) else (value_text(item, arguments[item.name]), True)
+        for item in layout(tool, present)
+    ]
 
 
 def render_call(tool: Tool, arguments: Mapping[str, Any]) -> str:
     return "".join(text for text, _ in call_pieces(tool, arguments))
 
 
-def call_ids(tok: Tokenizer, tool: Tool, arguments: Mapping[str, Any]) -> list[int]:
+def call_ids(tok: Encoder, tool: Tool, arguments: Mapping[str, Any]) -> list[int]:
     """Token ids of the call, piece by piece (see the module docstring)."""
     return [i for text, _ in call_pieces(tool, arguments) for i in tok.encode_plain(text)]
 

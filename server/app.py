@@ -23,14 +23,17 @@ import ssl
 import time
 import urllib.parse
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+import weakref
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
+from websockets.server import ServerProtocol
+from websockets.streams import StreamReader
 from websockets.typing import Subprotocol
 
 from . import auth, metrics, realtime
@@ -161,9 +164,11 @@ class Connection:
         resume: ResumeStore | None,
         metrics: ServerMetrics | None = None,
         realtime_model: str | None = None,
+        preset: dict[str, Any] | None = None,
     ) -> None:
         """``realtime_model`` set: the client speaks OpenAI Realtime (server/realtime.py)
-        and named that model; its conversations are not parked (it has no resume)."""
+        and named that model; its conversations are not parked (it has no resume).
+        ``preset``: the session config of the client secret it connected with."""
         self.ws = ws
         self.rt = rt
         self.config = config
@@ -172,11 +177,18 @@ class Connection:
         token = secrets.token_urlsafe(18)
         if realtime_model is not None:
             resume = None
-        self.session = Session(uuid.uuid4().hex[:12], config.session, *names, resume, token)
+        self.session = Session(
+            uuid.uuid4().hex[:12],
+            config.session,
+            *names,
+            resume,
+            token,
+            can_act=rt.reply.supports_tools,
+        )
         self.wire: Wire = (
             VoiceWire(self.session)
             if realtime_model is None
-            else Realtime(self.session, rt.asr_name, realtime_model)
+            else Realtime(self.session, rt.asr_name, realtime_model, preset, rt.max_reply_tokens)
         )
         self.vad_state = rt.vad.new_state()
         self.loop = asyncio.get_running_loop()
@@ -476,6 +488,11 @@ class App:
     metrics: ServerMetrics = field(init=False)
     closing: bool = False  # shutting down: new connections are refused
     authenticator: auth.Authenticator = field(init=False)
+    presets: auth.SessionPresets = field(default_factory=auth.SessionPresets)
+    # handshakes accepted with a client secret that carries a session config
+    _preset_of: weakref.WeakKeyDictionary[ServerConnection, dict[str, Any]] = field(
+        default_factory=weakref.WeakKeyDictionary
+    )
     _per_address: collections.Counter[str] = field(default_factory=collections.Counter)
 
     def __post_init__(self) -> None:
@@ -496,9 +513,16 @@ class App:
             return self._admit(connection, request, "realtime")
         if path in auth.MINT_PATHS:
             headers = list(request.headers.raw_items())
-            # websockets reads no request body: the lifetime comes as ?ttl_s=N
+            payload = connection.body if isinstance(connection, BodyConnection) else b""
             reply = auth.mint_response(
-                self.config.auth, request.method, request.path, headers, b"", time.time()
+                self.config.auth,
+                request.method,
+                request.path,
+                headers,
+                payload,
+                time.time(),
+                self.presets,
+                self._check_session,
             )
             return _json_response(connection, reply)
         if path == "/healthz":
@@ -525,7 +549,12 @@ class App:
             log.warning("refused a handshake from %s: %s", peer, decision.error)
             return _json_response(connection, decision.reply())
         log.info("handshake from %s accepted: %s", peer, decision.describe())
+        if decision.token is not None and (preset := self.presets.take(decision.token.id)):
+            self._preset_of[connection] = preset
         return None
+
+    def _check_session(self, session: dict[str, Any]) -> str | None:
+        return realtime.check_session(session, self.rt.asr_name, self.config.session.endpoint)
 
     def stats(self) -> dict[str, object]:
         pending = {kind.value: w.pending for kind, w in self.rt.workers.items()}
@@ -566,7 +595,8 @@ class App:
                 socket.SOL_SOCKET, socket.SO_SNDBUF, self.config.limits.socket_send_buffer
             )
         model = _realtime_model(ws.request.path) if ws.request is not None else None
-        connection = Connection(ws, self.rt, self.config, self.resume, self.metrics, model)
+        preset = self._preset_of.pop(ws, None)
+        connection = Connection(ws, self.rt, self.config, self.resume, self.metrics, model, preset)
         self.sessions.add(connection)
         self._per_address[address] += 1
         try:
@@ -633,6 +663,61 @@ _REJECTED: dict[int, str] = {
 }
 
 
+class _BodyReader(StreamReader):
+    """websockets reads no request body (a handshake has none) and refuses a request
+    that announces one. A POST to a mint path may carry a JSON body, though (OpenAI's
+    SDK sends a client secret's session in one): this reader hides that request's
+    Content-Length from websockets and reads the body (at most MAX_MINT_BODY_BYTES)
+    once the headers end. Other requests pass through untouched."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = b""
+        self._lines = 0
+        self._mint = False
+        self._length = 0
+        self._headers_done = False
+
+    def read_line(
+        self, m: int, too_long_exc_type: type[Exception] = RuntimeError
+    ) -> Generator[None, None, bytearray]:
+        line = yield from super().read_line(m, too_long_exc_type)
+        if self._headers_done:
+            return line
+        self._lines += 1
+        if self._lines == 1:
+            method, _, rest = bytes(line).partition(b" ")
+            path = rest.split(b" ", 1)[0].split(b"?", 1)[0].decode("ascii", "replace")
+            self._mint = method == b"POST" and path in auth.MINT_PATHS
+        elif self._mint and line[:15].lower() == b"content-length:":
+            value = bytes(line[15:]).strip()
+            if value.isdigit() and int(value) <= auth.MAX_MINT_BODY_BYTES:
+                self._length = int(value)
+                return bytearray(b"X-Quicksilver-Body: read\r\n")
+        elif not line.strip():
+            self._headers_done = True
+            if self._length:
+                self.body = bytes((yield from self.read_exact(self._length)))
+        return line
+
+
+class BodyConnection(ServerConnection):
+    """websockets' server connection, reading a mint request's body (:class:`_BodyReader`)."""
+
+    def __init__(self, protocol: ServerProtocol, *args: Any, **kwargs: Any) -> None:
+        reader = _BodyReader()
+        # Nothing has been received yet: the request parser starts over on this reader.
+        protocol.reader = reader
+        protocol.parser = protocol.parse()
+        next(protocol.parser)
+        self._reader = reader
+        super().__init__(protocol, *args, **kwargs)
+
+    @property
+    def body(self) -> bytes:
+        return self._reader.body
+
+
 def _subprotocol(_: ServerConnection, offered: Sequence[Subprotocol]) -> Subprotocol | None:
     """Browsers pass a client token as a subprotocol and fail the connection unless
     the server picks one they offered (docs/security.md)."""
@@ -667,6 +752,7 @@ async def start_server(
         port,
         process_request=app.route,
         select_subprotocol=_subprotocol,
+        create_connection=BodyConnection,
         max_size=MAX_FRAME_BYTES,
         ssl=app.config.tls,
     )

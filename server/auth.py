@@ -39,7 +39,7 @@ import ssl
 import sys
 import time
 import urllib.parse
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, TypeGuard
@@ -55,11 +55,16 @@ SCOPES = ("voice", "realtime")  # the v1 protocol; the OpenAI-Realtime endpoint
 # [SUBPROTOCOL, TOKEN_SUBPROTOCOL_PREFIX + token] and the server selects SUBPROTOCOL.
 SUBPROTOCOL = "quicksilver.v1"
 TOKEN_SUBPROTOCOL_PREFIX = "quicksilver.token."
+# OpenAI's browser form: [REALTIME_SUBPROTOCOL, OPENAI_KEY_SUBPROTOCOL_PREFIX + key or
+# client secret]; the server selects "realtime".
+REALTIME_SUBPROTOCOL = "realtime"
+OPENAI_KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
 TOKEN_PATH = "/v1/token"
 CLIENT_SECRETS_PATH = "/v1/realtime/client_secrets"
 MINT_PATHS = (TOKEN_PATH, CLIENT_SECRETS_PATH)
 MAX_MINT_BODY_BYTES = 64 * 1024
 MAX_LABEL_CHARS = 64
+MAX_PRESETS = 10_000  # client secrets with a session config, minted and not yet used
 
 _KEY_CHARS = re.compile(r"[\x21-\x7e]+")  # visible ASCII: they travel in headers
 _TOKEN_SHAPE = re.compile(r"qs1\.([A-Za-z0-9_-]{1,2048})\.([A-Za-z0-9_-]{43})")
@@ -426,7 +431,7 @@ Decision = Accepted | Rejected
 @dataclass(frozen=True)
 class Credential:
     value: str
-    source: Literal["authorization", "query", "subprotocol"]
+    source: Literal["authorization", "query", "subprotocol", "openai_subprotocol"]
 
 
 def header_list(headers: HeaderSource) -> list[tuple[str, str]]:
@@ -446,7 +451,8 @@ def _first_header(headers: HeaderSource, name: str) -> str | None:
 
 def find_credential(path_query: str, headers: HeaderSource) -> Credential | None:
     """The first credential presented: ``Authorization: Bearer``, the ``token`` query
-    parameter, then a ``quicksilver.token.<token>`` subprotocol."""
+    parameter, then a ``quicksilver.token.<token>`` or an OpenAI browser client's
+    ``openai-insecure-api-key.<key or client secret>`` subprotocol."""
     headers = header_list(headers)
     bearer = _bearer(headers)
     if bearer is not None:
@@ -457,6 +463,9 @@ def find_credential(path_query: str, headers: HeaderSource) -> Credential | None
     for offered in subprotocols(headers):
         if offered.startswith(TOKEN_SUBPROTOCOL_PREFIX):
             return Credential(offered.removeprefix(TOKEN_SUBPROTOCOL_PREFIX), "subprotocol")
+        if offered.startswith(OPENAI_KEY_SUBPROTOCOL_PREFIX):
+            value = offered.removeprefix(OPENAI_KEY_SUBPROTOCOL_PREFIX)
+            return Credential(value, "openai_subprotocol")
     return None
 
 
@@ -479,9 +488,12 @@ def subprotocols(headers: HeaderSource) -> list[str]:
 def select_subprotocol(offered: Sequence[str]) -> str | None:
     """The subprotocol to answer with. A browser that offered any fails the
     connection unless the server selects one it offered, so: ``quicksilver.v1`` when
-    offered, else the token entry itself, else none (non-browser clients)."""
+    offered, else OpenAI's ``realtime``, else the token entry itself, else none
+    (non-browser clients)."""
     if SUBPROTOCOL in offered:
         return SUBPROTOCOL
+    if REALTIME_SUBPROTOCOL in offered:
+        return REALTIME_SUBPROTOCOL
     return next((p for p in offered if p.startswith(TOKEN_SUBPROTOCOL_PREFIX)), None)
 
 
@@ -528,7 +540,9 @@ class Authenticator:
     def _check(self, credential: Credential, now: float, scope: str) -> Decision:
         key = match_api_key(self.config.api_keys, credential.value)
         if key is not None:
-            if credential.source != "authorization":
+            # A header, not a URL: OpenAI's browser form (named insecure, as a key in a
+            # page is a key anyone can read) may carry one; the query string may not.
+            if credential.source not in ("authorization", "openai_subprotocol"):
                 return Rejected(401, "key_in_url", _KEY_IN_URL)
             return Accepted("api_key", key_id=key_id(key))
         if not looks_like_client_token(credential.value):
@@ -572,6 +586,33 @@ def _host_name(host_header: str) -> str:
 # --- the mint endpoints -----------------------------------------------------------
 
 
+class SessionPresets:
+    """The session config each client secret was minted with (``POST
+    /v1/realtime/client_secrets``), kept until the secret opens its session or expires.
+    Bounded: when full, minting one more is refused (503) rather than forgetting one."""
+
+    def __init__(self, max_entries: int = MAX_PRESETS) -> None:
+        self.max_entries = max_entries
+        self._by_id: dict[str, tuple[int, dict[str, Any]]] = {}  # token id -> expiry, config
+
+    def put(self, token_id: str, expires_at: int, session: dict[str, Any], now: float) -> bool:
+        self._by_id = {k: v for k, v in self._by_id.items() if v[0] > now}
+        if len(self._by_id) >= self.max_entries:
+            return False
+        self._by_id[token_id] = (expires_at, session)
+        return True
+
+    def take(self, token_id: str) -> dict[str, Any] | None:
+        entry = self._by_id.pop(token_id, None)
+        return None if entry is None else entry[1]
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+
+SessionCheck = Callable[[dict[str, Any]], str | None]
+
+
 def mint_response(
     config: AuthConfig,
     method: str,
@@ -579,12 +620,16 @@ def mint_response(
     headers: HeaderSource,
     body: bytes,
     now: float,
+    presets: SessionPresets | None = None,
+    check: SessionCheck | None = None,
 ) -> HttpReply:
     """``POST /v1/token`` -> ``{"token", "expires_at"}``; ``POST
     /v1/realtime/client_secrets`` -> OpenAI's shape ``{"value", "expires_at",
     "session"}``. Both need an API key in ``Authorization: Bearer`` (a client token
     cannot mint more). The lifetime comes from the body (``ttl_s``; OpenAI's
-    ``expires_after.seconds``) or a ``ttl_s`` query parameter, clamped to the maximum."""
+    ``expires_after.seconds``) or a ``ttl_s`` query parameter, clamped to the maximum.
+    A client secret's ``session`` is checked (``check``: why it would be refused) and
+    kept in ``presets`` for the session the secret opens."""
     path, _, query = path_query.partition("?")
     if path not in MINT_PATHS:
         return _error(404, "not_found", f"tokens are minted at {' and '.join(MINT_PATHS)}")
@@ -602,7 +647,14 @@ def mint_response(
         return _error(413 if err.code == "too_large" else 400, err.code, err.message)
     ttl = min(params.ttl_s, config.max_client_token_ttl_s)
     scope = "realtime" if path == CLIENT_SECRETS_PATH else "voice"
-    token, expires_at = mint_client_token(derive_secret(key), now, ttl, scope, params.label)
+    if params.session is not None and check is not None and (why := check(params.session)):
+        return _error(400, "invalid_session", f"session: {why}")
+    token_id = secrets.token_urlsafe(16)
+    secret = derive_secret(key)
+    token, expires_at = mint_client_token(secret, now, ttl, scope, params.label, token_id)
+    session = params.session if params.session and set(params.session) != {"type"} else None
+    if session and presets is not None and not presets.put(token_id, expires_at, session, now):
+        return _error(503, "busy", "too many client secrets in flight; retry shortly")
     if path == TOKEN_PATH:
         answer: dict[str, Any] = {"token": token, "expires_at": expires_at}
     else:

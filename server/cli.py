@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
 import logging
 import os
 import signal
 import sys
+from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import NoReturn
@@ -24,7 +26,9 @@ from model.assemble import (
     serving_variant,
 )
 from model.modeldir import is_complete
+from model.openai_chat import ChatServerOptions
 from model.runtime import Device
+from model.tools import DEFAULT_TOOLS, Tool, parse_tools
 from model.training.commands import register as register_model_commands
 
 from . import auth, realtime
@@ -36,6 +40,8 @@ from .session import SessionConfig
 from .turn_end import EAGERNESS
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+# the openai-chat engine's bearer key when --llm-key is not given
+LLM_KEY_ENV = "QUICKSILVER_LLM_KEY"
 RESUME_FILE = "resumable-sessions.json"
 
 log = logging.getLogger("quicksilver")
@@ -71,6 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--engine", default=DEFAULT_ENGINE, choices=ENGINES, help="reply model")
     serve.add_argument("--max-reply-tokens", type=int, default=64, help="longest reply, in tokens")
+    _add_chat_server_arguments(serve)
     serve.add_argument(
         "--cache-dir",
         type=Path,
@@ -91,6 +98,14 @@ def _parser() -> argparse.ArgumentParser:
         default="medium",
         help="how soon a paused turn is answered: high answers sooner and cuts in more "
         "often, low waits longer for the user to go on (docs/turn_end.md)",
+    )
+    serve.add_argument(
+        "--tools",
+        default="default",
+        metavar="default|none|FILE.json",
+        help="the tools a session may call when its start names none: the default device "
+        "tools, none, or a JSON list of {name, description, parameters} (docs/protocol.md, "
+        "'Actions'); only the diffusion engines call tools",
     )
     serve.add_argument(
         "--turn-end",
@@ -146,6 +161,60 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_chat_server_arguments(serve: argparse.ArgumentParser) -> None:
+    """The server that ``--engine openai-chat`` asks (docs/realtime.md, "A bigger reply
+    model")."""
+    chat = ChatServerOptions(url="", model="")
+    serve.add_argument(
+        "--llm-url",
+        default=None,
+        help="openai-chat: the OpenAI-compatible API's base URL, to which /chat/completions "
+        "is added (e.g. http://127.0.0.1:8000/v1)",
+    )
+    serve.add_argument("--llm-model", default=None, help="openai-chat: the server's model name")
+    serve.add_argument(
+        "--llm-key",
+        default=None,
+        help=f"openai-chat: the API key sent as a bearer token (None: ${LLM_KEY_ENV}, "
+        "which keeps it out of the process list)",
+    )
+    serve.add_argument(
+        "--llm-connect-timeout",
+        type=float,
+        default=chat.connect_timeout_s,
+        help="openai-chat: seconds to connect to the server before the turn fails",
+    )
+    serve.add_argument(
+        "--llm-first-token-timeout",
+        type=float,
+        default=chat.first_token_timeout_s,
+        help="openai-chat: seconds to wait for a reply's first piece, and for each next one, "
+        "before the turn fails",
+    )
+
+
+def chat_server_options(
+    args: argparse.Namespace, environ: Mapping[str, str]
+) -> ChatServerOptions | None:
+    """The openai-chat engine's server, None for the other engines; ValueError when the
+    engine and the --llm-* options do not go together."""
+    if args.engine != "openai-chat":
+        if args.llm_url is not None or args.llm_model is not None:
+            raise ValueError("--llm-url and --llm-model are for --engine openai-chat")
+        return None
+    if not args.llm_url or not args.llm_model:
+        raise ValueError("--engine openai-chat needs --llm-url and --llm-model")
+    if args.llm_connect_timeout <= 0 or args.llm_first_token_timeout <= 0:
+        raise ValueError("the --llm-*-timeout options must be positive")
+    return ChatServerOptions(
+        url=args.llm_url,
+        model=args.llm_model,
+        api_key=args.llm_key or environ.get(LLM_KEY_ENV) or None,
+        connect_timeout_s=args.llm_connect_timeout,
+        first_token_timeout_s=args.llm_first_token_timeout,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     handler = logging.StreamHandler(sys.stderr)
@@ -158,18 +227,32 @@ def main(argv: list[str] | None = None) -> int:
     return rc
 
 
+def _tools(spec: str) -> tuple[Tool, ...]:
+    if spec == "default":
+        return DEFAULT_TOOLS
+    if spec == "none":
+        return ()
+    return parse_tools(json.loads(Path(spec).read_text()))
+
+
 def _serve(args: argparse.Namespace) -> int:
     try:
         auth_config = auth.config_from_args(args, os.environ)
         tls = auth.tls_context(args.tls_cert, args.tls_key)
-    except auth.AuthError as exc:
+        chat = chat_server_options(args, os.environ)
+    except (auth.AuthError, ValueError) as exc:
         print(f"quicksilver: {exc}", file=sys.stderr)
         return 2
     if (refusal := auth.check_bind(args.host, auth_config)) is not None:
         print(refusal, file=sys.stderr)
         return 2
+    try:
+        tools = _tools(args.tools)
+    except (OSError, ValueError) as exc:
+        print(f"quicksilver: --tools: {exc}", file=sys.stderr)
+        return 2
     config = ServerConfig(
-        session=SessionConfig(eagerness=args.eagerness),
+        session=SessionConfig(eagerness=args.eagerness, tools=tools),
         resume_ttl_s=args.resume_ttl,
         limits=dataclasses.replace(
             Limits(),
@@ -189,6 +272,7 @@ def _serve(args: argparse.Namespace) -> int:
         speech_first={"auto": None, "on": True, "off": False}[args.speech_first],
         device=args.device,
         turn_model=args.turn_end == "model",
+        chat=chat,
     )
     try:
         prepare_model(options.engine, options.cache_dir, options.device)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from enum import IntEnum
 from typing import Any, ClassVar, Literal
 
@@ -104,6 +104,7 @@ class Ready:
     resume_token: str = ""  # send in a later start to continue this conversation
     resumed: bool = False  # this session continues an earlier conversation
     history: int = 0  # messages of conversation the session starts with (when resumed)
+    tools: list[str] = field(default_factory=list)  # what the assistant may call
 
 
 @dataclass(frozen=True)
@@ -189,6 +190,8 @@ class Metrics:
     # final after 200 ms), "unsure" (the endpointer's 416 ms), "incomplete" (held open),
     # "empty" (no words); None for a text turn, end_of_input or the length limit.
     end_of_turn: str | None = None
+    action: str | None = None  # the tool the reply called, if it acted
+    action_passes: int = 0  # model passes the call took to write
 
 
 @dataclass(frozen=True)

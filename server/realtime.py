@@ -4,13 +4,17 @@ The official ``openai`` SDKs (``client.realtime.connect()``) and the voice tools
 on them speak this protocol. :class:`Realtime` parses their client events into the
 events of the same :class:`server.session.Session` that protocol v1 drives, and turns
 the session's messages and reply audio into Realtime server events with ids; the
-pipeline and the models are shared. Like the session it does no I/O: server/app.py
-sends what it returns and runs the session's effects.
+pipeline and the models are shared. Like the session it does no I/O and reads no
+clock: server/app.py sends what it returns and runs the session's effects.
 
-Audio is PCM16 at 24 kHz both ways (``audio/pcm``, the GA protocol's only PCM rate),
-base64 in JSON events; the session resamples it to its 16 kHz and asks the turn
-pipeline for 24 kHz speech. What this server does not do yet is answered with an
-``error`` event (``not_supported``), never ignored.
+Audio is PCM16 at 24 kHz (``audio/pcm``, the GA protocol's only PCM rate) or G.711
+mu-law / A-law at 8 kHz (``audio/pcmu``, ``audio/pcma``, telephony), base64 in JSON
+events; the session resamples input to its 16 kHz and asks the turn pipeline for
+speech at the output format's rate. The codec keeps the conversation's items (what
+``conversation.item.retrieve`` reads back) and which message of the session's
+conversation each stands for (what ``.delete`` and ``.truncate`` change). What this
+server does not do is answered with an ``error`` event (``not_supported``), never
+ignored.
 """
 
 from __future__ import annotations
@@ -18,15 +22,22 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
+import numpy as np
+
+from audio import g711
 from audio.endpoint import EndpointConfig
-from audio.resample import SAMPLE_RATE, pcm16_to_float32, resample
+from audio.resample import SAMPLE_RATE, float32_to_pcm16, pcm16_to_float32, resample
 from model.chat import SPOKEN_SYSTEM_PROMPT
+from model.engine import ChatMessage
+from model.tools import Tool, ToolError, parse_tools
 
 from . import protocol as p
 from .session import (
+    Amend,
     AudioBytes,
     ClearInput,
     Configure,
@@ -35,28 +46,37 @@ from .session import (
     Send,
     SendAudio,
     Session,
+    SessionConfig,
     StartTurn,
+    State,
     UserText,
+    truncate_to_sent,
 )
+from .turn_end import Eagerness
 
 PATH = "/v1/realtime"
 RATE = 24_000
+# The audio formats and their rates: PCM16 at 24 kHz, or G.711 at 8 kHz.
+RATES = {"audio/pcm": RATE, "audio/pcmu": 8000, "audio/pcma": 8000}
 FORMAT = {"type": "audio/pcm", "rate": RATE}
 VOICE = "en_US-joe-medium"  # the one Piper voice installed
 DEFAULT_MODEL = "quicksilver"
 MAX_INSTRUCTIONS_CHARS = 4000
 MAX_ID_CHARS = 64
+MAX_OUTPUT_TOKENS = 4096  # OpenAI's bound; the server's reply budget caps it anyway
 # Manual turns (turn_detection null): committed speech goes to Whisper whole, so at most
 # its 30 s window less the endpointer's pre-roll; a commit needs OpenAI's minimum.
-MAX_BUFFER_BYTES = 28 * RATE * 2
-MIN_COMMIT_BYTES = RATE * 2 // 10  # 100 ms
-_APPEND_STEP = int(RATE * p.MAX_AUDIO_FRAME_SECONDS) * 2  # what the session takes at once
+MAX_BUFFER_SECONDS = 28
+MIN_COMMIT_MS = 100
+# Reply audio is paced at real time plus server.turn.Pacing's lead: when its response
+# is done, this much of it may still be playing (idle_timeout_ms counts from its end).
+PLAYBACK_LEAD_MS = 500
+MIN_IDLE_TIMEOUT_MS = 1000  # shorter would fire inside the end of turn's own silence
+MAX_IDLE_TIMEOUT_MS = 600_000
+MAX_METADATA = 16
 
-# GA client events not handled yet, with why (docs/realtime.md lists them).
+# GA client events not handled, with why (docs/realtime.md lists them).
 NOT_YET = {
-    "conversation.item.retrieve": "the conversation's items cannot be read back yet",
-    "conversation.item.delete": "items cannot be deleted yet",
-    "conversation.item.truncate": "truncating an item is not supported yet",
     "output_audio_buffer.clear": "there is no server-side output buffer (WebRTC/SIP only)",
 }
 BETA_EVENTS = {"transcription_session.update"}
@@ -73,17 +93,22 @@ BETA_FIELDS = {
     "max_response_output_tokens": "session.max_output_tokens",
     "temperature": "nothing: GA has no temperature",
 }
-# GA session fields not built yet; a value that says what the server does anyway passes.
+# GA session fields not built; a value that says what the server does anyway passes.
 NOT_YET_FIELDS: dict[str, tuple[object, ...]] = {
-    "tools": ([],),
-    "tool_choice": ("auto", "none"),
-    "tracing": (None,),
-    "max_output_tokens": (),
-    "prompt": (),
-    "truncation": (),
+    "prompt": (None,),
+    "truncation": ("auto",),  # the session drops the oldest messages past its limit
     "include": (),
     "reasoning": (),
     "parallel_tool_calls": (),
+}
+# response.create fields not built (tools wait for the device-actions issue's tools).
+NOT_YET_RESPONSE = {
+    "tools",
+    "tool_choice",
+    "audio",
+    "prompt",
+    "reasoning",
+    "parallel_tool_calls",
 }
 # Session error codes under their Realtime names (the rest keep theirs).
 _CODES = {
@@ -97,7 +122,13 @@ _CANCEL_REASONS = {
     "client_cancel": "client_cancelled",
     "new_input": "client_cancelled",
 }
-_KEPT_ITEMS = 200  # item ids remembered for previous_item_id (the session keeps fewer)
+_EAGERNESS: dict[str, Eagerness] = {
+    "low": "low",
+    "medium": "medium",
+    "high": "high",
+    "auto": "medium",
+}
+_KEPT_ITEMS = 200  # items remembered for previous_item_id and retrieve
 
 Json = dict[str, Any]
 
@@ -125,6 +156,9 @@ class ServerVad:
     threshold: float
     prefix_padding_ms: int
     silence_duration_ms: int
+    idle_timeout_ms: int | None = None
+    create_response: bool = True
+    interrupt_response: bool = True
 
     @classmethod
     def of(cls, endpoint: EndpointConfig) -> ServerVad:
@@ -142,15 +176,43 @@ class ServerVad:
             pause_ms=min(base.pause_ms, float(self.silence_duration_ms)),
         )
 
+    def json(self) -> Json:
+        return {"type": "server_vad", **asdict(self)}
+
+
+@dataclass(frozen=True)
+class SemanticVad:
+    """The end of turn decided by what was said: the server's endpointer with the
+    end-of-turn policy of this eagerness (server/turn_end.py)."""
+
+    eagerness: Literal["low", "medium", "high", "auto"] = "auto"
+    create_response: bool = True
+    interrupt_response: bool = True
+
+    def json(self) -> Json:
+        return {"type": "semantic_vad", **asdict(self)}
+
+
+Detection = ServerVad | SemanticVad | None  # None: manual turns
+
 
 @dataclass(frozen=True)
 class Settings:
     """The Realtime session as the client configured it."""
 
     model: str
-    vad: ServerVad | None  # None: manual turns (commit, then response.create)
+    vad: Detection
     instructions: str | None = None  # None: the reply model's own system prompt
     speak: bool = True  # output_modalities ["audio"]; False: ["text"]
+    input_format: str = "audio/pcm"
+    output_format: str = "audio/pcm"
+    transcription: Json = field(default_factory=dict)  # as the client named it
+    max_output_tokens: int | None = None  # None: "inf", the server's reply budget
+    tools: tuple[Tool, ...] = ()  # the session's functions (the reply engine's tools)
+    tool_choice: Literal["auto", "none"] = "auto"
+    # null or "auto": echoed; no trace is recorded here (OpenAI's traces live in its
+    # dashboard), and an Agents SDK session asks for "auto" by default
+    tracing: str | None = None
 
 
 @dataclass
@@ -158,32 +220,93 @@ class _Response:
     id: str
     item_id: str
     speak: bool
+    output_format: str
+    keep: bool = True  # False: out of band, not in the conversation
+    max_output_tokens: int | None = None
+    metadata: Json | None = None
     done: bool = False
+    sentences: dict[int, str] = field(default_factory=dict)
+    sentence_samples: dict[int, int] = field(default_factory=dict)  # whole, per sentence
+    sent_samples: dict[int, int] = field(default_factory=dict)  # sent as audio so far
+    calls: list[Json] = field(default_factory=list)  # function_call items, in output order
+
+
+@dataclass(frozen=True)
+class _Heard:
+    """What of an assistant item's audio was sent: what truncate cuts."""
+
+    rate: int
+    sentences: list[str]
+    sentence_samples: dict[int, int]
+    sent_samples: dict[int, int]
+
+    @property
+    def ms(self) -> int:
+        return sum(self.sent_samples.values()) * 1000 // self.rate
+
+    def cut(self, audio_end_ms: int) -> tuple[str, _Heard]:
+        """The words heard in the first ``audio_end_ms``, and the audio left."""
+        left = audio_end_ms * self.rate // 1000
+        heard: dict[int, int] = {}
+        for i in range(len(self.sentences)):
+            heard[i] = min(self.sent_samples.get(i, 0), left)
+            left -= heard[i]
+        text = truncate_to_sent(self.sentences, heard, self.sentence_samples)
+        return text, replace(self, sent_samples=heard)
 
 
 class Realtime:
     """One connection's codec: client events in, session effects and server events out."""
 
-    def __init__(self, session: Session, asr: str, model: str = DEFAULT_MODEL) -> None:
+    def __init__(
+        self,
+        session: Session,
+        asr: str,
+        model: str = DEFAULT_MODEL,
+        preset: Json | None = None,
+        max_reply_tokens: int | None = None,
+    ) -> None:
+        """``preset``: the session config of the client secret this connection used
+        (``POST /v1/realtime/client_secrets``), applied before ``session.created``.
+        ``max_reply_tokens``: the server's reply budget, reported in rate limits."""
         self.session = session
         self.asr = asr
+        self.preset = preset
+        self.max_reply_tokens = max_reply_tokens
         self._base = session.config.endpoint
-        self.settings = Settings(model, ServerVad.of(self._base))
+        self._base_eagerness = session.config.eagerness
+        self.settings = Settings(model, ServerVad.of(self._base), transcription={"model": asr})
         self._n = 0
         self._items: list[str] = []  # conversation item ids, oldest first
+        self._store: dict[str, Json] = {}  # item id -> the item as last sent
+        self._bound: dict[str, ChatMessage] = {}  # item id -> its message in the session
+        self._heard_audio: dict[str, _Heard] = {}  # assistant item id -> its audio sent
         self._user_items: dict[int, str] = {}  # turn -> its user item (speech)
         self._speech_ms: dict[int, tuple[int, int]] = {}  # turn -> speech start, stop
+        self._partials: dict[int, str] = {}  # turn -> transcription sent as deltas
         self._committed: dict[int, str] = {}  # turn -> the manual commit it answers
         self._responses: dict[int, _Response] = {}  # turn -> its response
-        self._buffer = bytearray()  # manual turns: audio appended since the last commit
-        self._pending: tuple[str, bytes] | None = None  # committed, not yet answered
+        self._buffer = bytearray()  # manual turns: PCM16 appended since the last commit
+        self._pending: tuple[str, bytes, int] | None = None  # committed: item, PCM16, rate
+        self._input_ms = 0.0  # audio appended so far
+        self._idle_from: float | None = 0.0  # silence counts from here (idle_timeout_ms)
 
     # -- client events --
 
     def open(self, now: float) -> list[Out]:
-        """Start the session: its ready message becomes ``session.created``."""
-        start = p.Start(sample_rate=RATE, client="realtime", output_sample_rate=RATE)
-        return list(self.session.receive(start, now))
+        """Start the session: its ready message becomes ``session.created``, showing
+        the client secret's session config when there is one."""
+        # OpenAI's sessions start without tools; session.update gives them.
+        start = p.Start(sample_rate=RATE, client="realtime", output_sample_rate=RATE, tools=[])
+        out: list[Out] = list(self.session.receive(start, now))
+        if self.preset is not None:
+            try:
+                settings = self._settings(self.preset)
+            except RealtimeError as err:  # checked at minting; a changed server may differ
+                error = self._error(err.code, f"client secret's session: {err.message}", None, None)
+                return [*out, Emit(error)]
+            out += self._apply(settings, now)
+        return out
 
     def receive(self, frame: str | bytes, now: float) -> list[Out]:
         event_id: str | None = None
@@ -217,7 +340,7 @@ class Realtime:
                 return self._update(self._settings(_required(event, "session", "")), now)
             case "input_audio_buffer.append":
                 _known(event, {"audio"}, "")
-                return self._append(_audio(_required(event, "audio", "")), now)
+                return self._append(_required(event, "audio", ""), now)
             case "input_audio_buffer.commit":
                 _known(event, set(), "")
                 return self._commit(now)
@@ -227,6 +350,16 @@ class Realtime:
             case "conversation.item.create":
                 _known(event, {"item", "previous_item_id"}, "")
                 return self._create_item(event, now)
+            case "conversation.item.retrieve":
+                _known(event, {"item_id"}, "")
+                item = self._store[self._item_id(event)]
+                return [Emit(self._event("conversation.item.retrieved", item=item))]
+            case "conversation.item.delete":
+                _known(event, {"item_id"}, "")
+                return self._delete(self._item_id(event), now)
+            case "conversation.item.truncate":
+                _known(event, {"item_id", "content_index", "audio_end_ms"}, "")
+                return self._truncate(event, now)
             case "response.create":
                 _known(event, {"response"}, "")
                 return self._respond(event.get("response"), now)
@@ -242,60 +375,132 @@ class Realtime:
         raise RealtimeError("unknown_event", f"unknown client event type {kind!r}", "type")
 
     def _update(self, settings: Settings, now: float) -> list[Out]:
+        out = self._apply(settings, now)
+        return [*out, Emit(self._event("session.updated", session=self._session_object()))]
+
+    def _apply(self, settings: Settings, now: float) -> list[Out]:
+        """The session listens and answers as ``settings`` say from now on."""
         old, self.settings = self.settings, settings
         out: list[Out] = []
         if (old.vad is None) != (settings.vad is None):
             self._buffer.clear()
             if settings.vad is None:  # manual from now on: what the VAD was hearing goes
                 out += self.session.receive(ClearInput(), now)
-        endpoint = (
-            settings.vad.endpoint(self._base) if settings.vad else self.session.config.endpoint
-        )
-        out += self.session.receive(Configure(endpoint, settings.instructions, settings.speak), now)
-        return [*out, Emit(self._event("session.updated", session=self._session_object()))]
+        old_rate, rate = RATES[old.input_format], RATES[settings.input_format]
+        if self._buffer and old_rate != rate:  # the manual buffer is kept at the new rate
+            audio = resample(pcm16_to_float32(bytes(self._buffer)), old_rate, rate)
+            self._buffer = bytearray(float32_to_pcm16(audio))
+        return out + self.session.receive(self._configure(settings), now)
 
-    def _append(self, pcm: bytes, now: float) -> list[Out]:
+    def _configure(self, s: Settings) -> Configure:
+        vad = s.vad
+        if isinstance(vad, ServerVad):
+            endpoint, eagerness = vad.endpoint(self._base), self._base_eagerness
+        elif isinstance(vad, SemanticVad):
+            endpoint, eagerness = self._base, _EAGERNESS[vad.eagerness]
+        else:
+            endpoint, eagerness = self.session.config.endpoint, self._base_eagerness
+        return Configure(
+            endpoint,
+            s.instructions,
+            s.speak,
+            eagerness=eagerness,
+            input_rate=RATES[s.input_format],
+            output_rate=RATES[s.output_format],
+            respond=vad.create_response if vad is not None else True,
+            max_tokens=s.max_output_tokens,
+            interrupt=vad.interrupt_response if vad is not None else True,
+            tools=s.tools if s.tool_choice == "auto" else (),
+        )
+
+    def _append(self, value: object, now: float) -> list[Out]:
+        kind = self.settings.input_format
+        pcm = _decode_audio(_base64(value, "audio"), kind, "audio")
+        rate = RATES[kind]
         if self.settings.vad is None:
-            if len(self._buffer) + len(pcm) > MAX_BUFFER_BYTES:
-                seconds = MAX_BUFFER_BYTES // (2 * RATE)
+            if len(self._buffer) + len(pcm) > MAX_BUFFER_SECONDS * rate * 2:
                 raise RealtimeError(
                     "input_audio_buffer_full",
-                    f"a manual turn holds at most {seconds} s of audio: commit or clear it",
+                    f"a manual turn holds at most {MAX_BUFFER_SECONDS} s of audio: "
+                    "commit or clear it",
                     "audio",
                 )
             self._buffer += pcm
+            self._input_ms += len(pcm) * 500 / rate
             return []
-        out: list[Out] = []
-        for i in range(0, len(pcm), _APPEND_STEP):
-            out += self.session.receive(AudioBytes(pcm[i : i + _APPEND_STEP]), now)
+        out = self._idle_timeout(now)
+        step = int(rate * p.MAX_AUDIO_FRAME_SECONDS) * 2  # what the session takes at once
+        for i in range(0, len(pcm), step):
+            out += self.session.receive(AudioBytes(pcm[i : i + step]), now)
+        self._input_ms += len(pcm) * 500 / rate
         return out
+
+    def _idle_timeout(self, now: float) -> list[Out]:
+        """server_vad's idle_timeout_ms: no speech for that long since the last
+        response's audio ended (or since the session or the last speech began) commits
+        the silence as a user item and answers the conversation. Counted in appended
+        audio, which a live microphone sends at real time; the audio of this append is
+        not counted yet, as the VAD has not heard it."""
+        vad = self.settings.vad
+        if not isinstance(vad, ServerVad) or vad.idle_timeout_ms is None:
+            return []
+        idle_from = self._idle_from
+        if idle_from is None or self._input_ms - idle_from < vad.idle_timeout_ms:
+            return []
+        if self.session.state is not State.LISTENING or self.session.hearing:
+            return []
+        self._idle_from = None  # once, until a response ends again
+        item_id = self._id("item")
+        previous = self._add_item(item_id)
+        item = self._put(_user_audio(item_id, None, "completed"))
+        events = [
+            self._event(
+                "input_audio_buffer.timeout_triggered",
+                audio_start_ms=round(idle_from),
+                audio_end_ms=round(self._input_ms),
+                item_id=item_id,
+            ),
+            self._event("input_audio_buffer.committed", previous_item_id=previous, item_id=item_id),
+            self._event("conversation.item.added", previous_item_id=previous, item=item),
+            self._event("conversation.item.done", previous_item_id=previous, item=item),
+        ]
+        request = Respond(unprompted=True)
+        return [
+            *map(Emit, events),
+            *self._start_response(request, _Response("", "", True, ""), now),
+        ]
 
     def _commit(self, now: float) -> list[Out]:
         if self.settings.vad is not None:  # the turn heard so far ends now
             return list(self.session.receive(p.EndOfInput(), now))
+        rate = RATES[self.settings.input_format]
+        if len(self._buffer) < MIN_COMMIT_MS * rate * 2 // 1000:
+            raise RealtimeError(
+                "input_audio_buffer_commit_empty",
+                f"buffer too small: a commit needs at least {MIN_COMMIT_MS} ms of audio, "
+                f"it has {len(self._buffer) * 500 // rate} ms",
+            )
+        item_id = self._id("item")
+        out = self._hold_audio(item_id, bytes(self._buffer), rate)
+        self._buffer = bytearray()
+        previous = self._items[-2] if len(self._items) > 1 else None
+        committed = self._event(
+            "input_audio_buffer.committed", previous_item_id=previous, item_id=item_id
+        )
+        return [Emit(committed), *out]
+
+    def _hold_audio(self, item_id: str, pcm: bytes, rate: int) -> list[Out]:
+        """Committed user audio joins the conversation; response.create transcribes
+        and answers it."""
         if self._pending is not None:
             raise RealtimeError(
                 "not_supported",
-                "committed audio is waiting for response.create: one commit at a time",
+                "committed audio is waiting for response.create: one audio item at a time",
             )
-        if len(self._buffer) < MIN_COMMIT_BYTES:
-            raise RealtimeError(
-                "input_audio_buffer_commit_empty",
-                f"buffer too small: a commit needs at least 100 ms of audio, "
-                f"it has {len(self._buffer) * 500 // RATE} ms",
-            )
-        item_id = self._id("item")
-        self._pending, self._buffer = (item_id, bytes(self._buffer)), bytearray()
+        self._pending = (item_id, pcm, rate)
         previous = self._add_item(item_id)
-        item = _user_audio(item_id, None, "in_progress")
-        return [
-            Emit(
-                self._event(
-                    "input_audio_buffer.committed", previous_item_id=previous, item_id=item_id
-                )
-            ),
-            Emit(self._event("conversation.item.added", previous_item_id=previous, item=item)),
-        ]
+        item = self._put(_user_audio(item_id, None, "in_progress"))
+        return [Emit(self._event("conversation.item.added", previous_item_id=previous, item=item))]
 
     def _clear(self, now: float) -> list[Out]:
         self._buffer.clear()
@@ -312,36 +517,157 @@ class Realtime:
                 "items go at the end of the conversation: previous_item_id must be the last item",
                 "previous_item_id",
             )
-        text, item_id = _user_message(_required(event, "item", ""))
-        item_id = item_id or self._id("item")
-        out: list[Out] = list(self.session.receive(UserText(text), now))
+        item_value = _required(event, "item", "")
+        if isinstance(item_value, dict) and item_value.get("type") == "function_call_output":
+            return self._call_output(item_value, now)
+        message = _user_message(_required(event, "item", ""), self.settings.input_format)
+        item_id = message.id or self._id("item")
+        if item_id in self._store:
+            raise RealtimeError("invalid_value", f"item {item_id!r} already exists", "item.id")
+        if message.audio is not None:
+            return self._hold_audio(item_id, message.audio, RATES[self.settings.input_format])
+        out: list[Out] = list(self.session.receive(UserText(message.text), now))
         previous = self._add_item(item_id)
+        self._bind(item_id, "user", message.text)
         item = {
             **_item(item_id, "user", "completed"),
-            "content": [{"type": "input_text", "text": text}],
+            "content": [{"type": "input_text", "text": message.text}],
         }
+        self._put(item)
         return [
             *out,
             Emit(self._event("conversation.item.added", previous_item_id=previous, item=item)),
             Emit(self._event("conversation.item.done", previous_item_id=previous, item=item)),
         ]
 
+    def _call_output(self, value: Json, now: float) -> list[Out]:
+        """A function's result (the v1 action_result): it joins the conversation after
+        the reply that called it, and the client asks for the next reply itself."""
+        _known(value, {"type", "call_id", "output", "id", "object", "status"}, "item")
+        call_id = _text(_required(value, "call_id", "item"), "item.call_id", MAX_ID_CHARS)
+        output = _text(_required(value, "output", "item"), "item.output", p.MAX_TEXT_CHARS)
+        out: list[Out] = list(self.session.receive(p.ActionResult(call_id, output), now))
+        if any(isinstance(e, Send) and isinstance(e.message, p.Error) for e in out):
+            return out  # unknown_call_id: no item
+        item_id = value.get("id") or self._id("item")
+        item_id = _text(item_id, "item.id", MAX_ID_CHARS)
+        item = {
+            "id": item_id,
+            "object": "realtime.item",
+            "type": "function_call_output",
+            "call_id": call_id,
+            "output": output,
+            "status": "completed",
+        }
+        previous = self._add_item(item_id)
+        self._put(item)
+        return [
+            *out,
+            Emit(self._event("conversation.item.added", previous_item_id=previous, item=item)),
+            Emit(self._event("conversation.item.done", previous_item_id=previous, item=item)),
+        ]
+
+    def _item_id(self, event: Json) -> str:
+        item_id = _text(_required(event, "item_id", ""), "item_id", MAX_ID_CHARS)
+        if item_id not in self._store:
+            raise RealtimeError(
+                "item_not_found", f"no item {item_id!r} in the conversation", "item_id"
+            )
+        return item_id
+
+    def _active_item(self, item_id: str) -> bool:
+        return any(r.item_id == item_id and not r.done for r in self._responses.values())
+
+    def _delete(self, item_id: str, now: float) -> list[Out]:
+        if self._active_item(item_id) or item_id in self._committed.values():
+            raise RealtimeError(
+                "item_in_progress", f"item {item_id!r} is being answered: cancel first", "item_id"
+            )
+        out: list[Out] = []
+        if (message := self._bound.pop(item_id, None)) is not None:
+            out += self.session.receive(Amend(message, None), now)
+        if self._pending is not None and self._pending[0] == item_id:
+            self._pending = None  # committed audio never answered
+        self._forget(item_id)
+        self._items.remove(item_id)
+        return [*out, Emit(self._event("conversation.item.deleted", item_id=item_id))]
+
+    def _truncate(self, event: Json, now: float) -> list[Out]:
+        """What the user heard of an assistant reply: the conversation keeps the words
+        of its first ``audio_end_ms`` (OpenAI drops the transcript instead; a text model
+        reads only the words, so here it keeps the ones that were heard)."""
+        item_id = self._item_id(event)
+        _int(_required(event, "content_index", ""), "content_index", 0, 0)  # one part
+        audio_end_ms = _int(_required(event, "audio_end_ms", ""), "audio_end_ms", 0, 2**31)
+        item = self._store[item_id]
+        if item.get("role") != "assistant":
+            raise RealtimeError(
+                "invalid_value", "only assistant message items can be truncated", "item_id"
+            )
+        if self._active_item(item_id):
+            raise RealtimeError(
+                "item_in_progress", "the response is still in progress: cancel it first", "item_id"
+            )
+        heard = self._heard_audio.get(item_id)
+        if heard is None:
+            raise RealtimeError("invalid_value", "the item has no audio to truncate", "item_id")
+        if audio_end_ms > heard.ms:
+            raise RealtimeError(
+                "invalid_value",
+                f"audio_end_ms {audio_end_ms} is past the item's audio ({heard.ms} ms)",
+                "audio_end_ms",
+            )
+        text, self._heard_audio[item_id] = heard.cut(audio_end_ms)
+        out: list[Out] = []
+        if (message := self._bound.pop(item_id, None)) is not None:
+            new = ChatMessage("assistant", text) if text else None
+            out += self.session.receive(Amend(message, new), now)
+            if new is not None:
+                self._bound[item_id] = new
+        self._put({**item, "content": [_part(True, text)]})
+        truncated = self._event(
+            "conversation.item.truncated",
+            item_id=item_id,
+            content_index=0,
+            audio_end_ms=audio_end_ms,
+        )
+        return [*out, Emit(truncated)]
+
     def _respond(self, params: object, now: float) -> list[Out]:
-        instructions, speak = _response_params({} if params is None else params)
-        audio = None
-        if self._pending is not None:
-            audio = resample(pcm16_to_float32(self._pending[1]), RATE, SAMPLE_RATE)
-        out: list[Out] = list(self.session.receive(Respond(audio, instructions, speak), now))
+        request = _response_params({} if params is None else params, self._reference)
+        if request.keep and self._pending is not None:  # the committed audio, at 16 kHz
+            _, pcm, rate = self._pending
+            request.respond = replace(
+                request.respond, audio=resample(pcm16_to_float32(pcm), rate, SAMPLE_RATE)
+            )
+        shape = _Response("", "", True, "", request.keep, request.max_tokens, request.metadata)
+        return self._start_response(request.respond, shape, now)
+
+    def _start_response(self, request: Respond, shape: _Response, now: float) -> list[Out]:
+        """Ask the session for a reply; its response opens when the turn starts."""
+        request = replace(request, keep=shape.keep)
+        if shape.max_output_tokens is not None:
+            request = replace(request, max_tokens=shape.max_output_tokens)
+        out: list[Out] = list(self.session.receive(request, now))
         start = next((e for e in out if isinstance(e, StartTurn)), None)
         if start is None:  # refused: the session's error is in out
             return out
-        if self._pending is not None:
-            item_id, pcm = self._pending
+        if request.audio is not None and self._pending is not None:
+            item_id, pcm, rate = self._pending
             self._committed[start.turn_id] = item_id
-            self._speech_ms[start.turn_id] = (0, len(pcm) * 500 // RATE)
+            self._speech_ms[start.turn_id] = (0, len(pcm) * 500 // rate)
             self._pending = None
-        opened = [Emit(e) for e in self._open_response(start.turn_id, start.speak)]
-        return [*opened, *out]
+        opened = self._open_response(start.turn_id, start.speak, shape, now)
+        return [*map(Emit, opened), *out]
+
+    def _reference(self, item_id: str, param: str) -> ChatMessage:
+        """An ``item_reference`` of response.create's input: the message it stands for."""
+        message = self._bound.get(item_id)
+        if message is None:
+            raise RealtimeError(
+                "item_not_found", f"no message item {item_id!r} in the conversation", param
+            )
+        return message
 
     def _cancel(self, response_id: object, now: float) -> list[Out]:
         if response_id is not None and not isinstance(response_id, str):
@@ -375,15 +701,20 @@ class Realtime:
             case p.SpeechStopped(turn_id=turn, audio_ms=ms):
                 item_id = self._user_items.setdefault(turn, self._id("item"))
                 self._speech_ms[turn] = (self._speech_ms.get(turn, (ms, ms))[0], ms)
+                self._idle_from = float(ms)
                 return [
                     self._event(
                         "input_audio_buffer.speech_stopped", audio_end_ms=ms, item_id=item_id
                     )
                 ]
+            case p.TranscriptPartial(turn_id=turn, text=text):
+                return self._partial(turn, text)
             case p.TranscriptFinal(turn_id=turn, text=text):
                 return self._heard(turn, text)
             case p.ReplyText(turn_id=turn, index=index, text=text):
-                return self._delta(turn, text if index == 0 else " " + text)
+                return self._delta(turn, index, text)
+            case p.Action():
+                return self._function_call(message)
             case p.ReplyDone(turn_id=turn, text=text):
                 return self._close_response(turn, text, "completed", None)
             case p.ReplyCancelled():
@@ -392,16 +723,35 @@ class Realtime:
                 return [self._metrics(message)]
             case p.Error(code=code, message=text):
                 return [self._error(_CODES.get(code, code), text, None, None)]
-            case p.TranscriptPartial():  # whole re-transcriptions, not deltas: not sent
-                return []
         raise AssertionError(f"unhandled message {message!r}")
 
     def audio(self, effect: SendAudio) -> str:
         """A frame of reply audio: the session sends a reply's first sentence before its
         first frame, so its response is open."""
         r = self._responses[effect.turn_id]
-        delta = base64.b64encode(effect.pcm).decode("ascii")
+        i = effect.sentence
+        r.sentence_samples[i] = effect.sentence_samples
+        r.sent_samples[i] = r.sent_samples.get(i, 0) + len(effect.pcm) // 2
+        data = _encode_audio(effect.pcm, r.output_format)
+        delta = base64.b64encode(data).decode("ascii")
         return self._event("response.output_audio.delta", **_ids(r), delta=delta)
+
+    def _partial(self, turn: int, text: str) -> list[str]:
+        """A partial transcript, as the delta since the last one when it extends it (a
+        re-transcription that changed earlier words sends nothing: deltas only add)."""
+        sent = self._partials.get(turn, "")
+        if not text.startswith(sent) or len(text) == len(sent):
+            return []
+        self._partials[turn] = text
+        item_id = self._user_items.setdefault(turn, self._id("item"))
+        return [
+            self._event(
+                "conversation.item.input_audio_transcription.delta",
+                item_id=item_id,
+                content_index=0,
+                delta=text[len(sent) :],
+            )
+        ]
 
     def _heard(self, turn: int, text: str) -> list[str]:
         """The user's speech is final: its item, its transcript, and the response to it."""
@@ -413,13 +763,14 @@ class Realtime:
         if item_id is None:
             item_id = self._user_items.setdefault(turn, self._id("item"))
             previous = self._add_item(item_id)
-            added = _user_audio(item_id, None, "in_progress")
+            added = self._put(_user_audio(item_id, None, "in_progress"))
             out += [
                 self._event(
                     "input_audio_buffer.committed", previous_item_id=previous, item_id=item_id
                 ),
                 self._event("conversation.item.added", previous_item_id=previous, item=added),
             ]
+        self._bind(item_id, "user", text)
         usage = {"type": "duration", "seconds": max(0, stop - start) / 1000}
         out += [
             self._event(
@@ -429,30 +780,131 @@ class Realtime:
                 transcript=text,
                 usage=usage,
             ),
-            self._event("conversation.item.done", item=_user_audio(item_id, text, "completed")),
+            self._event(
+                "conversation.item.done", item=self._put(_user_audio(item_id, text, "completed"))
+            ),
         ]
-        if turn not in self._responses:
-            out += self._open_response(turn, self.settings.speak)
+        vad = self.settings.vad
+        if turn not in self._responses and (vad is None or vad.create_response):
+            shape = _Response("", "", self.settings.speak, "")
+            out += self._open_response(turn, self.settings.speak, shape, None)
         return out
 
-    def _open_response(self, turn: int, speak: bool) -> list[str]:
-        r = _Response(self._id("resp"), self._id("item"), speak)
-        self._responses[turn] = r
-        previous = self._add_item(r.item_id)
-        item = {**_item(r.item_id, "assistant", "in_progress"), "content": []}
-        return [
-            self._event("response.created", response=self._response(r, "in_progress", [], None)),
-            self._event("response.output_item.added", response_id=r.id, output_index=0, item=item),
-            self._event("conversation.item.added", previous_item_id=previous, item=item),
-            self._event("response.content_part.added", **_ids(r), part=_part(speak, "")),
-        ]
+    def _bind(self, item_id: str, role: str, text: str) -> None:
+        """Link an item to the message the session keeps for it: the newest one of that
+        role and text not linked yet."""
+        if not text or item_id in self._bound:
+            return
+        linked = {id(m) for m in self._bound.values()}
+        for message in reversed(self.session.conversation):
+            if message.role == role and message.content == text and id(message) not in linked:
+                self._bound[item_id] = message
+                return
 
-    def _delta(self, turn: int, delta: str) -> list[str]:
+    def _open_response(
+        self, turn: int, speak: bool, shape: _Response, now: float | None
+    ) -> list[str]:
+        r = replace(
+            shape,
+            id=self._id("resp"),
+            item_id=self._id("item"),
+            speak=speak,
+            output_format=self.settings.output_format,
+        )
+        self._responses[turn] = r
+        item = {**_item(r.item_id, "assistant", "in_progress"), "content": []}
+        out = [
+            self._event("response.created", response=self._response(r, "in_progress", [], None)),
+            self._rate_limits(r, now),
+            self._event("response.output_item.added", response_id=r.id, output_index=0, item=item),
+        ]
+        if r.keep:
+            previous = self._add_item(r.item_id)
+            self._put(item)
+            out.append(self._event("conversation.item.added", previous_item_id=previous, item=item))
+        part = _part(speak, "")
+        return [*out, self._event("response.content_part.added", **_ids(r), part=part)]
+
+    def _rate_limits(self, r: _Response, now: float | None) -> str:
+        """``requests``: replies the client may still ask for (response.create and text
+        share the session's bucket; spoken turns are not counted), and when it is full
+        again. ``tokens``: this reply's token budget, reserved whole."""
+        left, reset_s = self.session.text_allowance(now)
+        burst = self.session.config.text_burst
+        limits: list[Json] = [
+            {"name": "requests", "limit": burst, "remaining": int(left), "reset_seconds": reset_s}
+        ]
+        budget = self._budget(r)
+        if budget is not None:
+            limits.append(
+                {"name": "tokens", "limit": budget, "remaining": budget, "reset_seconds": 0.0}
+            )
+        return self._event("rate_limits.updated", rate_limits=limits)
+
+    def _budget(self, r: _Response) -> int | None:
+        server = self.max_reply_tokens
+        asked = r.max_output_tokens or self.settings.max_output_tokens
+        if server is None:
+            return asked
+        return min(server, asked) if asked is not None else server
+
+    def _delta(self, turn: int, index: int, text: str) -> list[str]:
         r = self._responses.get(turn)
         if r is None:
             return []
+        r.sentences[index] = text
+        delta = text if index == 0 else " " + text
         kind = "response.output_audio_transcript.delta" if r.speak else "response.output_text.delta"
         return [self._event(kind, **_ids(r), delta=delta)]
+
+    def _function_call(self, action: p.Action) -> list[str]:
+        """The reply calls a tool: a function_call item beside its message, whole at
+        once (the call is written before any of the reply is sent)."""
+        r = self._responses.get(action.turn_id)
+        if r is None:
+            return []
+        index = 1 + len(r.calls)  # the message item is output 0
+        args = json.dumps(action.arguments, ensure_ascii=False)
+        item_id = self._id("item")
+        call = {
+            "id": item_id,
+            "object": "realtime.item",
+            "type": "function_call",
+            "status": "in_progress",
+            "name": action.name,
+            "call_id": action.call_id,
+            "arguments": "",
+        }
+        ids = {"response_id": r.id, "item_id": item_id, "output_index": index}
+        out = [
+            self._event(
+                "response.output_item.added", response_id=r.id, output_index=index, item=call
+            )
+        ]
+        previous = self._add_item(item_id) if r.keep else None
+        if r.keep:
+            out.append(self._event("conversation.item.added", previous_item_id=previous, item=call))
+        done = {**call, "status": "completed", "arguments": args}
+        r.calls.append(done)
+        out += [
+            self._event(
+                "response.function_call_arguments.delta", **ids, call_id=action.call_id, delta=args
+            ),
+            self._event(
+                "response.function_call_arguments.done",
+                **ids,
+                call_id=action.call_id,
+                name=action.name,
+                arguments=args,
+            ),
+            self._event(
+                "response.output_item.done", response_id=r.id, output_index=index, item=done
+            ),
+        ]
+        if r.keep:
+            self._put(done)
+            out.append(self._event("conversation.item.done", item=done))
+        return out
 
     def _cancelled(self, message: p.ReplyCancelled) -> list[str]:
         if message.reason == "error":
@@ -467,6 +919,7 @@ class Realtime:
             for item_id in filter(None, gone):
                 if item_id in self._items:
                     self._items.remove(item_id)
+                self._forget(item_id)
                 out.append(self._event("conversation.item.deleted", item_id=item_id))
         return out
 
@@ -487,13 +940,37 @@ class Realtime:
             ]
         else:
             out = [self._event("response.output_text.done", **_ids(r), text=text)]
-        return [
-            *out,
+        out += [
             self._event("response.content_part.done", **_ids(r), part=part),
             self._event("response.output_item.done", response_id=r.id, output_index=0, item=item),
-            self._event("conversation.item.done", item=item),
-            self._event("response.done", response=self._response(r, status, [item], details)),
         ]
+        if r.keep:
+            self._keep_reply(r, item)
+            out.append(self._event("conversation.item.done", item=item))
+        self._idle_from = self._input_ms + PLAYBACK_LEAD_MS
+        return [
+            *out,
+            self._event(
+                "response.done", response=self._response(r, status, [item, *r.calls], details)
+            ),
+        ]
+
+    def _keep_reply(self, r: _Response, item: Json) -> None:
+        """The assistant item as the conversation keeps it: linked to the session's
+        message, and what of its audio was sent (for truncate)."""
+        if r.item_id not in self._store:  # deleted while it was answered
+            return
+        self._put(item)
+        if r.speak and r.sent_samples:
+            sentences = [r.sentences.get(i, "") for i in range(max(r.sentences, default=-1) + 1)]
+            rate = RATES[r.output_format]
+            heard = _Heard(rate, sentences, dict(r.sentence_samples), dict(r.sent_samples))
+            self._heard_audio[r.item_id] = heard
+        for message in reversed(self.session.conversation):
+            if message.role == "assistant":
+                if all(message is not m for m in self._bound.values()):
+                    self._bound[r.item_id] = message
+                return
 
     def _metrics(self, message: p.Metrics) -> str:
         """The turn's latency breakdown, as an event standard clients ignore; the last
@@ -502,6 +979,7 @@ class Realtime:
         r = self._responses.pop(turn, None)
         item_id = self._committed.pop(turn, None) or self._user_items.pop(turn, None)
         self._speech_ms.pop(turn, None)
+        self._partials.pop(turn, None)
         return self._event(
             "quicksilver.metrics",
             response_id=r.id if r else None,
@@ -512,6 +990,8 @@ class Realtime:
     def _response(
         self, r: _Response, status: str, output: list[Json], details: Json | None
     ) -> Json:
+        fmt = _format_json(r.output_format)
+        budget = r.max_output_tokens or self.settings.max_output_tokens
         return {
             "id": r.id,
             "object": "realtime.response",
@@ -519,22 +999,15 @@ class Realtime:
             "status_details": details,
             "output": output,
             "output_modalities": ["audio" if r.speak else "text"],
-            "audio": {"output": {"format": FORMAT, "voice": VOICE}},
-            "conversation_id": f"conv_{self.session.id}",
+            "audio": {"output": {"format": fmt, "voice": VOICE}},
+            "conversation_id": f"conv_{self.session.id}" if r.keep else None,
+            "max_output_tokens": "inf" if budget is None else budget,
+            "metadata": r.metadata,
         }
 
     def _session_object(self) -> Json:
         s = self.settings
-        vad = s.vad
-        detection = None
-        if vad is not None:
-            detection = {
-                "type": "server_vad",
-                **asdict(vad),
-                "create_response": True,
-                "interrupt_response": True,
-                "idle_timeout_ms": None,
-            }
+        tokens = s.max_output_tokens
         return {
             "type": "realtime",
             "object": "realtime.session",
@@ -544,16 +1017,18 @@ class Realtime:
             "instructions": SPOKEN_SYSTEM_PROMPT if s.instructions is None else s.instructions,
             "audio": {
                 "input": {
-                    "format": FORMAT,
-                    "transcription": {"model": self.asr},
+                    "format": _format_json(s.input_format),
+                    "transcription": s.transcription,
                     "noise_reduction": None,
-                    "turn_detection": detection,
+                    "turn_detection": None if s.vad is None else s.vad.json(),
                 },
-                "output": {"format": FORMAT, "voice": VOICE, "speed": 1.0},
+                "output": {"format": _format_json(s.output_format), "voice": VOICE, "speed": 1.0},
             },
-            "tools": [],
-            "tool_choice": "auto",
-            "tracing": None,
+            "max_output_tokens": "inf" if tokens is None else tokens,
+            "tools": [{"type": "function", **t.schema()} for t in s.tools],
+            "tool_choice": s.tool_choice,
+            "tracing": s.tracing,
+            "truncation": "auto",
         }
 
     # -- session.update --
@@ -582,6 +1057,15 @@ class Realtime:
                     s = replace(s, speak=_modalities(v, param))
                 case "audio":
                     s = self._audio_settings(s, v)
+                case "max_output_tokens":
+                    s = replace(s, max_output_tokens=_max_tokens(v, param))
+                case "tools":
+                    s = replace(s, tools=self._tools(v, param))
+                case "tool_choice":
+                    s = replace(s, tool_choice=_tool_choice(v, param))
+                case "tracing":
+                    _not_yet(v, param, (None, "auto"))
+                    s = replace(s, tracing=v)
                 case _ if key in BETA_FIELDS:
                     raise RealtimeError(
                         "beta_protocol",
@@ -594,6 +1078,25 @@ class Realtime:
                     raise RealtimeError("unknown_parameter", f"unknown parameter {param}", param)
         return s
 
+    def _tools(self, value: object, param: str) -> tuple[Tool, ...]:
+        """session.tools: functions, as the reply engine's tools."""
+        if not isinstance(value, list):
+            raise RealtimeError("invalid_type", f"{param} must be a list", param)
+        for i, tool in enumerate(value):
+            where = f"{param}[{i}]"
+            if not isinstance(tool, dict) or tool.get("type", "function") != "function":
+                raise RealtimeError(
+                    "not_supported", f"{where}: only function tools (no MCP servers)", where
+                )
+        if value and not self.session.can_act:
+            raise RealtimeError(
+                "not_supported", "this server's reply engine cannot call tools", param
+            )
+        try:
+            return parse_tools(value)
+        except ToolError as err:
+            raise RealtimeError("invalid_value", f"{param}: {err}", param) from None
+
     def _audio_settings(self, s: Settings, value: object) -> Settings:
         audio = _object(value, "session.audio")
         _known(audio, {"input", "output"}, "session.audio")
@@ -602,9 +1105,9 @@ class Realtime:
             where = "session.audio.input"
             _known(inp, {"format", "turn_detection", "transcription", "noise_reduction"}, where)
             if "format" in inp:
-                _format(inp["format"], f"{where}.format")
+                s = replace(s, input_format=_format(inp["format"], f"{where}.format"))
             if "transcription" in inp:
-                self._transcription(inp["transcription"], f"{where}.transcription")
+                s = replace(s, transcription=_transcription(inp["transcription"], where))
             if "noise_reduction" in inp:
                 _not_yet(inp["noise_reduction"], f"{where}.noise_reduction", (None,))
             if "turn_detection" in inp:
@@ -613,7 +1116,7 @@ class Realtime:
             out = _object(audio["output"], "session.audio.output")
             _known(out, {"format", "voice", "speed"}, "session.audio.output")
             if "format" in out:
-                _format(out["format"], "session.audio.output.format")
+                s = replace(s, output_format=_format(out["format"], "session.audio.output.format"))
             if "voice" in out and out["voice"] != VOICE:
                 raise RealtimeError(
                     "invalid_value",
@@ -624,42 +1127,21 @@ class Realtime:
                 _not_yet(out["speed"], "session.audio.output.speed", (1, 1.0))
         return s
 
-    def _transcription(self, value: object, param: str) -> None:
-        if value is None:
-            raise RealtimeError(
-                "not_supported",
-                "speech is always transcribed here: the replies need its words",
-                param,
-            )
-        config = _object(value, param)
-        _known(config, {"model", "language", "prompt"}, param)
-        for key in ("language", "prompt"):
-            if key in config:
-                raise RealtimeError(
-                    "not_supported", f"{param}.{key} is not supported yet", f"{param}.{key}"
-                )
-        if config.get("model", self.asr) != self.asr:
-            raise RealtimeError(
-                "invalid_value", f"the transcription model here is {self.asr!r}", f"{param}.model"
-            )
-
-    def _vad(self, value: object, current: ServerVad | None) -> ServerVad | None:
+    def _vad(self, value: object, current: Detection) -> Detection:
         param = "session.audio.input.turn_detection"
         if value is None:
             return None
         config = _object(value, param)
         kind = config.get("type")
         if kind == "semantic_vad":
-            raise RealtimeError(
-                "not_supported",
-                "semantic_vad is not supported yet: use server_vad",
-                f"{param}.type",
-            )
+            return _semantic_vad(config, param)
         if kind != "server_vad":
             raise RealtimeError(
-                "invalid_value", "turn_detection.type must be server_vad (or null)", f"{param}.type"
+                "invalid_value",
+                "turn_detection.type must be server_vad or semantic_vad (or null)",
+                f"{param}.type",
             )
-        vad = current or ServerVad.of(self._base)
+        vad = current if isinstance(current, ServerVad) else ServerVad.of(self._base)
         for key, v in config.items():
             where = f"{param}.{key}"
             match key:
@@ -671,13 +1153,17 @@ class Realtime:
                     vad = replace(vad, prefix_padding_ms=_int(v, where, 0, 2000))
                 case "silence_duration_ms":
                     vad = replace(vad, silence_duration_ms=_int(v, where, 100, 10_000))
-                case "create_response" | "interrupt_response":
-                    if _bool(v, where) is not True:
-                        raise RealtimeError(
-                            "not_supported", f"{key} false is not supported yet", where
-                        )
+                case "create_response":
+                    vad = replace(vad, create_response=_bool(v, where))
+                case "interrupt_response":
+                    vad = replace(vad, interrupt_response=_bool(v, where))
                 case "idle_timeout_ms":
-                    _not_yet(v, where, (None,))
+                    idle = (
+                        None
+                        if v is None
+                        else _int(v, where, MIN_IDLE_TIMEOUT_MS, MAX_IDLE_TIMEOUT_MS)
+                    )
+                    vad = replace(vad, idle_timeout_ms=idle)
                 case _:
                     raise RealtimeError("unknown_parameter", f"unknown parameter {where}", where)
         return vad
@@ -692,8 +1178,21 @@ class Realtime:
         """Append an item to the conversation; the id of the one before it."""
         previous = self._items[-1] if self._items else None
         self._items.append(item_id)
+        for old in self._items[:-_KEPT_ITEMS]:
+            self._forget(old)
         del self._items[:-_KEPT_ITEMS]
         return previous
+
+    def _put(self, item: Json) -> Json:
+        """Keep an item as last sent (conversation.item.retrieve reads it back)."""
+        if item["id"] in self._items:
+            self._store[item["id"]] = item
+        return item
+
+    def _forget(self, item_id: str) -> None:
+        self._store.pop(item_id, None)
+        self._bound.pop(item_id, None)
+        self._heard_audio.pop(item_id, None)
 
     def _event(self, kind: str, **fields: Any) -> str:
         return json.dumps(
@@ -710,6 +1209,16 @@ class Realtime:
             "event_id": event_id,
         }
         return self._event("error", error=error)
+
+
+def check_session(session: Json, asr: str, endpoint: EndpointConfig) -> str | None:
+    """Why a client secret's session config would be refused (None: it is fine)."""
+    codec = Realtime(Session("check", SessionConfig(endpoint=endpoint), asr, ""), asr)
+    try:
+        codec._settings(session)
+    except RealtimeError as err:
+        return f"{err.param}: {err.message}" if err.param else err.message
+    return None
 
 
 # --- parsing helpers -------------------------------------------------------------
@@ -810,34 +1319,110 @@ def _modalities(value: object, param: str) -> bool:
     raise RealtimeError("invalid_value", f'{param} must be ["audio"] or ["text"]', param)
 
 
-def _format(value: object, param: str) -> None:
+def _format(value: object, param: str) -> str:
+    """An audio format object: its type (audio/pcm at 24 kHz, audio/pcmu, audio/pcma)."""
     fmt = _object(value, param)
     _known(fmt, {"type", "rate"}, param)
     kind = fmt.get("type", "audio/pcm")
-    if kind in ("audio/pcmu", "audio/pcma"):
+    if kind not in RATES:
         raise RealtimeError(
-            "not_supported", f"{kind} is not supported yet: use audio/pcm", f"{param}.type"
+            "invalid_value",
+            "the audio format is audio/pcm, audio/pcmu or audio/pcma",
+            f"{param}.type",
         )
-    if kind != "audio/pcm":
-        raise RealtimeError("invalid_value", "the audio format is audio/pcm", f"{param}.type")
-    rate = fmt.get("rate", RATE)
-    if rate != RATE or isinstance(rate, bool):
-        raise RealtimeError("invalid_value", f"audio/pcm is {RATE} Hz", f"{param}.rate")
+    rate = fmt.get("rate", RATES[kind])
+    if rate != RATES[kind] or isinstance(rate, bool):
+        raise RealtimeError("invalid_value", f"{kind} is {RATES[kind]} Hz", f"{param}.rate")
+    return str(kind)
 
 
-def _audio(value: object) -> bytes:
-    """Base64 PCM16 of input_audio_buffer.append."""
+def _format_json(kind: str) -> Json:
+    return {"type": kind, "rate": RATE} if kind == "audio/pcm" else {"type": kind}
+
+
+def _base64(value: object, param: str) -> bytes:
     if not isinstance(value, str):
-        raise RealtimeError("invalid_type", "audio must be a base64 string", "audio")
+        raise RealtimeError("invalid_type", f"{param} must be a base64 string", param)
     try:
-        pcm = base64.b64decode(value, validate=True)
+        return base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
-        raise RealtimeError("invalid_audio", "audio is not valid base64", "audio") from None
-    if len(pcm) % 2:
+        raise RealtimeError("invalid_audio", f"{param} is not valid base64", param) from None
+
+
+def _decode_audio(data: bytes, kind: str, param: str) -> bytes:
+    """Audio in ``kind`` -> PCM16 at that format's rate."""
+    match kind:
+        case "audio/pcmu":
+            return g711.ulaw_decode(data).astype("<i2").tobytes()
+        case "audio/pcma":
+            return g711.alaw_decode(data).astype("<i2").tobytes()
+    if len(data) % 2:
         raise RealtimeError(
-            "invalid_audio", "audio holds whole PCM16 samples (even length)", "audio"
+            "invalid_audio", f"{param} holds whole PCM16 samples (even length)", param
         )
+    return data
+
+
+def _encode_audio(pcm: bytes, kind: str) -> bytes:
+    """PCM16 at the format's rate -> audio in ``kind``."""
+    samples = np.frombuffer(pcm, "<i2")
+    match kind:
+        case "audio/pcmu":
+            return g711.ulaw_encode(samples)
+        case "audio/pcma":
+            return g711.alaw_encode(samples)
     return pcm
+
+
+def _transcription(value: object, where: str) -> Json:
+    """audio.input.transcription: echoed; the server's own ASR transcribes whatever
+    model is named (it always transcribes: the replies need the words)."""
+    param = f"{where}.transcription"
+    if value is None:
+        raise RealtimeError(
+            "not_supported", "speech is always transcribed here: the replies need its words", param
+        )
+    config = _object(value, param)
+    _known(config, {"model", "language", "prompt"}, param)
+    if "prompt" in config:
+        raise RealtimeError("not_supported", f"{param}.prompt is not supported", f"{param}.prompt")
+    if config.get("language", "en") != "en":
+        raise RealtimeError(
+            "not_supported", "the speech recognizer here hears English only", f"{param}.language"
+        )
+    out: Json = {"model": _text(config.get("model", "whisper-1"), f"{param}.model", MAX_ID_CHARS)}
+    if "language" in config:
+        out["language"] = "en"
+    return out
+
+
+def _semantic_vad(config: Json, param: str) -> SemanticVad:
+    vad = SemanticVad()
+    for key, v in config.items():
+        where = f"{param}.{key}"
+        match key:
+            case "type":
+                pass
+            case "eagerness":
+                if v not in _EAGERNESS:
+                    raise RealtimeError(
+                        "invalid_value", "eagerness is low, medium, high or auto", where
+                    )
+                vad = replace(vad, eagerness=v)
+            case "create_response":
+                vad = replace(vad, create_response=_bool(v, where))
+            case "interrupt_response":
+                vad = replace(vad, interrupt_response=_bool(v, where))
+            case _:
+                raise RealtimeError("unknown_parameter", f"unknown parameter {where}", where)
+    return vad
+
+
+def _max_tokens(value: object, param: str) -> int | None:
+    """max_output_tokens: 1-4096, or "inf" (None: the server's reply budget)."""
+    if value == "inf":
+        return None
+    return _int(value, param, 1, MAX_OUTPUT_TOKENS)
 
 
 def _item(item_id: str, role: Literal["user", "assistant"], status: str) -> Json:
@@ -869,13 +1454,35 @@ def _ids(r: _Response) -> Json:
     return {"response_id": r.id, "item_id": r.item_id, "output_index": 0, "content_index": 0}
 
 
-def _user_message(value: object) -> tuple[str, str | None]:
-    """conversation.item.create's item: a user text message (its text, its id)."""
+@dataclass(frozen=True)
+class _Message:
+    """conversation.item.create's user message: its text, or its audio (PCM16)."""
+
+    id: str | None
+    text: str
+    audio: bytes | None = None
+
+
+def _tool_choice(value: object, param: str) -> Literal["auto", "none"]:
+    """``auto`` (the model decides) or ``none``; forcing a call is not built: the model
+    decides from its first token (docs/actions.md)."""
+    if value == "auto" or value == "none":
+        return value
+    if value == "required" or isinstance(value, dict):
+        raise RealtimeError("not_supported", f"{param}: only auto and none", param)
+    raise RealtimeError("invalid_value", f"{param} must be auto or none", param)
+
+
+def _user_message(value: object, input_format: str) -> _Message:
+    """conversation.item.create's item: a user message of text parts, or of one
+    input_audio part in the session's input format."""
     item = _object(value, "item")
     kind = item.get("type", "message")
-    if kind in ("function_call", "function_call_output"):
+    if kind == "function_call":
         raise RealtimeError(
-            "not_supported", f"{kind} items need tools, which are not supported yet", "item.type"
+            "not_supported",
+            "function_call items are written by the model, not created",
+            "item.type",
         )
     if kind != "message":
         raise RealtimeError("invalid_value", "item.type must be message", "item.type")
@@ -894,8 +1501,16 @@ def _user_message(value: object) -> tuple[str, str | None]:
     content = item.get("content")
     if not isinstance(content, list) or not content:
         raise RealtimeError("invalid_type", "item.content must be a list of parts", "item.content")
-    texts = [_input_text(part, f"item.content[{i}]") for i, part in enumerate(content)]
-    text = " ".join(texts)
+    parts = [_object(part, f"item.content[{i}]") for i, part in enumerate(content)]
+    if any(part.get("type") == "input_audio" for part in parts):
+        if len(parts) != 1:
+            raise RealtimeError(
+                "not_supported",
+                "an audio message holds one input_audio part and nothing else",
+                "item.content",
+            )
+        return _Message(item_id, "", _input_audio(parts[0], input_format))
+    text = " ".join(_input_text(part, f"item.content[{i}]") for i, part in enumerate(parts))
     if not text.strip():
         raise RealtimeError("invalid_value", "the message has no text", "item.content")
     if len(text) > p.MAX_TEXT_CHARS:
@@ -904,50 +1519,153 @@ def _user_message(value: object) -> tuple[str, str | None]:
             f"a message holds at most {p.MAX_TEXT_CHARS} characters",
             "item.content",
         )
-    return text, item_id
+    return _Message(item_id, text)
+
+
+def _input_audio(part: Json, input_format: str) -> bytes:
+    param = "item.content[0]"
+    _known(part, {"type", "audio", "transcript"}, param)
+    pcm = _decode_audio(
+        _base64(_required(part, "audio", param), f"{param}.audio"), input_format, f"{param}.audio"
+    )
+    rate = RATES[input_format]
+    if not MIN_COMMIT_MS * rate * 2 // 1000 <= len(pcm) <= MAX_BUFFER_SECONDS * rate * 2:
+        raise RealtimeError(
+            "invalid_value",
+            f"an audio message holds {MIN_COMMIT_MS} ms to {MAX_BUFFER_SECONDS} s of audio",
+            f"{param}.audio",
+        )
+    return pcm
 
 
 def _input_text(value: object, param: str) -> str:
     part = _object(value, param)
     _known(part, {"type", "text"}, param)
     kind = part.get("type")
-    if kind in ("input_audio", "input_image"):
-        raise RealtimeError(
-            "not_supported", f"{kind} content is not supported yet", f"{param}.type"
-        )
+    if kind == "input_image":
+        raise RealtimeError("not_supported", f"{kind} content is not supported", f"{param}.type")
     if kind != "input_text":
         raise RealtimeError("invalid_value", f"{param}.type must be input_text", f"{param}.type")
     return _text(_required(part, "text", param), f"{param}.text", p.MAX_TEXT_CHARS)
 
 
-def _response_params(value: object) -> tuple[str | None, bool | None]:
-    """response.create's response: this reply's instructions and modality."""
+@dataclass
+class _ResponseRequest:
+    """response.create's response: the session's request and the response's shape."""
+
+    respond: Respond
+    keep: bool = True  # conversation "auto"; False: "none", out of band
+    max_tokens: int | None = None
+    metadata: Json | None = None
+
+
+Reference = Callable[[str, str], ChatMessage]
+
+
+def _response_params(value: object, reference: Reference) -> _ResponseRequest:
+    """response.create's response: this reply's instructions, modality, budget, which
+    conversation it joins and what it answers."""
     params = _object(value, "response")
-    instructions: str | None = None
-    speak: bool | None = None
+    request = _ResponseRequest(Respond())
     for key, v in params.items():
         param = f"response.{key}"
         match key:
             case "instructions":
-                instructions = _text(v, param, MAX_INSTRUCTIONS_CHARS)
+                text = _text(v, param, MAX_INSTRUCTIONS_CHARS)
+                request.respond = replace(request.respond, instructions=text)
             case "output_modalities":
-                speak = _modalities(v, param)
+                request.respond = replace(request.respond, speak=_modalities(v, param))
             case "conversation":
-                _not_yet(v, param, ("auto",))
+                request.keep = _conversation(v, param)
+            case "input":
+                history = _input_items(v, param, reference)
+                request.respond = replace(request.respond, history=history)
+            case "max_output_tokens":
+                request.max_tokens = _max_tokens(v, param)
+            case "metadata":
+                request.metadata = _metadata(v, param)
             case "modalities" | "voice" | "output_audio_format" | "temperature":
                 raise RealtimeError(
                     "beta_protocol", f"{param} is of the retired beta protocol", param
                 )
-            case (
-                "input"
-                | "tools"
-                | "tool_choice"
-                | "max_output_tokens"
-                | "metadata"
-                | "audio"
-                | "prompt"
-            ):
+            case _ if key in NOT_YET_RESPONSE:
                 raise RealtimeError("not_supported", f"{param} is not supported yet", param)
             case _:
                 raise RealtimeError("unknown_parameter", f"unknown parameter {param}", param)
-    return instructions, speak
+    return request
+
+
+def _conversation(value: object, param: str) -> bool:
+    """True for "auto" (the reply joins the conversation), False for "none"."""
+    if value in ("auto", "none"):
+        return value == "auto"
+    raise RealtimeError("invalid_value", f'{param} is "auto" or "none"', param)
+
+
+def _metadata(value: object, param: str) -> Json | None:
+    if value is None:
+        return None
+    metadata = _object(value, param)
+    if len(metadata) > MAX_METADATA:
+        raise RealtimeError("invalid_value", f"{param} holds at most {MAX_METADATA} pairs", param)
+    for key, v in metadata.items():
+        _text(key, f"{param} key", 64)
+        _text(v, f"{param}.{key}", 512)
+    return metadata
+
+
+def _input_items(value: object, param: str, reference: Reference) -> tuple[ChatMessage, ...]:
+    """response.create's input: the messages this reply answers instead of the
+    conversation (items, or references to the conversation's)."""
+    if not isinstance(value, list):
+        raise RealtimeError("invalid_type", f"{param} must be a list of items", param)
+    if len(value) > 100:
+        raise RealtimeError("invalid_value", f"{param} holds at most 100 items", param)
+    return tuple(_input_item(v, f"{param}[{i}]", reference) for i, v in enumerate(value))
+
+
+_PART_TEXT = {"input_text": "text", "output_text": "text", "text": "text"}
+_PART_TRANSCRIPT = {"input_audio", "output_audio", "audio"}
+
+
+def _input_item(value: object, param: str, reference: Reference) -> ChatMessage:
+    item = _object(value, param)
+    kind = item.get("type")
+    if kind == "item_reference":
+        _known(item, {"type", "id"}, param)
+        return reference(_text(_required(item, "id", param), f"{param}.id", MAX_ID_CHARS), param)
+    if kind in ("function_call", "function_call_output"):
+        raise RealtimeError(
+            "not_supported", f"{kind} items need tools, which are not supported yet", param
+        )
+    if kind != "message":
+        raise RealtimeError(
+            "invalid_value", f"{param}.type must be message or item_reference", f"{param}.type"
+        )
+    _known(item, {"type", "role", "content", "id", "object", "status"}, param)
+    role = item.get("role")
+    if role not in ("system", "user", "assistant"):
+        raise RealtimeError(
+            "invalid_value", f"{param}.role is system, user or assistant", f"{param}.role"
+        )
+    content = item.get("content")
+    if not isinstance(content, list):
+        raise RealtimeError("invalid_type", f"{param}.content must be a list", f"{param}.content")
+    words = [_part_text(part, f"{param}.content[{i}]") for i, part in enumerate(content)]
+    text = _text(" ".join(words), f"{param}.content", p.MAX_TEXT_CHARS)
+    return ChatMessage(role, text)
+
+
+def _part_text(value: object, param: str) -> str:
+    """A content part's words: its text, or an audio part's transcript."""
+    part = _object(value, param)
+    kind = part.get("type")
+    if kind in _PART_TEXT:
+        return _text(_required(part, "text", param), f"{param}.text", p.MAX_TEXT_CHARS)
+    if kind in _PART_TRANSCRIPT:
+        if not isinstance(part.get("transcript"), str):
+            raise RealtimeError(
+                "not_supported", "audio in response input needs its transcript", param
+            )
+        return _text(part["transcript"], f"{param}.transcript", p.MAX_TEXT_CHARS)
+    raise RealtimeError("invalid_value", f"{param}.type is a text or audio part", f"{param}.type")

@@ -27,6 +27,7 @@ from model.ar import ARGenerator
 from model.assemble import DEFAULT_ENGINE, EngineName, load_generator, reply_on_cpu
 from model.diffusion_engine import DiffusionGenerator
 from model.engine import ReplyEngine, TextGenerator, ThreadedReplyEngine
+from model.openai_chat import ChatServerOptions
 from model.runtime import Device
 
 from .speech import PassGate
@@ -51,11 +52,24 @@ class WorkerKind(StrEnum):
     TURN_END = "turn_end"
 
 
-class Worker:
-    """One thread for one kind of blocking job, with its queue depth visible."""
+# Replies from a chat server (engine "openai-chat") spend their time waiting on its
+# socket, and the server batches them: each reply in flight gets a thread, up to this
+# many, instead of waiting for the reply before it as local models' replies do.
+CHAT_REPLY_THREADS = 32
 
-    def __init__(self, name: str) -> None:
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+
+def reply_threads(engine: EngineName) -> int:
+    """Threads of the reply worker: one for a model in this process (it uses the CPU or
+    the GPU alone), :data:`CHAT_REPLY_THREADS` for a chat server's replies."""
+    return CHAT_REPLY_THREADS if engine == "openai-chat" else 1
+
+
+class Worker:
+    """Threads (one unless said) for one kind of blocking job, with its queue depth
+    visible."""
+
+    def __init__(self, name: str, threads: int = 1) -> None:
+        self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name)
         self.pending = 0
 
     async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
@@ -101,6 +115,7 @@ class RuntimeOptions:
     speech_first: bool | None = None  # None: when the reply model is on the CPU
     device: Device = "auto"  # auto: the GPU when ONNX Runtime and CTranslate2 see one
     turn_model: bool = True  # score paused turns with the reply model (docs/turn_end.md)
+    chat: ChatServerOptions | None = None  # the server the "openai-chat" engine asks
 
 
 def resolve_device(device: Device) -> Literal["cpu", "cuda"]:
@@ -128,6 +143,7 @@ def _timed(what: str, fn: Callable[[], T]) -> T:
 def load_runtime(options: RuntimeOptions) -> Runtime:
     """Load every model once; say what is happening, since first start takes a while."""
     workers = {kind: Worker(kind.value) for kind in WorkerKind}
+    workers[WorkerKind.REPLY] = Worker(WorkerKind.REPLY.value, reply_threads(options.engine))
     vad = _timed("Silero VAD", SileroVad)
     device = resolve_device(options.device)
     asr_name = recommended_model(device) if options.asr == "auto" else options.asr
@@ -145,9 +161,12 @@ def load_runtime(options: RuntimeOptions) -> Runtime:
         "speech first (the reply model pauses for a reply's first sentence): %s",
         "on" if speech_first else "off",
     )
+    what = f"reply engine {options.engine}"
+    if options.chat is not None and options.engine == "openai-chat":
+        what += f" ({options.chat.model} at {options.chat.url})"
     generator = _timed(
-        f"reply engine {options.engine}",
-        lambda: load_generator(options.engine, options.cache_dir, options.device),
+        what,
+        lambda: load_generator(options.engine, options.cache_dir, options.device, options.chat),
     )
     reply = ThreadedReplyEngine(generator, workers[WorkerKind.REPLY].executor, gate)
     turn_end = turn_end_model(generator) if options.turn_model else None

@@ -21,6 +21,7 @@ conversation keeps only the part sent as audio.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import cached_property
@@ -39,12 +40,14 @@ from audio.endpoint import (
 from audio.resample import Quality, StreamResampler, pcm16_to_float32
 from audio.ring import AudioRing
 from model.engine import ChatMessage, GenerationStats
+from model.tools import DEFAULT_TOOLS, Tool, ToolCall, ToolError, parse_tools, render_call
 
 from . import protocol as p
 from .resume import ResumeStore
 from .turn_end import Eagerness, TurnEndPolicy
 
 SAMPLE_RATE = 16_000  # everything inside the session runs at 16 kHz
+MAX_OPEN_CALLS = 16  # actions whose results are still taken (oldest forgotten first)
 # An answered turn and speech that goes on with it are heard as one utterance when they
 # span at most this (a long one would crowd Whisper's 30 s window).
 MAX_CONTINUED_SPAN_S = 15.0
@@ -86,6 +89,9 @@ class SessionConfig:
     # `text` messages: a burst of text_burst, then one per 60 / text_per_minute s.
     text_per_minute: float = 20.0
     text_burst: int = 5
+    # The tools of a session whose start names none (docs/protocol.md, "Actions"), when
+    # its reply engine can call tools (Session's can_act)
+    tools: tuple[Tool, ...] = DEFAULT_TOOLS
 
     @cached_property
     def end_of_turn(self) -> TurnEndPolicy:
@@ -139,6 +145,14 @@ class ReplySentence:
     index: int
     text: str
     elapsed_ms: float  # since the reply model started
+
+
+@dataclass(frozen=True)
+class ReplyAction:
+    """The reply calls a tool (before its spoken confirmation)."""
+
+    turn_id: int
+    call: ToolCall
 
 
 @dataclass(frozen=True)
@@ -198,6 +212,13 @@ class Configure:
     endpoint: EndpointConfig
     instructions: str | None = None  # the system prompt; None: the reply model's own
     speak: bool = True  # False: replies are text only, never synthesized
+    eagerness: Eagerness | None = None  # the end-of-turn policy's; None: as configured
+    input_rate: int | None = None  # audio from now on is at this rate (G.711: 8 kHz)
+    output_rate: int | None = None  # replies from now on are synthesized at this rate
+    respond: bool = True  # False: a spoken turn is transcribed, not answered
+    max_tokens: int | None = None  # the reply token budget (at most the server's)
+    interrupt: bool = True  # False: speech never cuts a reply; its turn waits for it
+    tools: tuple[Tool, ...] | None = None  # what replies may call; None: as they are
 
 
 @dataclass(frozen=True)
@@ -215,11 +236,24 @@ class Respond:
     audio: np.ndarray | None = None
     instructions: str | None = None  # this reply's system prompt instead of the session's
     speak: bool | None = None  # None: as the session is configured
+    max_tokens: int | None = None  # None: the session's
+    keep: bool = True  # False: out of band, the conversation keeps nothing of it
+    history: tuple[ChatMessage, ...] | None = None  # answer these instead of the conversation
+    unprompted: bool = False  # answer even with no user message waiting (an idle timeout)
 
 
 @dataclass(frozen=True)
 class ClearInput:
     """Forget the speech being heard and any turn started on it (input_audio_buffer.clear)."""
+
+
+@dataclass(frozen=True)
+class Amend:
+    """Replace a message of the conversation (this very object), or drop it (``new``
+    None): conversation.item.truncate and .delete."""
+
+    old: ChatMessage
+    new: ChatMessage | None
 
 
 Event = (
@@ -230,6 +264,7 @@ Event = (
     | FinalTranscript
     | TurnEndScored
     | ReplySentence
+    | ReplyAction
     | ReplyAudio
     | AudioWritten
     | ReplyFinished
@@ -240,6 +275,7 @@ Event = (
     | UserText
     | Respond
     | ClearInput
+    | Amend
 )
 
 
@@ -257,6 +293,7 @@ class SendAudio:
     seq: int
     pcm: bytes
     sentence: int = 0  # reported back with AudioWritten once the frame is written
+    sentence_samples: int = 0  # the whole sentence's length at the output rate
 
 
 @dataclass(frozen=True)
@@ -282,6 +319,9 @@ class StartTurn:
     history: tuple[ChatMessage, ...]
     output_rate: int
     speak: bool = True  # False: the reply is text only
+    tools: tuple[Tool, ...] = ()  # what the reply may call
+    max_tokens: int | None = None  # None: the server's reply budget
+    reply: bool = True  # False: transcribe the audio, answer nothing
 
 
 @dataclass(frozen=True)
@@ -332,10 +372,18 @@ class _Turn:
     speculative: bool = False  # started during the trailing silence
     speak: bool = True  # False: a text-only reply, complete once its text is sent
     instructions: str | None = None  # the system prompt of this reply
+    max_tokens: int | None = None
+    reply: bool = True  # False: transcribe only (Realtime's create_response false)
+    keep: bool = True  # False: out of band, its reply is not remembered
+    history: tuple[ChatMessage, ...] | None = None  # instead of the conversation
     transcript: str | None = None
     complete_p: float | None = None  # the end-of-turn score, once it is in
     end_of_turn: str | None = None  # the policy's tier when the turn was released
     user_committed: bool = False
+    action: p.Action | None = None  # the tool call the reply made
+    action_text: str = ""  # that call as the conversation keeps it
+    action_passes: int = 0
+    results: list[ChatMessage] = field(default_factory=list)  # action_results meanwhile
     held: list[p.ServerMessage] = field(default_factory=list)
     # Until the first audio frame goes out, the reply is not heard: its text waits for
     # that frame (nothing of an answer withdrawn before it is shown either), and its
@@ -380,7 +428,9 @@ class Session:
         engine: str,
         resume: ResumeStore | None = None,
         resume_token: str = "",
+        can_act: bool = False,
     ) -> None:
+        """``can_act``: the reply engine writes tool calls (its ``supports_tools``)."""
         self.id = session_id
         self.config = config
         self.state = State.IDLE
@@ -402,11 +452,32 @@ class Session:
         self._text_at = 0.0
         self.instructions: str | None = None  # Configure's system prompt
         self.speak = True
+        self.tools: tuple[Tool, ...] = ()
+        self.can_act = can_act  # the reply engine writes tool calls
+        self._calls: dict[str, str] = {}  # recent call ids -> tool names
+        self.respond = True  # Configure's: spoken turns are answered
+        self.interrupt = True  # Configure's: speech barges in on a reply
+        self.max_tokens: int | None = None
 
     @property
     def output_rate(self) -> int:
         """Sample rate of the reply audio (0 before start)."""
         return self._output_rate
+
+    @property
+    def hearing(self) -> bool:
+        """An utterance is being heard (or waits to be final)."""
+        return self._utterance is not None
+
+    def text_allowance(self, now: float | None = None) -> tuple[float, float]:
+        """The text bucket at ``now`` (None: the last event's time), untouched: replies
+        that may still be asked for (text messages, requested replies), and seconds
+        until it is full again."""
+        cfg = self.config
+        now = self._now if now is None else now
+        refill = max(0.0, now - self._text_at) * cfg.text_per_minute / 60
+        left = min(float(cfg.text_burst), self._text_tokens + refill)
+        return left, (cfg.text_burst - left) * 60 / cfg.text_per_minute
 
     # -- entry point --
 
@@ -441,6 +512,10 @@ class Session:
                 return self._on_turn_end_scored(event, now)
             case ReplySentence():
                 return self._on_sentence(event)
+            case ReplyAction():
+                return self._on_action(event)
+            case p.ActionResult():
+                return self._on_action_result(event)
             case ReplyAudio():
                 return self._on_reply_audio(event, now)
             case AudioWritten():
@@ -460,6 +535,9 @@ class Session:
                 self._endpointer.reset()
                 self._utterance = None
                 return self._drop_speculation()
+            case Amend():
+                self._amend(event)
+                return []
         raise AssertionError(f"unhandled event {event!r}")
 
     def _to(self, state: State) -> None:
@@ -520,6 +598,10 @@ class Session:
             return self._error(
                 "unsupported_sample_rate", f"output_sample_rate must be one of {rates}"
             )
+        try:
+            tools = self.config.tools if start.tools is None else parse_tools(start.tools)
+        except ToolError as err:
+            return self._error("bad_tools", str(err))
         resumed = start.resume_token is not None
         if start.resume_token is not None:
             if self._resume is None:
@@ -534,6 +616,7 @@ class Session:
         quality: Quality = "QQ" if start.sample_rate < SAMPLE_RATE else "LQ"
         self._resampler = StreamResampler(start.sample_rate, SAMPLE_RATE, quality)
         self._output_rate = out_rate
+        self.tools = tools if self.can_act else ()
         self._to(State.LISTENING)
         asr, engine = self._names
         token = self.resume_token if self._resume is not None else ""
@@ -546,8 +629,13 @@ class Session:
             resume_token=token,
             resumed=resumed,
             history=len(self.conversation),
+            tools=[t.name for t in self.tools],
         )
-        return [Send(ready)]
+        out: list[Effect] = [Send(ready)]
+        if start.tools and not self.can_act:
+            message = f"the reply engine {engine!r} cannot call tools; replies only speak"
+            out.append(Send(p.Error("tools_unsupported", message)))
+        return out
 
     def _on_audio_bytes(self, data: bytes) -> list[Effect]:
         assert self._resampler is not None
@@ -572,15 +660,37 @@ class Session:
 
     def _on_configure(self, event: Configure) -> list[Effect]:
         self.instructions, self.speak = event.instructions, event.speak
+        self.respond, self.max_tokens = event.respond, event.max_tokens
+        self.interrupt = event.interrupt
         if event.endpoint != self.config.endpoint:  # the end-of-turn policy follows it
             self.config = replace(self.config, endpoint=event.endpoint)
             self._endpointer.reconfigure(event.endpoint)
+        if event.eagerness is not None and event.eagerness != self.config.eagerness:
+            self.config = replace(self.config, eagerness=event.eagerness)
+        if event.input_rate is not None and event.input_rate != self._input_rate:
+            self._input_rate = event.input_rate
+            quality: Quality = "QQ" if event.input_rate < SAMPLE_RATE else "LQ"
+            self._resampler = StreamResampler(event.input_rate, SAMPLE_RATE, quality)
+        if event.output_rate is not None:  # a turn in flight keeps the rate it started at
+            self._output_rate = event.output_rate
+        if event.tools is not None and self.can_act:  # the codec refuses them otherwise
+            self.tools = event.tools
         return []
+
+    def _amend(self, event: Amend) -> None:
+        for i, message in enumerate(self.conversation):
+            if message is event.old:
+                if event.new is None:
+                    del self.conversation[i]
+                else:
+                    self.conversation[i] = event.new
+                return
 
     def _on_respond(self, event: Respond, now: float) -> list[Effect]:
         if self._turn is not None and self._turn.released:
             return self._error("response_in_progress", "a reply is in progress: cancel it first")
-        if event.audio is None and not (self.conversation and self.conversation[-1].role == "user"):
+        waiting = self.conversation and self.conversation[-1].role == "user"
+        if event.audio is None and event.history is None and not (waiting or event.unprompted):
             return self._error("nothing_to_answer", "no user message or audio waits for an answer")
         if not self._take_text_token(now):
             per = self.config.text_per_minute
@@ -592,6 +702,9 @@ class Session:
             turn.instructions = event.instructions
         if event.speak is not None:
             turn.speak = event.speak
+        if event.max_tokens is not None:
+            turn.max_tokens = event.max_tokens
+        turn.keep, turn.history, turn.reply = event.keep, event.history, True
         turn.final_time = now
         return out + self._begin_turn(turn, audio=event.audio, text=None, release=True)
 
@@ -642,6 +755,8 @@ class Session:
         u = self._utterance
         if u is not None and u.ended:  # the turn was held open, and the user went on
             return self._continue_utterance(u, start)
+        if not self.interrupt and self._turn is not None and self._turn.released:
+            return self._hear_beside(start)
         if self._goes_on(start, now):
             return self._continue_answered(start)
         out = self._cancel_turn("barge_in")
@@ -689,6 +804,24 @@ class Session:
         u.ended = False
         return [*out, Send(p.SpeechStarted(u.turn_id, sample * 1000 // SAMPLE_RATE))]
 
+    def _hear_beside(self, start: int) -> list[Effect]:
+        """Speech while a reply plays and may not be interrupted: heard as a new
+        utterance; its turn starts once the reply ends (:meth:`_after_reply`)."""
+        u = _Utterance(turn_id=self._new_turn_id(), start=start, last_partial_at=start)
+        self._utterance = u
+        return [Send(p.SpeechStarted(u.turn_id, start * 1000 // SAMPLE_RATE))]
+
+    def _after_reply(self) -> list[Effect]:
+        """A reply that could not be interrupted has ended: the turn of the speech heard
+        meanwhile starts, if it has paused (speech still going on starts it at its
+        pause, as ever); its release comes with its transcript (_maybe_final)."""
+        u = self._utterance
+        if self.interrupt or u is None or self._turn is not None or u.end_time is None:
+            return []
+        turn = self._new_turn(u.turn_id, u.end_time, utterance_start=u.start)
+        turn.speculative = not u.ended
+        return self._begin_turn(turn, audio=self._utterance_audio(u), text=None, release=False)
+
     def _on_speech_paused(self, end: int, now: float) -> list[Effect]:
         u = self._utterance
         if u is None:
@@ -710,6 +843,8 @@ class Session:
             out.append(Send(p.SpeechStopped(u.turn_id, end * 1000 // SAMPLE_RATE)))
         u.ended = True
         turn = self._turn
+        if not self.interrupt and turn is not None and turn.released and turn.id != u.turn_id:
+            return out  # a reply plays on: this turn starts when it ends (_after_reply)
         if turn is None or turn.id != u.turn_id:  # no speculation running: start now
             assert u.end_time is not None
             turn = self._new_turn(u.turn_id, u.end_time, utterance_start=u.start)
@@ -791,16 +926,28 @@ class Session:
             transcript=transcript,
             speak=self.speak,
             instructions=self.instructions,
+            max_tokens=self.max_tokens,
+            reply=self.respond,
         )
 
     def _begin_turn(
         self, turn: _Turn, audio: np.ndarray | None, text: str | None, release: bool
     ) -> list[Effect]:
         self._turn = turn
-        history = tuple(self.conversation)
+        history = tuple(self.conversation) if turn.history is None else turn.history
         if turn.instructions is not None:  # the reply engines take a leading system message
             history = (ChatMessage("system", turn.instructions), *history)
-        start = StartTurn(turn.id, audio, text, history, self._output_rate, turn.speak)
+        start = StartTurn(
+            turn.id,
+            audio,
+            text,
+            history,
+            self._output_rate,
+            turn.speak,
+            self.tools,
+            max_tokens=turn.max_tokens,
+            reply=turn.reply,
+        )
         out: list[Effect] = [start]
         if release:
             out += self._release(turn, turn.final_time if turn.final_time is not None else 0.0)
@@ -883,11 +1030,58 @@ class Session:
             return []
         return self._emit(turn, text)
 
+    def _on_action(self, event: ReplyAction) -> list[Effect]:
+        """Tell the client to act: with the reply's first audio, as its text goes (an
+        answer withdrawn before it is heard must not have acted either)."""
+        turn = self._current(event.turn_id)
+        tool = next((t for t in self.tools if t.name == event.call.name), None)
+        if turn is None or tool is None or turn.action is not None:
+            return []
+        call_id = f"call_{turn.id}"
+        args = dict(event.call.arguments)
+        turn.action = p.Action(turn.id, call_id, tool.name, args)
+        turn.action_text, turn.action_passes = render_call(tool, args), event.call.passes
+        self._calls[call_id] = tool.name
+        while len(self._calls) > MAX_OPEN_CALLS:
+            del self._calls[next(iter(self._calls))]
+        if turn.first_audio_time is None and turn.speak:
+            turn.unheard_text.append(turn.action)
+            return []
+        return self._emit(turn, turn.action)
+
+    def _on_action_result(self, event: p.ActionResult) -> list[Effect]:
+        """What came of an action joins the conversation after the reply that made it."""
+        name = self._calls.pop(event.call_id, None)
+        if name is None:
+            return self._error("unknown_call_id", f"no action {event.call_id!r} awaits a result")
+        body = json.dumps({"name": name, "output": event.output}, ensure_ascii=False)
+        turn = self._turn
+        if turn is not None and turn.action is not None and turn.action.call_id == event.call_id:
+            turn.results.append(ChatMessage("tool", body))  # after the reply, once it ends
+        else:
+            self._remember(ChatMessage("tool", body))
+        return []
+
+    @staticmethod
+    def _acted(turn: _Turn) -> bool:
+        """The turn's action went out to the client."""
+        a = turn.action
+        return a is not None and a not in turn.unheard_text and a not in turn.held
+
+    def _remember_reply(self, turn: _Turn, spoken: str) -> None:
+        """What the conversation keeps of a reply: the call it made (if the client got
+        it), the words the user heard, then the results that came back meanwhile."""
+        said = " ".join(x for x in (turn.action_text if self._acted(turn) else "", spoken) if x)
+        if said:
+            self._remember(ChatMessage("assistant", said))
+        for result in turn.results:
+            self._remember(result)
+
     def _on_reply_audio(self, event: ReplyAudio, now: float) -> list[Effect]:
         turn = self._current(event.turn_id)
         if turn is None or not turn.released:  # audio of a cancelled turn is never sent
             return []
-        if turn.first_audio_time is None and self._endpointer.hearing_speech:
+        if turn.first_audio_time is None and self._endpointer.hearing_speech and self.interrupt:
             turn.waiting_audio.append(event)  # the user may be going on: see first
             return []
         return self._send_audio(turn, event, now)
@@ -915,7 +1109,8 @@ class Session:
         turn.sentence_samples[event.sentence] = event.sentence_samples
         turn.queued_samples += len(event.pcm) // 2
         turn.seq += 1
-        return [*out, SendAudio(turn.id, turn.seq - 1, event.pcm, event.sentence)]
+        audio = SendAudio(turn.id, turn.seq - 1, event.pcm, event.sentence, event.sentence_samples)
+        return [*out, audio]
 
     def _on_audio_written(self, event: AudioWritten) -> list[Effect]:
         turn = self._current(event.turn_id)
@@ -941,11 +1136,12 @@ class Session:
         turn.unheard_text.clear()
         text = " ".join(turn.sentences)
         kept = text if turn.written_samples >= turn.queued_samples else self._spoken(turn)
-        if kept:
-            self._remember(ChatMessage("assistant", kept))
+        if turn.keep:  # an out-of-band reply joins no conversation
+            self._remember_reply(turn, kept)
         self._turn = None
         self._to(State.LISTENING)
-        return [*out, Send(p.ReplyDone(turn.id, text)), Send(self._metrics(turn, event))]
+        done = [Send(p.ReplyDone(turn.id, text)), Send(self._metrics(turn, event))]
+        return [*out, *done, *self._after_reply()]
 
     def _metrics(self, turn: _Turn, done: ReplyFinished | None) -> p.Metrics:
         def ms(a: float | None, b: float | None) -> float | None:
@@ -964,6 +1160,8 @@ class Session:
             reply_tokens=stats.tokens if stats else 0,
             forward_passes=stats.forward_passes if stats else 0,
             end_of_turn=turn.end_of_turn,
+            action=turn.action.name if turn.action is not None else None,
+            action_passes=turn.action_passes,
         )
 
     def _on_failed(self, event: TurnFailed) -> list[Effect]:
@@ -994,13 +1192,13 @@ class Session:
             said = ChatMessage("user", turn.transcript or "")
             if turn.user_committed and self.conversation and self.conversation[-1] == said:
                 self.conversation.pop()
-        elif spoken:
-            self._remember(ChatMessage("assistant", spoken))
+        elif turn.keep:
+            self._remember_reply(turn, spoken)
         self._to(State.LISTENING)
         out: list[Effect] = [CancelTurn(turn.id)]
         if reason != "closed":
             cancelled = p.ReplyCancelled(turn.id, reason, spoken)  # type: ignore[arg-type]
-            out += [Send(cancelled), Send(self._metrics(turn, None))]
+            out += [Send(cancelled), Send(self._metrics(turn, None)), *self._after_reply()]
         return out
 
     def _on_disconnect(self) -> list[Effect]:

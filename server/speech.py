@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable, Generator
 from dataclasses import dataclass
 
 from model.engine import ReplyChunk, ReplyEnd
+from model.tools import ToolCall
 
 
 @dataclass(frozen=True)
@@ -171,12 +172,17 @@ def _word_offset(text: str, i: int) -> int:
     return [m.start() for m in re.finditer(r"\S+", text)][i]
 
 
-async def sentences(stream: AsyncIterator[ReplyChunk]) -> AsyncIterator[Sentence | ReplyEnd]:
-    """The reply's sentences (a long first one cut at its first clause), numbered from
-    0, then its :class:`ReplyEnd`; a cancelled reply (no ReplyEnd) keeps its unfinished
-    last sentence to itself."""
+async def sentences(
+    stream: AsyncIterator[ReplyChunk],
+) -> AsyncIterator[Sentence | ToolCall | ReplyEnd]:
+    """The reply's tool call if it acts, its sentences (a long first one cut at its
+    first clause), numbered from 0, then its :class:`ReplyEnd`; a cancelled reply (no
+    ReplyEnd) keeps its unfinished last sentence to itself."""
     splitter, index = SentenceSplitter(first_clause=True), 0
     async for chunk in stream:
+        if isinstance(chunk, ToolCall):  # before any text: the reply acts
+            yield chunk
+            continue
         texts = splitter.flush() if isinstance(chunk, ReplyEnd) else splitter.feed(chunk)
         for text in texts:
             yield Sentence(text, index)

@@ -20,11 +20,13 @@ import numpy as np
 
 from audio.resample import float32_to_pcm16, int16_to_float32, resample
 from model.engine import ChatMessage, GenerationStats, ReplyEnd
+from model.tools import ToolCall
 
 from .runtime import Runtime, WorkerKind
 from .session import (
     Event,
     FinalTranscript,
+    ReplyAction,
     ReplyAudio,
     ReplyFinished,
     ReplySentence,
@@ -91,6 +93,9 @@ async def _run(
         transcript = await rt.worker(WorkerKind.ASR).run(rt.asr.transcribe, start.audio)
         text = transcript.text
         await deliver(FinalTranscript(start.turn_id, text, _ms(t0, loop.time())))
+        if not start.reply:  # heard, not answered (the client asks for a reply itself)
+            await deliver(ReplyFinished(start.turn_id, None, None))
+            return
     if start.audio is None and start.text is None:  # answer the history as it stands
         conversation = start.history
     elif text.strip():
@@ -133,8 +138,14 @@ async def _produce(
     t0 = loop.time()
     stats: GenerationStats | None = None
     try:
-        async for chunk in sentences(rt.reply.stream(conversation, rt.max_reply_tokens)):
+        budget = min(rt.max_reply_tokens, start.max_tokens or rt.max_reply_tokens)
+        # No name holds the engine's stream: cancelled here (say, while Piper works), this
+        # frame's traceback must not keep it alive, so that it is closed and the model
+        # stops writing.
+        async for chunk in sentences(rt.reply.stream(conversation, budget, start.tools)):
             match chunk:
+                case ToolCall():
+                    await deliver(ReplyAction(start.turn_id, chunk))
                 case Sentence(text=text, index=index):
                     await deliver(ReplySentence(start.turn_id, index, text, _ms(t0, loop.time())))
                     if not start.speak:

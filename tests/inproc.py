@@ -21,7 +21,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from audio.asr import Transcript
 from audio.tts import Synthesizer
 from audio.vad import SileroVad
-from model.engine import ChatMessage, GenerationStats, ThreadedReplyEngine
+from model.engine import ChatMessage, GenerationStats, TextGenerator, ThreadedReplyEngine
 from server import protocol as p
 from server.app import App, ServerConfig, start_server
 from server.runtime import Runtime, Worker, WorkerKind
@@ -47,13 +47,18 @@ class ScriptedReplies:
 
     reply: str = "Paris is the capital of France."
     name: str = "scripted"
+    supports_tools: bool = False
     hold: bool = False
     go: threading.Event = field(default_factory=threading.Event)
     started: threading.Event = field(default_factory=threading.Event)
     seen: list[tuple[ChatMessage, ...]] = field(default_factory=list)
 
     def generate(
-        self, conversation: Sequence[ChatMessage], max_tokens: int, should_stop: Callable[[], bool]
+        self,
+        conversation: Sequence[ChatMessage],
+        max_tokens: int,
+        should_stop: Callable[[], bool],
+        tools: Sequence[Any] = (),
     ) -> Generator[str, None, GenerationStats]:
         self.seen.append(tuple(conversation))
         self.started.set()
@@ -79,9 +84,10 @@ def shared_models() -> tuple[SileroVad, Synthesizer]:
     return _SHARED["vad"], _SHARED["tts"]
 
 
-def runtime(asr: ScriptedAsr, replies: ScriptedReplies) -> Runtime:
+def runtime(asr: ScriptedAsr, replies: TextGenerator, reply_threads: int = 1) -> Runtime:
     vad, tts = shared_models()
     workers = {kind: Worker(kind.value) for kind in WorkerKind}
+    workers[WorkerKind.REPLY] = Worker(WorkerKind.REPLY.value, reply_threads)
     gate = PassGate(enabled=False)
     reply = ThreadedReplyEngine(replies, workers[WorkerKind.REPLY].executor, gate)
     return Runtime(vad, asr, tts, reply, "scripted-asr", 64, workers, gate)  # type: ignore[arg-type]
@@ -90,11 +96,14 @@ def runtime(asr: ScriptedAsr, replies: ScriptedReplies) -> Runtime:
 @contextlib.asynccontextmanager
 async def serving(
     asr: ScriptedAsr | None = None,
-    replies: ScriptedReplies | None = None,
+    replies: TextGenerator | None = None,
     config: ServerConfig | None = None,
+    reply_threads: int = 1,
 ) -> AsyncIterator[tuple[str, App]]:
-    """``(url, app)`` of a server on a free loopback port, closed on exit."""
-    rt = runtime(asr or ScriptedAsr(), replies or ScriptedReplies())
+    """``(url, app)`` of a server on a free loopback port, closed on exit; ``replies``
+    is any generator (the openai-chat engine's tests give theirs, and the reply worker's
+    threads of that engine, ``server.runtime.reply_threads``)."""
+    rt = runtime(asr or ScriptedAsr(), replies or ScriptedReplies(), reply_threads)
     server, app = await start_server(rt, "127.0.0.1", 0, config)
     host, port = server.sockets[0].getsockname()[:2]
     try:

@@ -34,6 +34,8 @@ const stats = (window.qsStats = {
   bufferedMs: 0,
   turns: 0,
   errors: [],
+  actions: [], // {call_id, name, output}: every action_result the page sent
+  timersRung: 0,
 });
 
 class VoiceSession {
@@ -135,7 +137,7 @@ class VoiceSession {
         this.retries = 0;
         this.resumeToken = msg.resume_token || null;
         hideError();
-        $("session").textContent = `session ${msg.session_id}${msg.resumed ? " (resumed)" : ""} · ASR ${msg.asr} · reply ${msg.reply_engine}`;
+        $("session").textContent = `session ${msg.session_id}${msg.resumed ? " (resumed)" : ""} · ASR ${msg.asr} · reply ${msg.reply_engine} · ${(msg.tools || []).length} tools`;
         return setState("listening", "listening");
       case "speech_started":
         this.turn(msg.turn_id).setStatus("listening");
@@ -149,6 +151,8 @@ class VoiceSession {
         return this.turn(msg.turn_id).setYou(msg.text || "(nothing understood)");
       case "reply_text":
         return this.turn(msg.turn_id).addReply(msg.text);
+      case "action":
+        return this.act(msg);
       case "reply_done":
         this.playback.port.postMessage({ type: "complete", turn: msg.turn_id });
         this.turn(msg.turn_id).done(msg.text);
@@ -169,9 +173,177 @@ class VoiceSession {
     }
   }
 
+  // The assistant calls a tool: carry it out, show it as a card in its turn, answer.
+  act(msg) {
+    const card = this.turn(msg.turn_id).addAction(msg);
+    const output = device.carryOut(msg, card);
+    card.setResult(output);
+    const result = { type: "action_result", call_id: msg.call_id, output };
+    if (this.ws?.readyState === WebSocket.OPEN) this.ws.send(JSON.stringify(result));
+    stats.actions.push({ call_id: msg.call_id, name: msg.name, output });
+  }
+
   turn(id) {
     if (!this.turns.has(id)) this.turns.set(id, new TurnView(id));
     return this.turns.get(id);
+  }
+}
+
+// What the page does with actions, like the Python clients (clients/actions.py): one
+// countdown timer (timer.set starts or replaces it, timer.cancel stops it, a chime when
+// it rings); any other tool is shown and answered "done". It belongs to the page, not
+// to a connection, so a timer keeps running through a reconnection.
+class Device {
+  constructor() {
+    this.timer = null; // {card, seconds, endsAt, tick, ring}
+  }
+
+  carryOut(msg, card) {
+    const args = msg.arguments;
+    if (args === null || typeof args !== "object" || Array.isArray(args)) {
+      return card.fail(`error: ${msg.name}: arguments must be an object`);
+    }
+    switch (msg.name) {
+      case "timer.set":
+        return this.setTimer(args.seconds, card);
+      case "timer.cancel":
+        return this.cancelTimer(card);
+      default:
+        card.setNote("done");
+        return "done";
+    }
+  }
+
+  leftS() {
+    return this.timer ? Math.max(0, (this.timer.endsAt - Date.now()) / 1000) : null;
+  }
+
+  setTimer(seconds, card) {
+    if (!Number.isInteger(seconds) || seconds < 1) {
+      return card.fail("error: timer.set needs seconds, a whole number of at least 1");
+    }
+    const left = this.leftS();
+    this.stopTimer("replaced by a newer timer");
+    const endsAt = Date.now() + seconds * 1000;
+    const timer = { card, seconds, endsAt };
+    timer.tick = setInterval(() => card.countdown(endsAt), 250);
+    timer.ring = setTimeout(() => this.ring(timer), seconds * 1000);
+    this.timer = timer;
+    card.countdown(endsAt);
+    card.setNote(`ends at ${clock(endsAt)}`);
+    const said = `Timer set for ${spokenDuration(seconds)}`;
+    return left === null ? `${said}.` : `${said}, replacing one with ${spokenDuration(left)} left.`;
+  }
+
+  cancelTimer(card) {
+    const left = this.leftS();
+    if (left === null) {
+      card.setNote("no timer was running");
+      return "No timer was running.";
+    }
+    this.stopTimer(`cancelled with ${countdownText(left)} left`);
+    card.setNote(`cancelled the timer with ${countdownText(left)} left`);
+    return `Timer cancelled with ${spokenDuration(left)} left.`;
+  }
+
+  stopTimer(why) {
+    const timer = this.timer;
+    if (!timer) return;
+    clearInterval(timer.tick);
+    clearTimeout(timer.ring);
+    this.timer = null;
+    timer.card.stopped(why);
+  }
+
+  ring(timer) {
+    clearInterval(timer.tick);
+    this.timer = null;
+    stats.timersRung++;
+    timer.card.rang(Date.now(), timer.seconds);
+    chime(session?.ctx);
+  }
+}
+
+const device = new Device();
+
+function spokenDuration(seconds) {
+  const s = Math.max(0, Math.round(seconds));
+  const parts = [[Math.floor(s / 3600), "hour"], [Math.floor((s % 3600) / 60), "minute"], [s % 60, "second"]];
+  const words = parts.filter(([n]) => n).map(([n, unit]) => `${n} ${unit}${n === 1 ? "" : "s"}`);
+  return words.join(" ") || "0 seconds";
+}
+
+function countdownText(seconds) {
+  const s = Math.max(0, Math.ceil(seconds));
+  const [h, m, sec] = [Math.floor(s / 3600), Math.floor((s % 3600) / 60), s % 60];
+  const pad = (n) => String(n).padStart(2, "0");
+  return h ? `${h}:${pad(m)}:${pad(sec)}` : `${m}:${pad(sec)}`;
+}
+
+function clock(ms) {
+  return new Date(ms).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" });
+}
+
+// Two tones, twice (E6, C6), through the page's audio context when it is running.
+function chime(ctx) {
+  if (!ctx || ctx.state !== "running") return;
+  const t0 = ctx.currentTime + 0.02;
+  [1318.5, 1046.5, 1318.5, 1046.5].forEach((hz, i) => {
+    const osc = ctx.createOscillator();
+    const gain = ctx.createGain();
+    const at = t0 + i * 0.16;
+    osc.frequency.value = hz;
+    gain.gain.setValueAtTime(0, at);
+    gain.gain.linearRampToValueAtTime(0.3, at + 0.01);
+    gain.gain.setValueAtTime(0.3, at + 0.11);
+    gain.gain.linearRampToValueAtTime(0, at + 0.12);
+    osc.connect(gain).connect(ctx.destination);
+    osc.start(at);
+    osc.stop(at + 0.13);
+  });
+}
+
+function argumentsText(args) {
+  const entries = Object.entries(args && typeof args === "object" ? args : {});
+  return entries.length ? entries.map(([k, v]) => `${k}: ${JSON.stringify(v)}`).join(", ") : "no arguments";
+}
+
+class ActionCard {
+  constructor(msg) {
+    const timer = msg.name.startsWith("timer.");
+    this.node = el("div", "action");
+    this.node.dataset.call = msg.call_id;
+    this.node.dataset.name = msg.name;
+    this.node.dataset.state = "done";
+    const head = el("div", "action-head");
+    head.append(el("span", "action-kind", timer ? "Timer" : "Action"), el("code", "action-name", msg.name));
+    head.append(el("span", "action-args", argumentsText(msg.arguments)));
+    this.main = el("div", "action-countdown");
+    this.main.hidden = true;
+    this.note = el("div", "action-note");
+    this.result = el("div", "action-result");
+    this.node.append(head, this.main, this.note, this.result);
+  }
+  setNote(text) { this.note.textContent = text; }
+  setResult(output) { this.result.textContent = `answered: ${typeof output === "string" ? output : JSON.stringify(output)}`; }
+  fail(output) {
+    this.node.dataset.state = "error";
+    this.setNote("could not be done");
+    return output;
+  }
+  countdown(endsAt) {
+    this.node.dataset.state = "running";
+    this.main.hidden = false;
+    this.main.textContent = countdownText((endsAt - Date.now()) / 1000);
+  }
+  rang(at, seconds) {
+    this.node.dataset.state = "rang";
+    this.main.textContent = "0:00";
+    this.setNote(`done: rang at ${clock(at)}, after ${spokenDuration(seconds)}`);
+  }
+  stopped(why) {
+    this.node.dataset.state = "stopped";
+    this.setNote(why);
   }
 }
 
@@ -183,10 +355,16 @@ class TurnView {
     this.bot = this.node.querySelector(".bot .text");
     this.status = this.node.querySelector(".status");
     this.latency = this.node.querySelector(".latency");
+    this.actions = this.node.querySelector(".actions");
     this.sentences = [];
     $("turns").append(this.node);
   }
   setYou(text) { this.you.textContent = text; }
+  addAction(msg) {
+    const card = new ActionCard(msg);
+    this.actions.append(card.node);
+    return card;
+  }
   setStatus(text) { this.status.textContent = text; }
   addReply(text) { this.sentences.push(text); this.bot.textContent = this.sentences.join(" "); }
   done(text) { if (text) this.bot.textContent = text; this.setStatus(text ? "" : "(no reply)"); }
@@ -207,7 +385,8 @@ class TurnView {
       this.latency.append(el("span", "stage", label), track, el("span", "ms", v == null ? "–" : `${Math.round(v)} ms`));
     }
     const note = m.speculative ? "ASR and reply ran during the trailing silence (speculative): they overlap endpointing." : "";
-    this.latency.append(el("span", "note", `${note} ${m.reply_tokens} tokens, ${m.forward_passes} forward passes.`.trim()));
+    const acted = m.action ? ` The call to ${m.action} took ${m.action_passes} passes.` : "";
+    this.latency.append(el("span", "note", `${note} ${m.reply_tokens} tokens, ${m.forward_passes} forward passes.${acted}`.trim()));
     this.latency.hidden = false;
   }
 }

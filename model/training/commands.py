@@ -1,4 +1,5 @@
-"""``quicksilver data``, ``quicksilver train`` and ``quicksilver eval llm``.
+"""``quicksilver data``, ``quicksilver train``, ``quicksilver eval llm``, ``quicksilver
+eval actions`` and ``quicksilver eval sessions``.
 
 Registered in server/cli.py; torch and the model code are imported only when a command
 runs, so ``quicksilver serve`` never pays for them.
@@ -34,14 +35,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     data.add_argument("--source", type=Path, default=Path("data/distill"))
     data.add_argument("--limit", type=int, default=500)
-    data.add_argument(
-        "--actions",
-        action="store_true",
-        help="instead: the tool-call corpus (commands with their calls, hard negatives, the "
-        "--source chat), into --out (docs/training.md, 'Tool calls')",
-    )
-    data.add_argument("--commands", type=int, default=1600, help="with --actions")
-    data.add_argument("--negatives", type=int, default=400, help="with --actions")
     data.set_defaults(run=_data)
 
     train = sub.add_parser("train", help="train the block-diffusion adapter")
@@ -107,6 +100,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--history", type=int, default=0, help="earlier turns before each question (default 0)"
     )
     llm.add_argument(
+        "--opening-ban",
+        type=int,
+        default=None,
+        help="tokens of an earlier reply's (or the question's) opening a diffusion reply may "
+        "not repeat (0: off; default: the engines')",
+    )
+    llm.add_argument(
         "--tools",
         default="none",
         choices=("none", "default"),
@@ -117,6 +117,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     llm.add_argument("--threads", type=int, default=2)
     llm.set_defaults(run=_eval_llm)
     llm.add_argument("--log-level", default="INFO")  # cli.py adds it to top-level ones
+
+    acts = ev_sub.add_parser(
+        "actions", help="tool calls of the served engine on held-out commands and chat"
+    )
+    acts.add_argument("--data", type=Path, default=Path("data/actions"))
+    acts.add_argument("--onnx", type=Path, default=None, help="default: the served model")
+    acts.add_argument("--onnx-variant", default="int8", choices=("int8", "fp32", "fp16"))
+    acts.add_argument("--per-tool", type=int, default=None, help="first N commands per tool")
+    acts.add_argument("--chat-limit", type=int, default=None, help="first N chat questions")
+    acts.add_argument("--max-tokens", type=int, default=64)
+    acts.add_argument("--threads", type=int, default=2)
+    acts.add_argument("--json", type=Path, required=True, dest="json_out")
+    acts.add_argument("--log-level", default="INFO")
+    acts.set_defaults(run=_eval_actions)
 
     calls = ev_sub.add_parser(
         "calls", help="tool calls on the held-out commands and chat, plain diffusion sampler"
@@ -134,12 +148,56 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     calls.add_argument("--log-level", default="INFO")
     calls.set_defaults(run=_eval_calls)
 
+    _register_sessions(ev_sub)
+
+
+def _register_sessions(ev_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    ses = ev_sub.add_parser("sessions", help="20-turn scripted sessions on their own replies")
+    ses.add_argument(
+        "--engine",
+        action="append",
+        default=None,
+        help="a reply engine (repeatable; default: diffusion-onnx and smollm2-ar-onnx)",
+    )
+    ses.add_argument("--scripts", type=Path, default=None, help="JSON: session -> user turns")
+    ses.add_argument("--turns", type=int, default=None, help="first N turns of each session")
+    ses.add_argument("--max-tokens", type=int, default=64)
+    ses.add_argument(
+        "--history-window",
+        type=_window,
+        default=None,
+        help="earlier messages in each prompt: N or 'all' (default: the engines')",
+    )
+    ses.add_argument(
+        "--opening-ban",
+        type=int,
+        default=None,
+        help="tokens of an earlier reply's opening a reply may not repeat (0: off; "
+        "default: the engines')",
+    )
+    ses.add_argument("--no-quality", action="store_true", help="skip NLL and similarity")
+    ses.add_argument(
+        "--references", type=Path, default=None, help="reuse the AR references of a --json report"
+    )
+    ses.add_argument("--json", type=Path, default=None, dest="json_out")
+    ses.add_argument("--threads", type=int, default=2)
+    ses.add_argument("--log-level", default="INFO")
+    ses.set_defaults(run=_eval_sessions)
+
 
 def _lookahead(text: str) -> int | None:
     if text == "any":
         return None
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"expected a count >= 0 or 'any', not {text!r}")
+    return int(text)
+
+
+def _window(text: str) -> int | str:
+    if text == "all":
+        return text
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a count >= 0 or 'all', not {text!r}")
     return int(text)
 
 
@@ -153,8 +211,6 @@ def _data(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     if args.own_replies:
         return _own_replies(args)
-    if args.actions:
-        return _actions(args)
     f = open_gguf()
     cfg = DataConfig(
         seed=args.seed,
@@ -165,26 +221,6 @@ def _data(args: argparse.Namespace) -> int:
         train_dtype=args.train_dtype,
     )
     recipe = make_dataset(load_smollm2(f), Tokenizer(f.tokenizer_data()), cfg, args.out, log=_log)
-    print(json.dumps(recipe, indent=2))
-    return 0
-
-
-def _actions(args: argparse.Namespace) -> int:
-    from model.nn.gguf import load_smollm2, open_gguf
-    from model.tokenizer import Tokenizer
-    from model.training.actions import ActionsConfig, make_actions
-    from model.training.data import DataConfig
-
-    f = open_gguf()
-    cfg = ActionsConfig(seed=args.seed, commands=args.commands, negatives=args.negatives)
-    data_cfg = DataConfig(
-        seed=args.seed,
-        max_reply_tokens=args.max_reply_tokens,
-        batch=args.batch,
-        train_dtype=args.train_dtype,
-    )
-    tok = Tokenizer(f.tokenizer_data())
-    recipe = make_actions(load_smollm2(f), tok, cfg, args.source, args.out, data_cfg, log=_log)
     print(json.dumps(recipe, indent=2))
     return 0
 
@@ -244,6 +280,7 @@ def _eval_llm(args: argparse.Namespace) -> int:
         onnx=args.onnx,
         onnx_variant=args.onnx_variant,
         history=args.history,
+        opening_ban=args.opening_ban,
         system=TOOLS_SYSTEM_PROMPT if args.tools == "default" else "",
         dtype=args.dtype,
         seed=args.seed,
@@ -258,6 +295,71 @@ def _eval_llm(args: argparse.Namespace) -> int:
     args.json_out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report["summary"], indent=2))
     return 0
+
+
+def _eval_sessions(args: argparse.Namespace) -> int:
+    from model.training.sessions import SCRIPTS_FILE, SessionOptions, run_sessions, table
+
+    window = args.history_window  # None: the engines'; "all": no window
+    opts = SessionOptions(
+        scripts=args.scripts or SCRIPTS_FILE,
+        engines=tuple(args.engine or SessionOptions().engines),
+        turns=args.turns,
+        max_tokens=args.max_tokens,
+        history_window=None if window == "all" else window,
+        full_history=window == "all",
+        opening_ban=args.opening_ban,
+        quality=not args.no_quality,
+        references=args.references,
+        threads=args.threads,
+    )
+    try:
+        report = run_sessions(opts, log=_log)
+    except (FileNotFoundError, ValueError) as exc:  # a scripts file, a model, an engine
+        print(f"quicksilver eval: {exc}", file=sys.stderr)
+        return 2
+    if args.json_out:
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        args.json_out.write_text(json.dumps(report, indent=2) + "\n")
+    print(table(report))
+    return 0
+
+
+def _eval_actions(args: argparse.Namespace) -> int:
+    from model.training.eval_actions import ActionsEvalOptions, run_actions_eval
+
+    opts = ActionsEvalOptions(
+        data=args.data,
+        onnx=args.onnx,
+        onnx_variant=args.onnx_variant,
+        per_tool=args.per_tool,
+        chat_limit=args.chat_limit,
+        max_tokens=args.max_tokens,
+        threads=args.threads,
+    )
+    try:
+        report = run_actions_eval(opts, log=_log)
+    except FileNotFoundError as exc:  # the held-out files or the model directory
+        print(f"quicksilver eval actions: {exc}", file=sys.stderr)
+        return 2
+    args.json_out.parent.mkdir(parents=True, exist_ok=True)
+    args.json_out.write_text(json.dumps(report, indent=2) + "\n")
+    summary = {k: v for k, v in report["summary"].items() if k != "per_tool"}
+    print(json.dumps(summary, indent=2))
+    print(actions_table(report["summary"]["per_tool"]))
+    return 0
+
+
+def actions_table(per_tool: dict[str, dict[str, object]]) -> str:
+    """The per-tool figures as a Markdown table (docs/actions.md)."""
+    lines = [
+        "| tool | n | exact | called | passes p50 | action ms p50 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, r in per_tool.items():
+        cells = [r["n"], r["exact_rate"], r["called_rate"], r["passes_p50"], r["action_ms_p50"]]
+        lines.append(f"| `{name}` | " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines)
 
 
 def _eval_calls(args: argparse.Namespace) -> int:

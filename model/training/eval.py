@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from model.modeldir import Variant
 from model.nn.llama import Llama
+from model.openings import Opening
 from model.sampler import SamplerSettings, schedule_label
 from model.tokenizer import Tokenizer
 from model.training.data import decode_batch, prompt_ids, read_heldout, read_jsonl
@@ -74,6 +75,9 @@ class EvalOptions:
     # earlier turns before each question (held-out questions and AR replies): how the
     # model answers inside a voice session rather than at its start
     history: int = 0
+    # a reply may not open with an earlier reply's (or the question's) first N tokens
+    # (model/openings.py); None: the diffusion engine's default
+    opening_ban: int | None = None
     # the diffusion model's system prompt ("": the spoken-answer one; a session with the
     # default tools gets model.training.actions.TOOLS_SYSTEM_PROMPT). The AR replies and
     # the NLL scoring keep the spoken-answer prompt: the goal is today's spoken reply.
@@ -178,16 +182,19 @@ def diffusion_replies(
     prompts: list[list[int]],
     settings: SamplerSettings,
     opts: EvalOptions,
+    avoid: Sequence[Sequence[Opening]] = (),
 ) -> Replies:
+    """``avoid``: per prompt, the openings its reply may not take (model/openings.py)."""
     from model.diffusion_engine import smollm2_diffusion_config
     from model.engine import drain
     from model.sampler import sample
 
     config = smollm2_diffusion_config(tok)
     r = Replies([], [], [])
-    for p in prompts:
+    for i, p in enumerate(prompts):
         rng = np.random.default_rng(opts.seed)
-        ids, stats = drain(sample(backend, p, config, settings, rng, opts.max_tokens))
+        no = avoid[i] if avoid else ()
+        ids, stats = drain(sample(backend, p, config, settings, rng, opts.max_tokens, avoid=no))
         r.ids.append(ids)
         r.ended.append(stats.stopped_by == "end")
         r.passes.append(stats.forward_passes)
@@ -257,6 +264,20 @@ def earlier_turns(opts: EvalOptions, i: int) -> list[tuple[str, str]]:
     return [(e.question, e.reply.strip()) for e in turns]
 
 
+def openings(
+    tok: Tokenizer, question: str, history: list[tuple[str, str]], opts: EvalOptions
+) -> tuple[Opening, ...]:
+    """What the diffusion engine bans as its reply's opening for ``question`` after
+    ``history`` (model/openings.py), at ``opts.opening_ban`` or the engine's default."""
+    from model.diffusion_engine import DiffusionOptions
+    from model.engine import ChatMessage
+    from model.openings import reply_openings
+
+    n = DiffusionOptions().opening_ban if opts.opening_ban is None else opts.opening_ban
+    earlier = [m for q, a in history for m in (ChatMessage("user", q), ChatMessage("assistant", a))]
+    return reply_openings(tok, [*earlier, ChatMessage("user", question)], n)
+
+
 def eval_prompts(
     tok: Tokenizer, qs: Sequence[str], opts: EvalOptions
 ) -> tuple[list[list[int]], list[list[int]]]:
@@ -268,6 +289,7 @@ def eval_prompts(
 
 
 def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
+    from model.diffusion_engine import DiffusionOptions
     from model.modeldir import shipped_adapter
     from model.nn.adapter import load_adapter
     from model.nn.backend import TorchBackend
@@ -307,6 +329,8 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
 
     qs, refs = questions_and_references(opts)
     prompts, asked = eval_prompts(tok, qs, opts)
+    avoid = [openings(tok, q, earlier_turns(opts, i), opts) for i, q in enumerate(qs)]
+    engine_ban = DiffusionOptions().opening_ban
     log(f"{len(qs)} questions; adapter {opts.onnx or folder}; block size {B}")
     if all(q in refs for q in qs) and not opts.history:
         greedy = from_references([refs[q] for q in qs], tok.im_end_id, opts.max_tokens)
@@ -341,7 +365,7 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
         backend, runtime = TorchBackend(diff, max_len=max_len), f"torch-{opts.dtype}"
     for settings in sampler_settings(opts):
         th, fallback = settings.threshold, settings.fallback
-        r = diffusion_replies(backend, tok, asked, settings, opts)
+        r = diffusion_replies(backend, tok, asked, settings, opts, avoid)
         name = f"diffusion-B{B}-th{th}" + ("-left" if fallback == "leftmost" else "")
         if (ahead := settings.end_lookahead) != SamplerSettings().end_lookahead:
             name += "-endany" if ahead is None else f"-end{ahead}"
@@ -349,6 +373,7 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
         if (first := settings.first_blocks) != SamplerSettings().first_blocks:
             name += f"-first{schedule_label(first)}"
         name += f"-h{opts.history}" if opts.history else ""
+        name += f"-ban{ban}" if (ban := opts.opening_ban) not in (None, engine_ban) else ""
         name += "-tools" if opts.system else ""
         name += f"-{runtime}" if opts.onnx else ""
         rows.append(score(name, r, True))

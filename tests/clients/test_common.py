@@ -75,6 +75,19 @@ def test_speaker_flush_drops_a_cancelled_turn_at_once(monkeypatch: pytest.Monkey
     assert bytes(block) == b"\x02\x00" * 200 + bytes(240)
 
 
+def test_a_device_sound_survives_the_flush_of_a_turn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A timer's chime queued behind a reply still plays when that reply is cut."""
+    fake = types.SimpleNamespace(RawOutputStream=FakeStream)
+    monkeypatch.setattr(devices, "sounddevice_module", lambda: fake)
+    speaker = devices.DeviceSpeaker(16000)
+    speaker.play(1, b"\x01\x00" * 400)
+    speaker.sound(b"\x03\x00" * 100)
+    speaker.flush(1)
+    block = bytearray(640)
+    speaker._fill(memoryview(block), 320, None, None)
+    assert bytes(block) == b"\x03\x00" * 100 + bytes(440)
+
+
 def test_wav_speaker_keeps_only_completed_turns(tmp_path: Path) -> None:
     path = tmp_path / "out.wav"
     speaker = devices.WavSpeaker(16000, path)
@@ -83,10 +96,11 @@ def test_wav_speaker_keeps_only_completed_turns(tmp_path: Path) -> None:
     speaker.play(1, b"\x01\x00" * 10)
     speaker.play(2, b"\x02\x00" * 10)
     speaker.keep(2)
+    speaker.sound(b"\x03\x00" * 5)  # a timer rang after turn 2
     speaker.close()
     from clients.common import read_wav
 
-    assert read_wav(path).samples.tolist() == [2] * 10
+    assert read_wav(path).samples.tolist() == [2] * 10 + [3] * 5
 
 
 def run_client(*args: str) -> subprocess.CompletedProcess[str]:

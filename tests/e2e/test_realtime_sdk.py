@@ -130,17 +130,24 @@ BAD_EVENTS: list[tuple[dict[str, Any], str]] = [
     (
         {
             "type": "session.update",
-            "session": {"type": "realtime", "audio": {"input": {"format": {"type": "audio/pcmu"}}}},
+            "session": {"type": "realtime", "audio": {"input": {"format": {"type": "audio/opus"}}}},
         },
-        "not_supported",
+        "invalid_value",
     ),
     (
         {
             "type": "session.update",
             "session": {
                 "type": "realtime",
-                "audio": {"input": {"turn_detection": {"type": "semantic_vad"}}},
+                "audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "x"}}},
             },
+        },
+        "invalid_value",
+    ),
+    (
+        {
+            "type": "session.update",
+            "session": {"type": "realtime", "tools": [{"type": "function", "name": "f"}]},
         },
         "not_supported",
     ),
@@ -151,7 +158,7 @@ BAD_EVENTS: list[tuple[dict[str, Any], str]] = [
             "content_index": 0,
             "audio_end_ms": 0,
         },
-        "not_supported",
+        "item_not_found",
     ),
     ({"type": "input_audio_buffer.append", "audio": "%%%"}, "invalid_audio"),
     ({"type": "response.cancel"}, "response_cancel_not_active"),
@@ -169,3 +176,169 @@ async def test_bad_events_get_documented_error_codes(client: Any) -> None:
         await conn.session.update(session={"type": "realtime", "instructions": "Be brief."})
         (updated,) = await events_until(conn, "session.updated", timeout_s=30)
         assert updated.session.instructions == "Be brief."  # and the session lives on
+
+
+STORY = "Tell me a short story about a brave little dragon."
+INTERRUPTION = "Stop. What time is it?"
+
+
+async def test_barge_in_cancels_the_reply_and_truncate_trims_it(
+    client: Any, speech: SpeechFactory
+) -> None:
+    """Talk over the reply as soon as its audio starts: its response is done, cancelled
+    with turn_detected, no audio of it follows; then the client truncates the item to
+    what it played, and the conversation keeps only those words."""
+    question = float32_to_pcm16(resample(speech.piper(STORY, lead_s=0.3), 16_000, RATE))
+    interruption = float32_to_pcm16(resample(speech.piper(INTERRUPTION, lead_s=0.1), 16_000, RATE))
+    async with client.realtime.connect(model="quicksilver") as conn:
+        await events_until(conn, "session.created")
+        mic = asyncio.create_task(stream(conn, question))
+        events = await events_until(conn, "response.output_audio.delta")
+        first = events[-1].response_id
+        mic.cancel()  # one microphone: the question's trailing silence stops here
+        mic = asyncio.create_task(stream(conn, interruption))
+        try:
+            cut = await events_until(conn, "response.done")
+            done = cut[-1].response
+            after = await events_until(
+                conn, "conversation.item.input_audio_transcription.completed"
+            )
+        finally:
+            mic.cancel()
+        played = of(events + cut, "response.output_audio.delta")
+        assert done.id == first and done.status == "cancelled", done
+        assert done.status_details.reason == "turn_detected"
+        late = of(after, "response.output_audio.delta") + of(after, "response.output_audio.done")
+        assert not [e for e in late if e.response_id == first]  # none of its audio after
+        assert word_error_rate(INTERRUPTION, after[-1].transcript) <= 0.34, after[-1].transcript
+        said = [e.delta for e in events + cut if e.type == "response.output_audio_transcript.delta"]
+        assert "dragon" in "".join(said).lower(), said  # the story had begun
+        heard = done.output[0].content[0].transcript.split()  # the words sent as audio
+        assert len(heard) >= 2 and heard == "".join(said).split()[: len(heard)]
+
+        item_id = done.output[0].id
+        played_ms = sum(len(base64.b64decode(e.delta)) for e in played) * 1000 // (2 * RATE)
+        await conn.conversation.item.truncate(  # the client played a quarter of it
+            item_id=item_id, content_index=0, audio_end_ms=played_ms // 4
+        )
+        (*_, truncated) = await events_until(conn, "conversation.item.truncated", timeout_s=60)
+        assert (truncated.item_id, truncated.audio_end_ms) == (item_id, played_ms // 4)
+        await conn.conversation.item.retrieve(item_id=item_id)
+        (*_, retrieved) = await events_until(conn, "conversation.item.retrieved", timeout_s=60)
+        kept = retrieved.item.content[0].transcript.split()
+        assert len(kept) < len(heard) and kept == heard[: len(kept)]
+
+
+async def test_manual_turns_append_commit_then_response_create(
+    client: Any, speech: SpeechFactory
+) -> None:
+    question = float32_to_pcm16(resample(speech.piper(JAPAN.text, lead_s=0.3), 16_000, RATE))
+    async with client.realtime.connect(model="quicksilver") as conn:
+        await events_until(conn, "session.created")
+        await conn.session.update(
+            session={"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+        )
+        (updated,) = await events_until(conn, "session.updated")
+        assert updated.session.audio.input.turn_detection is None
+        for i in range(0, len(question), 2 * CHUNK):  # no pacing: nothing listens yet
+            chunk = base64.b64encode(question[i : i + 2 * CHUNK]).decode()
+            await conn.input_audio_buffer.append(audio=chunk)
+        await conn.input_audio_buffer.commit()
+        committed = await events_until(conn, "input_audio_buffer.committed", timeout_s=60)
+        assert "input_audio_buffer.speech_started" not in [e.type for e in committed]
+        await conn.response.create()
+        events = await events_until(conn, "response.done")
+
+    (heard,) = of(events, "conversation.item.input_audio_transcription.completed")
+    assert heard.item_id == committed[-1].item_id
+    assert word_error_rate(JAPAN.text, heard.transcript) <= 0.2, heard.transcript
+    JAPAN.check("".join(e.delta for e in of(events, "response.output_audio_transcript.delta")))
+    assert events[-1].response.status == "completed"
+
+
+async def test_session_update_changes_instructions_and_the_silence_that_ends_a_turn(
+    client: Any, speech: SpeechFactory
+) -> None:
+    """A 1.6 s pause after "What is the capital of" ends the turn under the default
+    end of turn (an unfinished sentence is held 1.2 s); with silence_duration_ms 3000
+    the same pause is part of the turn: one item holds both halves."""
+    halves = [speech.piper("What is the capital of", lead_s=0.3), speech.piper("Japan?")]
+    pause = np.zeros(int(16_000 * 1.6), np.float32)
+    question = float32_to_pcm16(
+        resample(np.concatenate([halves[0], pause, halves[1]]), 16_000, RATE)
+    )
+    async with client.realtime.connect(model="quicksilver") as conn:
+        await events_until(conn, "session.created")
+        detection = {"type": "server_vad", "silence_duration_ms": 3000}
+        instructions = "You answer questions about geography in one short sentence."
+        await conn.session.update(
+            session={
+                "type": "realtime",
+                "instructions": instructions,
+                "audio": {"input": {"turn_detection": detection}},
+            }
+        )
+        (updated,) = await events_until(conn, "session.updated")
+        assert updated.session.instructions == instructions
+        assert updated.session.audio.input.turn_detection.silence_duration_ms == 3000
+        mic = asyncio.create_task(stream(conn, question))
+        try:
+            events = await events_until(conn, "response.done")
+        finally:
+            mic.cancel()
+
+    kinds = [e.type for e in events]
+    assert kinds.count("input_audio_buffer.speech_started") >= 2  # the pause was heard
+    assert kinds.count("input_audio_buffer.committed") == 1  # but did not end the turn
+    assert "conversation.item.deleted" not in kinds
+    (heard,) = of(events, "conversation.item.input_audio_transcription.completed")
+    assert word_error_rate("What is the capital of Japan?", heard.transcript) <= 0.2, heard
+    assert events[-1].response.status == "completed"
+
+
+async def test_mu_law_at_8khz_both_ways(
+    client: Any, speech: SpeechFactory, tiny: Transcriber
+) -> None:
+    from audio import g711
+
+    question = speech.piper(JAPAN.text, lead_s=0.3)
+    ulaw = g711.ulaw_encode(
+        np.frombuffer(float32_to_pcm16(resample(question, 16_000, 8000)), "<i2")
+    )
+    async with client.realtime.connect(model="quicksilver") as conn:
+        await events_until(conn, "session.created")
+        fmt = {"type": "audio/pcmu"}
+        await conn.session.update(
+            session={
+                "type": "realtime",
+                "audio": {"input": {"format": fmt}, "output": {"format": fmt}},
+            }
+        )
+        (updated,) = await events_until(conn, "session.updated")
+        assert updated.session.audio.input.format.type == "audio/pcmu"
+
+        async def telephone() -> None:  # 8000 bytes a second, 100 ms at a time
+            for i in range(0, len(ulaw), 800):
+                await conn.input_audio_buffer.append(
+                    audio=base64.b64encode(ulaw[i : i + 800]).decode()
+                )
+                await asyncio.sleep(0.1)
+            while True:
+                await conn.input_audio_buffer.append(audio=base64.b64encode(b"\xff" * 800).decode())
+                await asyncio.sleep(0.1)
+
+        mic = asyncio.create_task(telephone())
+        try:
+            events = await events_until(conn, "response.done")
+        finally:
+            mic.cancel()
+
+    (heard,) = of(events, "conversation.item.input_audio_transcription.completed")
+    assert word_error_rate(JAPAN.text, heard.transcript) <= 0.2, heard.transcript
+    transcript = "".join(e.delta for e in of(events, "response.output_audio_transcript.delta"))
+    JAPAN.check(transcript)
+    reply = b"".join(base64.b64decode(e.delta) for e in of(events, "response.output_audio.delta"))
+    audio = resample(int16_to_float32(g711.ulaw_decode(reply)), 8000, 16_000)
+    assert len(reply) > 8000 // 2  # one byte a sample at 8 kHz: over half a second
+    said = tiny.transcribe(audio).text  # the telephone-quality reply is still intelligible
+    assert word_error_rate(transcript, said) <= 0.35, (transcript, said)

@@ -61,10 +61,11 @@ def test_later_turns_prefill_only_what_was_added(runtime: str, tiny_dir: Path, t
 
     tok = tiny_tokenizer()
     cached = Counting(backend())
-    warm = ARGenerator(cached, tok, AROptions(prompt_budget=400))
+    warm = ARGenerator(cached, tok, AROptions(prompt_budget=400, history_window=None))
     previous: list[int] = []
     for prompt in conversation(4):
-        fresh = ARGenerator(backend(), tok, AROptions(prompt_budget=400, cache_sessions=0))
+        opts = AROptions(prompt_budget=400, cache_sessions=0, history_window=None)
+        fresh = ARGenerator(backend(), tok, opts)
         first = len(cached.fed)
         pieces, stats = drain(warm.generate(prompt, 6, lambda: False))
         assert (pieces, stats) == drain(fresh.generate(prompt, 6, lambda: False))  # exact

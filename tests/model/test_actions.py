@@ -1,163 +1,174 @@
-"""The tool-call corpus (quicksilver data --actions), its prompts in training, and the
-held-out call check (quicksilver eval calls)."""
+"""Tool calls written into the reply's blocks (model/actions.py) and the engine that
+acts (model/diffusion_engine.py), on the tiny random diffusion model: whatever the
+weights, a call fits its schema, its strings come from the user's words, and the
+passes it reports are the passes it ran."""
 
 from __future__ import annotations
 
-import json
-import random
-import re
-from dataclasses import replace
+from typing import Any
 
+import numpy as np
 import pytest
 
-from model.tools import DEFAULT_TOOLS, call_ids, split_call, validate
-from model.training.actions import (
-    TEMPLATES,
-    TOOLS,
-    TOOLS_SYSTEM_PROMPT,
-    ActionsConfig,
-    commands,
-    duration,
-    make_actions,
-    temperature,
-    words,
-)
-from model.training.calls import command_row, summary
-from model.training.data import DataConfig, Example, _norm, prompt_ids, read_jsonl, write_jsonl
-from model.training.eval import EvalOptions, eval_prompts
-from model.training.train import encode_examples
-from tests.model.conftest import tiny_tokenizer
-from tests.model.test_data import ending_model
+from model.actions import call_starts, decode_call, shapes
+from model.backend import last_row
+from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt
+from model.diffusion_engine import smollm2_diffusion_config
+from model.engine import ChatMessage, drain
+from model.nn.backend import TorchBackend
+from model.sampler import SamplerSettings, sample
+from model.tools import CALL_OPEN, DEFAULT_TOOLS, Param, Tool, ToolCall, call_ids, validate
 
-CFG = ActionsConfig(
-    seed=5, commands=36, negatives=6, heldout_per_tool=2, heldout_negatives=3, loss_per_tool=1
-)
-DATA = DataConfig(max_reply_tokens=8, batch=4)
+from .conftest import tiny_tokenizer
+from .test_diffusion import tiny_diffusion, tiny_generator
+
+USER = "please navigate to the old harbour and tell Anna I am 5 minutes late"
+# the default set without climate.set: a random model may write "-" or "." as a number
+# (the one way a call can still fail validation: it is then not made)
+TOOLS = tuple(t for t in DEFAULT_TOOLS if t.name != "climate.set")
 
 
-def test_numbers_and_durations_as_spoken():
-    assert [words(n) for n in (0, 7, 13, 20, 21, 45)] == [
-        "zero", "seven", "thirteen", "twenty", "twenty one", "forty five"
-    ]  # fmt: skip
-    assert words(21, hyphen=True) == "twenty-one"
-    rng = random.Random(0)
-    seen = {}
-    for _ in range(2000):
-        text, seconds = duration(rng)
-        seen[text] = seconds
-        if m := re.fullmatch(r"(\d+) (second|minute|hour)s?", text):
-            unit = {"second": 1, "minute": 60, "hour": 3600}[m[2]]
-            assert seconds == int(m[1]) * unit, text
-    assert seen["five minutes"] == 300 and seen["an hour and a half"] == 5400
-    assert seen["half an hour"] == 1800 and seen["a minute"] == 60
-    temps = dict(temperature(rng) for _ in range(500))
-    assert temps["21.5"] == 21.5 and temps["twenty one and a half"] == 21.5
-    assert temps["twenty-one"] == 21 and temps["21"] == 21
+class Counting:
+    """A StepBackend that counts the passes run through it."""
+
+    def __init__(self, inner: TorchBackend) -> None:
+        self.inner, self.steps = inner, 0
+        self.name, self.vocab_size, self.max_len = inner.name, inner.vocab_size, inner.max_len
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def step(self, *args: Any, **kwargs: Any) -> Any:
+        self.steps += 1
+        return self.inner.step(*args, **kwargs)
 
 
-def test_every_tool_gets_commands_whose_call_is_right():
+def prefilled(seed: int, text: str = USER) -> tuple[Counting, Any, np.ndarray, Any]:
     tok = tiny_tokenizer()
-    ex = commands(tok, random.Random(1), 8, False, set())
-    assert {e.source for e in ex} == {f"command:{t.name}" for t in DEFAULT_TOOLS}
-    for e in ex:
-        call, spoken = split_call(e.reply)
-        assert call is not None and spoken, e.reply
-        tool = TOOLS[call.name]
-        validate(tool, call.arguments)
-        # the reply's ids: the call piece by piece, the confirmation, the end token
-        head = call_ids(tok, tool, call.arguments)
-        assert e.reply_ids == [*head, *tok.encode_plain(spoken), tok.im_end_id]
-        for p in tool.params:  # strings are the user's words, verbatim
-            if p.type == "string" and not p.enum and p.name in call.arguments:
-                assert call.arguments[p.name] in e.question
-        assert e.system == TOOLS_SYSTEM_PROMPT
+    backend = Counting(TorchBackend(tiny_diffusion(seed), max_len=512))
+    prompt = build_prompt(tok, [ChatMessage("user", text)], 400, SPOKEN_SYSTEM_PROMPT)
+    cache = backend.new_cache()
+    ids = np.asarray(prompt, np.int64)
+    last = backend.step(cache, ids, "causal", commit=True, rows=last_row(ids))[-1]
+    return backend, cache, last, tok
 
 
-def test_numbers_reach_the_call():
+@pytest.mark.parametrize("seed", range(4))
+def test_whatever_the_weights_a_call_fits_its_schema_and_its_ids(seed: int) -> None:
+    backend, cache, last, tok = prefilled(seed)
+    config = smollm2_diffusion_config(tok)
+    before = backend.steps
+    done = decode_call(backend, tok, cache, last, TOOLS, USER, config, block=8)
+    assert done is not None
+    tool = next(t for t in TOOLS if t.name == done.call.name)
+    validate(tool, done.call.arguments)
+    # the ids are exactly the call's piecewise encoding: what training writes
+    assert done.ids == call_ids(tok, tool, done.call.arguments)
+    assert done.passes == backend.steps - before  # every pass is counted
+    assert done.committed == len(done.ids) // 8 * 8  # whole blocks went to the cache
+    assert backend.cache_length(cache) == _prompt_len(tok) + done.committed
+    for p in tool.params:
+        value = done.call.arguments.get(p.name)
+        if p.type == "string" and value is not None:
+            assert value.lower() in USER.lower()  # copied from what was said
+
+
+def _prompt_len(tok: Any) -> int:
+    return len(build_prompt(tok, [ChatMessage("user", USER)], 400, SPOKEN_SYSTEM_PROMPT))
+
+
+def test_every_way_to_write_a_call_is_a_program() -> None:
+    """Optional parameters present or not, each enum and boolean value spelled out."""
     tok = tiny_tokenizer()
-    ex = commands(tok, random.Random(2), 60, False, set())
-    timers = {e.question: split_call(e.reply)[0] for e in ex if e.source == "command:timer.set"}
-    for q, call in timers.items():
-        assert call is not None
-        m = re.search(r"\b(\d+) minutes\b", q)
-        if m and "hour" not in q and "half" not in q:
-            assert call.arguments["seconds"] == 60 * int(m[1]), q
+    by_tool: dict[str, int] = {}
+    for s in shapes(tok, DEFAULT_TOOLS):
+        by_tool[s.tool.name] = by_tool.get(s.tool.name, 0) + 1
+    assert by_tool["lights.set"] == 2  # true, false
+    assert by_tool["reminder.create"] == 2  # with and without "when"
+    assert by_tool["volume.set"] == 6  # {}, level, up, down, level + up, level + down
+    assert sum(by_tool.values()) == len(DEFAULT_TOOLS) - 3 + 2 + 2 + 6
 
 
-def make(tmp_path, name):
-    src = tmp_path / "distill"
-    src.mkdir(exist_ok=True)
+def test_a_string_value_is_refused_when_no_word_of_the_user_fits() -> None:
+    """Nothing said to copy: the call cannot be written, and no call is made."""
+    say = (Tool("say", "", (Param("text", "string"),)),)
+    backend, cache, last, tok = prefilled(0, "")
+    done = decode_call(backend, tok, cache, last, say, "", smollm2_diffusion_config(tok), 8)
+    assert done is None
+
+
+def test_a_cancelled_call_stops_before_its_next_pass() -> None:
+    backend, cache, last, tok = prefilled(1)
+    before = backend.steps
+    config = smollm2_diffusion_config(tok)
+    stop = decode_call(backend, tok, cache, last, TOOLS, USER, config, 8, should_stop=lambda: True)
+    assert stop is None and backend.steps == before
+
+
+def test_the_first_token_decides() -> None:
     tok = tiny_tokenizer()
-    one = Example("Question?", "template", "Yes.", [*tok.encode_plain("Yes."), 2], True)
-    write_jsonl(src / "train.jsonl", [replace(one, question=f"Question {i}?") for i in range(5)])
-    write_jsonl(src / "heldout.jsonl", [replace(one, question=f"Held {i}?") for i in range(2)])
-    out = tmp_path / name
-    recipe = make_actions(ending_model(), tok, CFG, src, out, DATA, log=lambda _: None)
-    return out, recipe
+    logits = np.zeros(300, np.float32)
+    assert not call_starts(tok, logits)
+    logits[tok.encode_plain(CALL_OPEN)[0]] = 5.0
+    assert call_starts(tok, logits)
+    echo = tok.encode_plain("Set")[0]  # "Set a timer ..." said back
+    logits[echo] = 6.0
+    assert not call_starts(tok, logits)
+    assert call_starts(tok, logits, {echo})  # an echo's start does not compete
 
 
-def test_same_seed_same_files_and_no_held_out_text_is_trained(tmp_path):
-    a, recipe = make(tmp_path, "a")
-    b, _ = make(tmp_path, "b")
-    files = ("train.jsonl", "heldout.jsonl", "heldout_commands.jsonl", "heldout_chat.jsonl")
-    for f in (*files, "recipe.json"):
-        assert (a / f).read_bytes() == (b / f).read_bytes(), f
-    train = read_jsonl(a / "train.jsonl")
-    held = read_jsonl(a / "heldout_commands.jsonl")
-    chat = read_jsonl(a / "heldout_chat.jsonl")
-    assert len(held) == CFG.heldout_per_tool * len(TEMPLATES)
-    assert not {_norm(e.question) for e in train} & {_norm(e.question) for e in held + chat}
-    assert recipe["train_chat"] == 5 and recipe["train_commands"] == CFG.commands
-    assert all(e.system == TOOLS_SYSTEM_PROMPT for e in train + held + chat)
-    # the chat split: the source's held-out questions, then the held-out negatives
-    assert [e.question for e in chat[:2]] == ["Held 0?", "Held 1?"]
-    assert all(split_call(e.reply)[0] is None for e in chat)
-    loss = read_jsonl(a / "heldout.jsonl")
-    assert len(loss) == len(TEMPLATES) * CFG.loss_per_tool + 2 + recipe["heldout_negatives"]
-
-
-def test_training_prompts_carry_the_example_system_prompt(tmp_path):
+def test_a_spoken_reply_never_opens_with_the_call_s_first_token() -> None:
+    """The decision was speak: the sampler may not write a call as words."""
     tok = tiny_tokenizer()
-    plain = Example("Hi?", "template", "Hello.", [5, 6, 2], True)
-    tools = replace(plain, system=TOOLS_SYSTEM_PROMPT)
-    items = encode_examples(tok, [plain, tools], 4)
-    assert items[0][0] == prompt_ids(tok, "Hi?")  # the existing corpus: unchanged
-    assert items[1][0] == prompt_ids(tok, "Hi?", system=TOOLS_SYSTEM_PROMPT)
-    assert "Tools: timer.set(seconds)" in tok.decode(items[1][0])
-    assert items[0][1] == items[1][1] == [5, 6, 2, 2]
-    # rows without a system prompt are written as the corpus always had them
-    write_jsonl(tmp_path / "x.jsonl", [plain, tools])
-    rows = [json.loads(line) for line in (tmp_path / "x.jsonl").read_text().splitlines()]
-    assert "system" not in rows[0] and rows[1]["system"] == TOOLS_SYSTEM_PROMPT
-    assert read_jsonl(tmp_path / "x.jsonl") == [plain, tools]
+    open_id = tok.encode_plain(CALL_OPEN)[0]
+    backend = CallsFirst(tiny_diffusion(3), max_len=256)
+    backend.open_id = open_id  # type: ignore[attr-defined]
+    prompt = build_prompt(tok, [ChatMessage("user", "hi")], 200, SPOKEN_SYSTEM_PROMPT)
+    settings = SamplerSettings(block_size=8, steps_per_block=4)
+    config = smollm2_diffusion_config(tok)
+    rng = np.random.default_rng(0)
+    free, _ = drain(sample(backend, prompt, config, settings, rng, 8))
+    assert free[0] == open_id  # what this backend writes unhindered
+    banned, _ = drain(sample(backend, prompt, config, settings, rng, 8, avoid=((open_id,),)))
+    assert banned[0] != open_id
 
 
-def test_a_call_counts_only_when_tool_and_arguments_are_exact():
-    e = Example(
-        "Set a timer for five minutes.",
-        "command:timer.set",
-        '<tool_call>{"name": "timer.set", "arguments": {"seconds": 300}}</tool_call>Timer set.',
-        [],
-        True,
-    )
-    right = command_row(e, e.reply, 7)
-    wrong = command_row(e, e.reply.replace("300", "30"), 7)
-    spoken = command_row(e, "Sure, five minutes.", 9)
-    assert (right["exact"], right["spoken"]) == (True, "Timer set.")
-    assert (wrong["exact"], wrong["right_tool"], wrong["starts_call"]) == (False, True, True)
-    assert (spoken["exact"], spoken["starts_call"]) == (False, False)
-    chat = [{"trigger": True, "mentions_call": True, "passes": 3}] + [
-        {"trigger": False, "mentions_call": False, "passes": 5}
-    ] * 3
-    s = summary([right, wrong, spoken], chat)
-    assert s["exact"] == pytest.approx(1 / 3) and s["starts_call"] == pytest.approx(2 / 3)
-    assert s["false_triggers"] == 0.25
-    assert s["per_tool"]["timer.set"]["passes"] == pytest.approx(23 / 3)
-
-
-def test_eval_llm_with_tools_asks_the_diffusion_model_only_under_the_tools_prompt():
+def test_forced_tokens_are_laid_down_not_yielded() -> None:
     tok = tiny_tokenizer()
-    ar, asked = eval_prompts(tok, ["Hi?"], EvalOptions(system=TOOLS_SYSTEM_PROMPT))
-    assert ar == [prompt_ids(tok, "Hi?")]  # the reference and the scorer: spoken prompt
-    assert asked == [prompt_ids(tok, "Hi?", system=TOOLS_SYSTEM_PROMPT)]
-    assert eval_prompts(tok, ["Hi?"], EvalOptions()) == (ar, ar)
+    backend = TorchBackend(tiny_diffusion(2), max_len=256)
+    config = smollm2_diffusion_config(tok)
+    prompt = build_prompt(tok, [ChatMessage("user", "hi")], 200, SPOKEN_SYSTEM_PROMPT)
+    settings = SamplerSettings(block_size=8, steps_per_block=4)
+    rng = np.random.default_rng(0)
+    forced = tok.encode_plain("<call>")  # 6 of the first block's 8
+    tokens, stats = drain(sample(backend, prompt, config, settings, rng, 16, forced=forced))
+    assert len(tokens) == stats.tokens == 16 - len(forced)  # the tiny model never ends
+    with pytest.raises(ValueError, match="do not fit"):
+        drain(sample(backend, prompt, config, settings, rng, 4, forced=forced))
+
+
+class CallsFirst(TorchBackend):
+    """The tiny model with the call's first token always most likely: so the engine
+    takes the call path (the decision itself is test_the_first_token_decides)."""
+
+    def step(self, *args: Any, **kwargs: Any) -> Any:
+        logits = super().step(*args, **kwargs)
+        logits[:, self.open_id] += 100.0
+        return logits
+
+
+def test_the_engine_yields_the_call_then_speaks_and_keeps_only_the_prompt() -> None:
+    gen, _ = tiny_generator()
+    tok = gen.tokenizer
+    backend = CallsFirst(tiny_diffusion(4), max_len=1024)
+    backend.open_id = tok.encode_plain(CALL_OPEN)[0]  # type: ignore[attr-defined]
+    gen.backend = gen.prefixes.backend = backend
+    convo = [ChatMessage("user", "set a timer for 5 minutes")]
+    items, stats = drain(gen.generate(convo, 48, lambda: False, TOOLS[:2]))  # timer.*
+    call, *speech = items
+    assert isinstance(call, ToolCall) and call.passes > 0
+    assert all(isinstance(s, str) for s in speech)  # the confirmation, never the call
+    assert stats.forward_passes > call.passes and stats.tokens <= 48
+    assert len(gen.prefixes) == 1  # the next turn reuses the prompt's cache
+    no_tools, _ = drain(tiny_generator()[0].generate(convo, 16, lambda: False))
+    assert not any(isinstance(i, ToolCall) for i in no_tools)

@@ -6,6 +6,7 @@ import asyncio
 import threading
 from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 
@@ -39,12 +40,17 @@ class Recording:
 
     def __init__(self, inner: TextGenerator) -> None:
         self.inner, self.name = inner, inner.name
+        self.supports_tools = False
         self.finished = threading.Event()
         self.stats: GenerationStats | None = None
         self.checks = 0
 
     def generate(
-        self, conversation: Sequence[ChatMessage], max_tokens: int, should_stop: Callable[[], bool]
+        self,
+        conversation: Sequence[ChatMessage],
+        max_tokens: int,
+        should_stop: Callable[[], bool],
+        tools: Sequence[Any] = (),
     ) -> Generator[str, None, GenerationStats]:
         def counted() -> bool:
             self.checks += 1

@@ -40,3 +40,16 @@ def test_device_auto_needs_both_runtimes_to_see_a_gpu(monkeypatch: pytest.Monkey
     assert resolve_device("cpu") == "cpu" and resolve_device("tensorrt") == "cuda"
     monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
     assert resolve_device("auto") == "cpu"
+
+
+def test_the_openai_chat_engine_runs_elsewhere_and_needs_its_server() -> None:
+    from model.assemble import load_generator
+    from model.openai_chat import ChatServerOptions, OpenAIChatGenerator
+
+    assert not reply_on_cpu("openai-chat")  # pausing our reads would not pause its passes
+    chat = ChatServerOptions("http://127.0.0.1:8000/v1", "m")
+    assert isinstance(load_generator("openai-chat", chat=chat), OpenAIChatGenerator)
+    with pytest.raises(ValueError, match="URL and model"):
+        load_generator("openai-chat")
+    with pytest.raises(ValueError, match="URL"):  # at start, not at the first turn
+        load_generator("openai-chat", chat=ChatServerOptions("127.0.0.1:8000", "m"))

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import itertools
+
 from model.chat import (
     SPOKEN_SYSTEM_PROMPT,
     TRIM_STEP,
@@ -80,6 +82,27 @@ def test_trimming_drops_the_oldest_turns_in_steps() -> None:
     # two more messages later the start has not moved
     longer = [*LONG, ChatMessage("assistant", "an answer"), ChatMessage("user", "and?")]
     assert trim_history(tok, longer, size(LONG) - 1)[:2] == out[:2]
+
+
+def test_a_window_keeps_at_most_that_many_earlier_messages_in_steps() -> None:
+    """``window``: at most that many messages before the latest, dropped from the
+    oldest in steps of TRIM_STEP (so consecutive turns mostly keep the same start and
+    its KV cache), on to a user message."""
+    big = size(LONG) + 100
+    assert trim_history(tok, LONG, big, window=None) == LONG
+    starts = []
+    for n in range(3, len(LONG), 2):  # the conversation growing a turn at a time
+        conv = LONG[:n]
+        out = trim_history(tok, conv, big, window=6)
+        assert out[0] == SYSTEM and out[1].role == "user" and out[-1] == conv[-1]
+        assert len(out) - 2 <= 6
+        dropped = n - len(out)
+        assert dropped % TRIM_STEP == 0 and dropped < max(0, n - 2 - 6) + TRIM_STEP, n
+        starts.append(out[1])
+    # the start moves every other turn (TRIM_STEP messages), not every turn
+    moves = sum(a != b for a, b in itertools.pairwise(starts))
+    assert 0 < moves <= len(starts) // 2
+    assert trim_history(tok, LONG, big, window=0) == [SYSTEM, LONG[-1]]
 
 
 def test_trimming_keeps_system_and_latest_user_message() -> None:

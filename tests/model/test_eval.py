@@ -174,3 +174,19 @@ def test_a_whole_sentence_ends_on_its_last_mark():
     assert ends_a_sentence('He said "Hola!" ') and ends_a_sentence("Really?)")
     assert not ends_a_sentence("Good morning in Spanish is")
     assert not ends_a_sentence("1. Boil water.\n2. Add tea,") and not ends_a_sentence("")
+
+
+def test_eval_bans_the_openings_the_diffusion_engine_bans():
+    from model.diffusion_engine import DiffusionOptions
+    from model.engine import ChatMessage
+    from model.openings import reply_openings
+    from model.training.eval import EvalOptions, openings
+
+    tok = tiny_tokenizer()
+    history = [("Hi", "Hello there. I am fine.")]
+    got = openings(tok, "Play jazz.", history, EvalOptions(opening_ban=3))
+    want = {tuple(tok.encode_plain(t)[:3]) for t in ("Play jazz.", "Hello there.")}
+    assert set(got) == want  # the earlier reply's and the question's, not the earlier question
+    assert openings(tok, "Play jazz.", history, EvalOptions(opening_ban=0)) == ()
+    default = reply_openings(tok, [ChatMessage("user", "x")], DiffusionOptions().opening_ban)
+    assert openings(tok, "x", [], EvalOptions()) == default

@@ -11,6 +11,7 @@ import asyncio
 import threading
 from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from model.engine import ChatMessage, GenerationStats, ReplyEnd, ThreadedReplyEngine
 
@@ -21,13 +22,18 @@ class Blocking:
     """Yields one piece, then holds the thread until ``release`` is set."""
 
     name = "blocking"
+    supports_tools = False
 
     def __init__(self) -> None:
         self.started = threading.Event()
         self.release = threading.Event()
 
     def generate(
-        self, conversation: Sequence[ChatMessage], max_tokens: int, should_stop: Callable[[], bool]
+        self,
+        conversation: Sequence[ChatMessage],
+        max_tokens: int,
+        should_stop: Callable[[], bool],
+        tools: Sequence[Any] = (),
     ) -> Generator[str, None, GenerationStats]:
         self.started.set()
         yield "A long reply"
@@ -39,12 +45,17 @@ class Counting:
     """Records whether it ever ran."""
 
     name = "counting"
+    supports_tools = False
 
     def __init__(self) -> None:
         self.ran = False
 
     def generate(
-        self, conversation: Sequence[ChatMessage], max_tokens: int, should_stop: Callable[[], bool]
+        self,
+        conversation: Sequence[ChatMessage],
+        max_tokens: int,
+        should_stop: Callable[[], bool],
+        tools: Sequence[Any] = (),
     ) -> Generator[str, None, GenerationStats]:
         self.ran = True
         yield "Hi."

@@ -8,6 +8,8 @@ import asyncio
 import base64
 import json
 import time
+import urllib.error
+import urllib.request
 from typing import Any
 
 import pytest
@@ -155,3 +157,45 @@ async def test_the_realtime_endpoint_takes_the_same_keys_and_realtime_tokens() -
             realtime(url), additional_headers={"Authorization": f"Bearer {token}"}
         ) as ws:
             assert (await until(ws, "session.created"))["type"] == "session.created"
+
+
+def post(url: str, body: dict[str, Any], key: str = KEY) -> tuple[int, dict[str, Any]]:
+    data = json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method="POST")
+    request.add_header("Authorization", f"Bearer {key}")
+    request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+async def test_a_browser_connects_with_a_client_secret_and_gets_its_session() -> None:
+    """OpenAI's browser flow: the backend POSTs the session config to client_secrets
+    (a JSON body), the page offers ["realtime", "openai-insecure-api-key.SECRET"]."""
+    config = ServerConfig(auth=AuthConfig(api_keys=frozenset({KEY})))
+    async with serving(config=config) as (url, _):
+        base = url.replace("ws://", "http://").replace("/v1/voice", "")
+        session = {"type": "realtime", "instructions": "Be terse.", "output_modalities": ["text"]}
+        secrets = f"{base}/v1/realtime/client_secrets"
+        status, minted = await asyncio.to_thread(
+            post, secrets, {"session": session, "expires_after": {"seconds": 60}}
+        )
+        assert status == 200 and minted["session"] == session
+        offered = ["realtime", f"openai-insecure-api-key.{minted['value']}"]
+        async with connect(realtime(url), subprotocols=offered) as ws:  # type: ignore[list-item]
+            assert ws.subprotocol == "realtime"
+            created = await until(ws, "session.created")
+            assert created["session"]["instructions"] == "Be terse."
+            assert created["session"]["output_modalities"] == ["text"]
+        bad = {"session": {"type": "realtime", "audio": {"output": {"voice": "alloy"}}}}
+        status, refused = await asyncio.to_thread(post, secrets, bad)
+        assert (status, refused["error"]) == (400, "invalid_session")
+        assert "voice" in refused["message"]
+        # a body on /v1/token is read too; a key in OpenAI's subprotocol opens a session
+        status, minted = await asyncio.to_thread(post, f"{base}/v1/token", {"ttl_s": 30})
+        assert status == 200 and minted["expires_at"] - time.time() < 31
+        offered = ["realtime", f"openai-insecure-api-key.{KEY}"]
+        async with connect(realtime(url), subprotocols=offered) as ws:  # type: ignore[list-item]
+            assert (await until(ws, "session.created"))["session"]["instructions"] != "Be terse."

@@ -867,3 +867,63 @@ def test_tls_loads_a_certificate_and_key(tmp_path: Path) -> None:
     )
     context = auth.tls_context(cert, key)
     assert isinstance(context, ssl.SSLContext) and context.protocol == ssl.PROTOCOL_TLS_SERVER
+
+
+# --- OpenAI's browser form and client secrets' sessions -----------------------------
+
+
+def openai_browser(credential: str) -> str:
+    return f"{auth.REALTIME_SUBPROTOCOL}, {auth.OPENAI_KEY_SUBPROTOCOL_PREFIX}{credential}"
+
+
+def test_openais_subprotocol_carries_a_client_secret_or_a_key() -> None:
+    server = keyed()
+    secret = token(scope="realtime")
+    decision = connect(
+        server, "/v1/realtime", scope="realtime", Sec_WebSocket_Protocol=openai_browser(secret)
+    )
+    assert isinstance(decision, Accepted) and decision.who == "client_token"
+    decision = connect(
+        server, "/v1/realtime", scope="realtime", Sec_WebSocket_Protocol=openai_browser(KEY)
+    )
+    assert isinstance(decision, Accepted) and decision.who == "api_key"
+    wrong = connect(
+        server, "/v1/realtime", scope="realtime", Sec_WebSocket_Protocol=openai_browser("nope")
+    )
+    rejected(wrong, 401, "invalid_credentials")
+    offered = ["realtime", f"openai-insecure-api-key.{KEY}"]
+    assert auth.select_subprotocol(offered) == "realtime"  # never the credential itself
+
+
+def test_a_client_secrets_session_is_checked_and_kept_for_its_session() -> None:
+    presets = auth.SessionPresets()
+    session = {"type": "realtime", "instructions": "Be terse."}
+    body = json.dumps({"session": session}).encode()
+
+    def check(config: dict[str, object]) -> str | None:
+        return "no voices" if "audio" in config else None
+
+    reply = auth.mint_response(
+        CONFIG, "POST", auth.CLIENT_SECRETS_PATH, BEARER, body, NOW, presets, check
+    )
+    assert reply.status == 200 and len(presets) == 1
+    claims = auth.verify_client_token(reply.body["value"], [SECRET], NOW)
+    assert presets.take(claims.id) == session and presets.take(claims.id) is None
+    bad = json.dumps({"session": {"type": "realtime", "audio": {}}}).encode()
+    refused = auth.mint_response(
+        CONFIG, "POST", auth.CLIENT_SECRETS_PATH, BEARER, bad, NOW, presets, check
+    )
+    assert (refused.status, refused.body["error"]) == (400, "invalid_session")
+    assert "no voices" in refused.body["message"] and len(presets) == 0
+    plain = auth.mint_response(
+        CONFIG, "POST", auth.CLIENT_SECRETS_PATH, BEARER, b"{}", NOW, presets
+    )
+    assert plain.status == 200 and len(presets) == 0  # nothing to apply: nothing kept
+
+
+def test_session_presets_are_bounded_and_expire() -> None:
+    presets = auth.SessionPresets(max_entries=1)
+    assert presets.put("a", int(NOW) + 10, {"type": "realtime"}, NOW)
+    assert not presets.put("b", int(NOW) + 10, {"type": "realtime"}, NOW)  # full: refused
+    assert presets.put("b", int(NOW) + 10, {"type": "realtime"}, NOW + 10)  # "a" expired
+    assert presets.take("a") is None and presets.take("b") == {"type": "realtime"}

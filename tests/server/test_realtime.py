@@ -17,7 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from audio import g711
 from audio.endpoint import EndpointConfig
+from model.engine import ChatMessage
+from model.tools import ToolCall
 from server import protocol as p
 from server.realtime import RATE, VOICE, Emit, Out, Realtime
 from server.session import (
@@ -25,6 +28,7 @@ from server.session import (
     Close,
     Event,
     FinalTranscript,
+    ReplyAction,
     ReplyAudio,
     ReplyFinished,
     ReplySentence,
@@ -204,9 +208,19 @@ BAD: list[tuple[Json | str | bytes, str, str | None]] = [
         "session.tools",
     ),
     (
-        update({"type": "realtime", "audio": {"input": {"format": {"type": "audio/pcmu"}}}}),
-        "not_supported",
+        update({"type": "realtime", "audio": {"input": {"format": {"type": "audio/opus"}}}}),
+        "invalid_value",
         "session.audio.input.format.type",
+    ),
+    (
+        update(
+            {
+                "type": "realtime",
+                "audio": {"input": {"format": {"type": "audio/pcmu", "rate": 24000}}},
+            }
+        ),
+        "invalid_value",
+        "session.audio.input.format.rate",
     ),
     (
         update(
@@ -223,7 +237,42 @@ BAD: list[tuple[Json | str | bytes, str, str | None]] = [
         "invalid_value",
         "session.audio.output.voice",
     ),
-    (vad(type="semantic_vad"), "not_supported", "session.audio.input.turn_detection.type"),
+    (vad(type="none_vad"), "invalid_value", "session.audio.input.turn_detection.type"),
+    (
+        vad(type="semantic_vad", eagerness="eager"),
+        "invalid_value",
+        "session.audio.input.turn_detection.eagerness",
+    ),
+    (
+        vad(type="semantic_vad", silence_duration_ms=500),
+        "unknown_parameter",
+        "session.audio.input.turn_detection.silence_duration_ms",
+    ),
+    (
+        vad(type="server_vad", idle_timeout_ms=10),
+        "invalid_value",
+        "session.audio.input.turn_detection.idle_timeout_ms",
+    ),
+    (
+        vad(type="server_vad", interrupt_response=0),
+        "invalid_type",
+        "session.audio.input.turn_detection.interrupt_response",
+    ),
+    (
+        update({"type": "realtime", "max_output_tokens": 0}),
+        "invalid_value",
+        "session.max_output_tokens",
+    ),
+    (
+        update({"type": "realtime", "audio": {"input": {"transcription": None}}}),
+        "not_supported",
+        "session.audio.input.transcription",
+    ),
+    (
+        update({"type": "realtime", "audio": {"input": {"transcription": {"language": "fr"}}}}),
+        "not_supported",
+        "session.audio.input.transcription.language",
+    ),
     (
         vad(type="server_vad", silence_duration_ms="long"),
         "invalid_type",
@@ -235,8 +284,8 @@ BAD: list[tuple[Json | str | bytes, str, str | None]] = [
         "session.audio.input.turn_detection.threshold",
     ),
     (
-        vad(type="server_vad", create_response=False),
-        "not_supported",
+        vad(type="server_vad", create_response="no"),
+        "invalid_type",
         "session.audio.input.turn_detection.create_response",
     ),
     (append(b"\x00\x01\x02"), "invalid_audio", "audio"),
@@ -250,18 +299,21 @@ BAD: list[tuple[Json | str | bytes, str, str | None]] = [
             "content_index": 0,
             "audio_end_ms": 1,
         },
-        "not_supported",
-        "type",
+        "item_not_found",
+        "item_id",
     ),
-    ({"type": "conversation.item.retrieve", "item_id": "x"}, "not_supported", "type"),
-    ({"type": "conversation.item.delete", "item_id": "x"}, "not_supported", "type"),
+    ({"type": "conversation.item.truncate", "item_id": "x"}, "item_not_found", "item_id"),
+    ({"type": "conversation.item.retrieve", "item_id": "x"}, "item_not_found", "item_id"),
+    ({"type": "conversation.item.retrieve"}, "missing_required_parameter", "item_id"),
+    ({"type": "conversation.item.delete", "item_id": 5}, "invalid_type", "item_id"),
+    ({"type": "output_audio_buffer.clear"}, "not_supported", "type"),
     (
         {
             "type": "conversation.item.create",
             "item": {"type": "function_call_output", "call_id": "c", "output": "{}"},
         },
-        "not_supported",
-        "item.type",
+        "unknown_call_id",  # no call awaits it
+        None,
     ),
     (
         {
@@ -272,9 +324,41 @@ BAD: list[tuple[Json | str | bytes, str, str | None]] = [
         "item.role",
     ),
     (
-        {"type": "response.create", "response": {"conversation": "none"}},
-        "not_supported",
+        {"type": "response.create", "response": {"conversation": "conv_1"}},
+        "invalid_value",
         "response.conversation",
+    ),
+    (
+        {"type": "response.create", "response": {"max_output_tokens": 5000}},
+        "invalid_value",
+        "response.max_output_tokens",
+    ),
+    (
+        {"type": "response.create", "response": {"input": [{"type": "function_call_output"}]}},
+        "not_supported",
+        "response.input[0]",
+    ),
+    (
+        {"type": "response.create", "response": {"input": [{"type": "item_reference", "id": "x"}]}},
+        "item_not_found",
+        "response.input[0]",
+    ),
+    (
+        {"type": "response.create", "response": {"metadata": {"k": 1}}},
+        "invalid_type",
+        "response.metadata.k",
+    ),
+    (
+        {
+            "type": "conversation.item.create",
+            "item": {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_audio", "audio": "AAAAAA=="}],
+            },
+        },
+        "invalid_value",
+        "item.content[0].audio",
     ),
     ({"type": "response.create", "response": {"tools": []}}, "not_supported", "response.tools"),
     ({"type": "response.create"}, "nothing_to_answer", None),
@@ -329,12 +413,13 @@ def test_a_text_turn_streams_transcript_and_audio_then_completes() -> None:
     opened = d.send({"type": "response.create", "event_id": "e2"})
     assert types(opened) == [
         "response.created",
+        "rate_limits.updated",
         "response.output_item.added",
         "conversation.item.added",
         "response.content_part.added",
     ]
     response_id = opened[0]["response"]["id"]
-    assert opened[2]["previous_item_id"] == user_item["id"]
+    assert opened[3]["previous_item_id"] == user_item["id"]
     start = d.started()
     assert start.text is None and start.audio is None and start.speak
     assert start.output_rate == RATE and start.history[-1].content == ITALY
@@ -421,6 +506,7 @@ def test_a_spoken_turn_commits_transcribes_and_answers() -> None:
         "conversation.item.input_audio_transcription.completed",
         "conversation.item.done",
         "response.created",
+        "rate_limits.updated",
         "response.output_item.added",
         "conversation.item.added",
         "response.content_part.added",
@@ -516,6 +602,8 @@ CODES = {
     "response_cancel_not_active",
     "nothing_to_answer",
     "rate_limited",
+    "item_not_found",
+    "item_in_progress",
 }
 KINDS = st.sampled_from(
     [
@@ -527,6 +615,9 @@ KINDS = st.sampled_from(
         "response.create",
         "response.cancel",
         "conversation.item.truncate",
+        "conversation.item.retrieve",
+        "conversation.item.delete",
+        "output_audio_buffer.clear",
         "dance",
     ]
 )
@@ -548,6 +639,11 @@ KEYS = st.sampled_from(
         "rate",
         "voice",
         "event_id",
+        "conversation",
+        "max_output_tokens",
+        "eagerness",
+        "idle_timeout_ms",
+        "create_response",
     ]
 ) | st.text(max_size=6)
 SCALARS = (
@@ -556,7 +652,11 @@ SCALARS = (
     | st.integers(min_value=-(2**40), max_value=2**40)
     | st.floats(allow_nan=True)
     | st.sampled_from(
-        ["realtime", "server_vad", "audio/pcm", "user", "message", "input_text", "AAAA"]
+        [
+            *("realtime", "server_vad", "semantic_vad", "audio/pcm", "audio/pcmu", "none"),
+            *("user", "message", "input_text", "input_audio", "item_reference", "AAAA"),
+            *("item_qs1", "item_qs2", "item_qs3"),
+        ]
     )
     | st.text(max_size=12)
 )
@@ -567,7 +667,10 @@ VALUES = st.recursive(
 )
 EVENTS = st.fixed_dictionaries(
     {"type": KINDS},
-    optional={k: VALUES for k in ["session", "audio", "item", "response", "event_id"]},
+    optional={
+        k: VALUES
+        for k in ["session", "audio", "item", "response", "event_id", "item_id", "audio_end_ms"]
+    },
 )
 
 
@@ -594,3 +697,511 @@ def test_committed_audio_that_holds_no_words_still_completes_its_item() -> None:
     assert (heard["item_id"], heard["transcript"], heard["usage"]["seconds"]) == (item_id, "", 0.5)
     events = d.deliver(ReplyFinished(turn, None, None))
     assert one(events, "response.done")["response"]["status"] == "completed"
+
+
+# --- telephony audio ----------------------------------------------------------------
+
+
+def formats(kind: str) -> Json:
+    fmt = {"type": kind}
+    return update(
+        {"type": "realtime", "audio": {"input": {"format": fmt}, "output": {"format": fmt}}}
+    )
+
+
+def test_mu_law_both_ways_at_8khz() -> None:
+    d, _ = make()
+    (updated,) = d.send(formats("audio/pcmu"))
+    audio = updated["session"]["audio"]
+    assert audio["input"]["format"] == audio["output"]["format"] == {"type": "audio/pcmu"}
+    tone = (8000 * np.sin(np.arange(8000) * 2 * np.pi * 440 / 8000)).astype(np.int16)
+    assert d.send(append(g711.ulaw_encode(tone))) == []  # 1 s: 8000 bytes, odd lengths fine
+    heard = np.concatenate([e.samples for e in d.effects if isinstance(e, RunVad)])
+    assert abs(heard.size - 16000) < 500  # upsampled to the session's 16 kHz
+    assert 0.15 < float(np.sqrt(np.mean(heard**2))) < 0.2  # the tone's level: 8000/32768/sqrt(2)
+    d.send(user_text())
+    d.send({"type": "response.create"})
+    start = d.started()
+    assert start.output_rate == 8000  # Piper's speech is asked for at 8 kHz
+    reply = (4000 * np.sin(np.arange(800) * 0.3)).astype(np.int16)
+    d.deliver(ReplySentence(start.turn_id, 0, ROME, 50.0))
+    events = d.deliver(ReplyAudio(start.turn_id, 0, reply.tobytes(), 800, 20.0))
+    delta = base64.b64decode(one(events, "response.output_audio.delta")["delta"])
+    assert delta == g711.ulaw_encode(reply)  # one byte a sample
+    done = one(d.deliver(ReplyFinished(start.turn_id, None, 90.0)), "response.done")
+    assert done["response"]["audio"]["output"]["format"] == {"type": "audio/pcmu"}
+
+
+def test_a_law_manual_commit_is_heard_at_16khz() -> None:
+    d, _ = make()
+    d.send(formats("audio/pcma"))
+    d.send(update({"type": "realtime", "audio": {"input": {"turn_detection": None}}}))
+    assert d.send(append(g711.alaw_encode(np.zeros(400, np.int16)))) == []  # 50 ms
+    assert types(d.send({"type": "input_audio_buffer.commit"})) == ["error"]
+    d.send(append(g711.alaw_encode(np.zeros(3600, np.int16))))
+    assert types(d.send({"type": "input_audio_buffer.commit"}))[0] == "input_audio_buffer.committed"
+    d.send({"type": "response.create"})
+    start = d.started()
+    assert start.audio is not None and start.audio.size == 8000  # 0.5 s at 16 kHz
+
+
+def test_a_manual_buffer_follows_a_change_of_input_format() -> None:
+    d, _ = make()
+    d.send(update({"type": "realtime", "audio": {"input": {"turn_detection": None}}}))
+    d.send(append(pcm(0.3)))  # 24 kHz PCM
+    d.send(formats("audio/pcmu"))
+    d.send(append(g711.ulaw_encode(np.zeros(1600, np.int16))))  # 0.2 s at 8 kHz
+    d.send({"type": "input_audio_buffer.commit"})
+    d.send({"type": "response.create"})
+    audio = d.started().audio
+    assert audio is not None and audio.size == 8000  # 0.3 s + 0.2 s, at 16 kHz
+
+
+# --- turn detection -----------------------------------------------------------------
+
+
+def test_semantic_vad_sets_the_end_of_turn_eagerness() -> None:
+    d, _ = make()
+    (updated,) = d.send(vad(type="semantic_vad", eagerness="high"))
+    detection = updated["session"]["audio"]["input"]["turn_detection"]
+    assert detection == {
+        "type": "semantic_vad",
+        "eagerness": "high",
+        "create_response": True,
+        "interrupt_response": True,
+    }
+    assert d.session.config.eagerness == "high"
+    assert d.session.config.end_of_turn.hold_ms == 800  # the high policy's hold
+    d.send(vad(type="semantic_vad", eagerness="auto"))
+    assert d.session.config.eagerness == "medium"
+    d.send(vad(type="server_vad"))
+    assert d.session.config.eagerness == "medium"  # the server's own again
+
+
+def test_create_response_false_transcribes_and_waits_for_response_create() -> None:
+    d, _ = make()
+    d.send(vad(type="server_vad", create_response=False))
+    events, turn = spoken_turn(d)
+    start = d.started()
+    assert not start.reply  # the pipeline only transcribes
+    assert "conversation.item.input_audio_transcription.completed" in types(events)
+    assert "response.created" not in types(events)
+    after = d.deliver(ReplyFinished(turn, None, None))
+    assert "response.done" not in types(after)
+    assert d.session.conversation[-1].content == ITALY
+    opened = d.send({"type": "response.create"})
+    assert types(opened)[0] == "response.created"
+    answer_start = d.started()
+    assert answer_start.reply and answer_start.audio is None
+    assert answer_start.history[-1].content == ITALY
+
+
+def test_interrupt_response_false_lets_the_reply_finish_then_answers_the_speech() -> None:
+    d, _ = make()
+    d.send(vad(type="server_vad", interrupt_response=False))
+    _, turn = spoken_turn(d)
+    d.deliver(ReplySentence(turn, 0, ROME, 50.0))
+    d.deliver(ReplyAudio(turn, 0, pcm(0.2), RATE * 2, 20.0))
+    events = d.frames(0.9, 20) + d.frames(0.05, 25)  # talked over, then past the end of turn
+    assert types(events) == [
+        "input_audio_buffer.speech_started",
+        "input_audio_buffer.speech_stopped",
+    ]
+    assert len([e for e in d.effects if isinstance(e, StartTurn)]) == 1  # it waits
+    more = d.deliver(ReplyAudio(turn, 0, pcm(0.1), RATE * 2, None))
+    assert types(more) == ["response.output_audio.delta"]  # the reply goes on
+    done = d.deliver(ReplyFinished(turn, None, 90.0))
+    assert one(done, "response.done")["response"]["status"] == "completed"
+    assert d.session.conversation[-1].content == ROME  # all of it was heard
+    second = d.started()
+    assert second.turn_id != turn and second.audio is not None  # now the speech's turn
+    heard = d.deliver(FinalTranscript(second.turn_id, "And France?", 80.0))
+    completed = one(heard, "conversation.item.input_audio_transcription.completed")
+    assert completed["item_id"] == events[0]["item_id"]
+    assert "response.created" in types(heard)
+
+
+def test_idle_timeout_commits_silence_and_answers_once() -> None:
+    d, _ = make()
+    d.send(user_text())
+    d.send({"type": "response.create"})
+    answer(d, d.started().turn_id)
+    d.send(vad(type="server_vad", idle_timeout_ms=1000))
+    quiet = append(pcm(0.5))
+    assert d.send(quiet) == [] and d.send(quiet) == [] and d.send(quiet) == []
+    # 1.5 s appended; 1.5 - 0.5 s playback lead counted before this append: 1.0 s
+    events = d.send(quiet)
+    assert types(events)[:5] == [
+        "input_audio_buffer.timeout_triggered",
+        "input_audio_buffer.committed",
+        "conversation.item.added",
+        "conversation.item.done",
+        "response.created",
+    ]
+    triggered = events[0]
+    assert triggered["audio_start_ms"] == 500 and triggered["audio_end_ms"] == 1500
+    assert events[1]["item_id"] == triggered["item_id"]
+    start = d.started()
+    assert start.history[-1] == d.session.conversation[-1]  # the conversation as it stands
+    assert d.send(quiet) == []  # once, not again while it answers
+    answer(d, start.turn_id)  # at 2.5 s: idle from 3.0 s, once its audio has played
+    assert d.send(quiet) == [] and d.send(quiet) == [] and d.send(quiet) == []
+    assert types(d.send(quiet))[0] == "input_audio_buffer.timeout_triggered"  # at 4.0 s
+
+
+def test_idle_timeout_waits_while_speech_is_heard() -> None:
+    d, _ = make()
+    d.send(vad(type="server_vad", idle_timeout_ms=1000))
+    d.frames(0.9, 10)  # the VAD hears speech: an utterance is open
+    assert d.session.hearing
+    assert [e for e in d.send(append(pcm(1.5))) if e] == []
+    assert [e for e in d.send(append(pcm(0.5))) if e] == []
+
+
+# --- transcription ------------------------------------------------------------------
+
+
+def test_transcription_is_echoed_and_partials_become_deltas() -> None:
+    d, _ = make()
+    change = {"input": {"transcription": {"model": "gpt-4o-transcribe", "language": "en"}}}
+    (updated,) = d.send(update({"type": "realtime", "audio": change}))
+    assert updated["session"]["audio"]["input"]["transcription"] == {
+        "model": "gpt-4o-transcribe",
+        "language": "en",
+    }
+    (started,) = d.frames(0.9, 20)[:1]
+    turn = 1  # the session's first turn: its speech is being heard
+    deltas = [
+        e
+        for text in ("What is", "What is the capital", "What is the capital", "Where is it")
+        for e in d.run([Send(p.TranscriptPartial(turn, text))])
+    ]
+    assert [e["delta"] for e in deltas] == ["What is", " the capital"]
+    assert {e["item_id"] for e in deltas} == {started["item_id"]}
+    assert types(deltas) == ["conversation.item.input_audio_transcription.delta"] * 2
+
+
+# --- conversation items ---------------------------------------------------------------
+
+
+def spoken_reply(d: Driver, sentences: list[str], seconds: float = 1.0) -> tuple[int, str]:
+    """A text question answered with ``sentences``, each ``seconds`` of audio sent whole;
+    the turn and its assistant item."""
+    d.send(user_text())
+    opened = d.send({"type": "response.create"})
+    item_id = one(opened, "response.output_item.added")["item"]["id"]
+    turn = d.started().turn_id
+    samples = int(RATE * seconds)
+    for i, sentence in enumerate(sentences):
+        d.deliver(ReplySentence(turn, i, sentence, 50.0))
+        d.deliver(ReplyAudio(turn, i, pcm(seconds), samples, 20.0))
+    d.deliver(ReplyFinished(turn, None, 90.0))
+    return turn, item_id
+
+
+def test_retrieve_gives_back_the_item_as_last_sent() -> None:
+    d, _ = make()
+    added = one(d.send(user_text()), "conversation.item.added")["item"]
+    (retrieved,) = d.send({"type": "conversation.item.retrieve", "item_id": added["id"]})
+    assert retrieved["type"] == "conversation.item.retrieved" and retrieved["item"] == added
+    _, item_id = spoken_reply(d, [ROME])
+    (retrieved,) = d.send({"type": "conversation.item.retrieve", "item_id": item_id})
+    item = retrieved["item"]
+    assert item["role"] == "assistant" and item["status"] == "completed"
+    assert item["content"] == [{"type": "output_audio", "transcript": ROME}]
+
+
+def test_delete_removes_the_message_from_what_the_model_reads() -> None:
+    d, _ = make()
+    first = one(d.send(user_text("Hello there.")), "conversation.item.added")["item"]["id"]
+    d.send(user_text())
+    assert [m.content for m in d.session.conversation] == ["Hello there.", ITALY]
+    (deleted,) = d.send({"type": "conversation.item.delete", "item_id": first})
+    assert deleted == {**deleted, "type": "conversation.item.deleted", "item_id": first}
+    assert [m.content for m in d.session.conversation] == [ITALY]
+    (error,) = d.send({"type": "conversation.item.retrieve", "item_id": first})
+    assert error["error"]["code"] == "item_not_found"
+    d.send({"type": "response.create"})
+    assert [m.content for m in d.started().history] == [ITALY]
+
+
+def test_an_item_being_answered_cannot_be_deleted_or_truncated() -> None:
+    d, _ = make()
+    d.send(user_text())
+    opened = d.send({"type": "response.create"})
+    item_id = one(opened, "response.output_item.added")["item"]["id"]
+    (error,) = d.send({"type": "conversation.item.delete", "item_id": item_id})
+    assert error["error"]["code"] == "item_in_progress"
+    truncate = {"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0}
+    (error,) = d.send({**truncate, "audio_end_ms": 0})
+    assert error["error"]["code"] == "item_in_progress"
+
+
+def test_truncate_keeps_the_words_of_the_audio_heard() -> None:
+    d, _ = make()
+    sentences = ["Rome is the capital of Italy.", "It is a very old city indeed."]
+    _, item_id = spoken_reply(d, sentences)
+    assert d.session.conversation[-1].content == " ".join(sentences)
+    truncate = {"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0}
+    (error,) = d.send({**truncate, "audio_end_ms": 2001})  # 2 s of audio were sent
+    assert (error["error"]["code"], error["error"]["param"]) == ("invalid_value", "audio_end_ms")
+    (done,) = d.send({**truncate, "audio_end_ms": 1500, "event_id": "t1"})
+    assert done["type"] == "conversation.item.truncated"
+    assert (done["item_id"], done["content_index"], done["audio_end_ms"]) == (item_id, 0, 1500)
+    kept = "Rome is the capital of Italy. It is a very"  # all of one, half of the other
+    assert d.session.conversation[-1] == ChatMessage("assistant", kept)
+    item = d.send({"type": "conversation.item.retrieve", "item_id": item_id})[0]["item"]
+    assert item["content"][0]["transcript"] == kept
+    (error,) = d.send({**truncate, "audio_end_ms": 1600})  # past what is left now
+    assert error["error"]["code"] == "invalid_value"
+    d.send({**truncate, "audio_end_ms": 0})
+    assert [m.role for m in d.session.conversation] == ["user"]  # nothing heard: gone
+    d.send({"type": "response.create"})
+    assert d.started().history[-1].content == ITALY
+
+
+def test_truncate_refuses_user_items_and_other_parts() -> None:
+    d, _ = make()
+    user = one(d.send(user_text()), "conversation.item.added")["item"]["id"]
+    truncate = {"type": "conversation.item.truncate", "content_index": 0, "audio_end_ms": 0}
+    (error,) = d.send({**truncate, "item_id": user})
+    assert (error["error"]["code"], error["error"]["param"]) == ("invalid_value", "item_id")
+    _, item_id = spoken_reply(d, [ROME])
+    (error,) = d.send({**truncate, "item_id": item_id, "content_index": 1})
+    assert (error["error"]["code"], error["error"]["param"]) == ("invalid_value", "content_index")
+
+
+def test_a_barged_in_reply_can_be_truncated_further() -> None:
+    d, _ = make()
+    _, turn = spoken_turn(d)
+    opened_item = d.codec._responses[turn].item_id
+    d.deliver(ReplySentence(turn, 0, "Rome is the capital of Italy, and it is old.", 50.0))
+    d.deliver(ReplyAudio(turn, 0, pcm(1.0), RATE * 2, 20.0))  # half the sentence sent
+    events = d.frames(0.9, 5)
+    assert one(events, "response.done")["response"]["status"] == "cancelled"
+    spoken = d.session.conversation[-1]
+    assert spoken.role == "assistant" and spoken.content == "Rome is the capital of"
+    truncate = {"type": "conversation.item.truncate", "item_id": opened_item, "content_index": 0}
+    assert types(d.send({**truncate, "audio_end_ms": 500})) == ["conversation.item.truncated"]
+    assert d.session.conversation[-1] == ChatMessage("assistant", "Rome is")
+
+
+def test_a_user_audio_item_is_transcribed_and_answered_on_response_create() -> None:
+    d, _ = make()
+    item = {
+        "type": "message",
+        "role": "user",
+        "content": [{"type": "input_audio", "audio": base64.b64encode(pcm(0.5)).decode()}],
+    }
+    (added,) = d.send({"type": "conversation.item.create", "item": item})
+    assert added["type"] == "conversation.item.added"
+    item_id = added["item"]["id"]
+    assert added["item"]["content"] == [{"type": "input_audio", "transcript": None}]
+    (error,) = d.send({"type": "conversation.item.create", "item": item})
+    assert error["error"]["code"] == "not_supported"  # one audio item waits at a time
+    d.send({"type": "response.create"})
+    start = d.started()
+    assert start.audio is not None and start.audio.size == 8000
+    heard = one(d.deliver(FinalTranscript(start.turn_id, ITALY, 80.0)), "conversation.item.done")
+    assert heard["item"]["id"] == item_id
+    assert heard["item"]["content"][0]["transcript"] == ITALY
+
+
+# --- responses --------------------------------------------------------------------------
+
+
+def test_an_out_of_band_response_leaves_the_conversation_alone() -> None:
+    d, _ = make()
+    user = one(d.send(user_text()), "conversation.item.added")["item"]["id"]
+    params = {
+        "conversation": "none",
+        "metadata": {"topic": "summary"},
+        "output_modalities": ["text"],
+        "input": [
+            {"type": "item_reference", "id": user},
+            {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "Answer in one word."}],
+            },
+        ],
+    }
+    opened = d.send({"type": "response.create", "response": params})
+    assert "conversation.item.added" not in types(opened)
+    created = one(opened, "response.created")["response"]
+    assert created["conversation_id"] is None and created["metadata"] == {"topic": "summary"}
+    start = d.started()
+    assert [m.content for m in start.history] == [ITALY, "Answer in one word."]
+    d.deliver(ReplySentence(start.turn_id, 0, "Rome.", 50.0))
+    events = d.deliver(ReplyFinished(start.turn_id, None, 90.0))
+    assert "conversation.item.done" not in types(events)
+    assert one(events, "response.done")["response"]["output"][0]["content"][0]["text"] == "Rome."
+    assert [m.content for m in d.session.conversation] == [ITALY]  # nothing remembered
+    d.send({"type": "response.create"})  # the conversation still waits for its answer
+    assert d.started().history[-1].content == ITALY
+
+
+def test_max_output_tokens_of_the_session_and_of_a_response() -> None:
+    session = Session("rt", SessionConfig(endpoint=ENDPOINT), "tiny.en", "x")
+    d = Driver(Realtime(session, "tiny.en", "gpt-realtime", max_reply_tokens=64))
+    (created,) = d.run(d.codec.open(d.now))
+    assert created["session"]["max_output_tokens"] == "inf"
+    (updated,) = d.send(update({"type": "realtime", "max_output_tokens": 20}))
+    assert updated["session"]["max_output_tokens"] == 20
+    d.send(user_text())
+    opened = d.send({"type": "response.create"})
+    assert d.started().max_tokens == 20
+    limits = one(opened, "rate_limits.updated")["rate_limits"]
+    assert limits[0] == {**limits[0], "name": "requests", "limit": 5, "remaining": 4}
+    assert limits[1] == {"name": "tokens", "limit": 20, "remaining": 20, "reset_seconds": 0.0}
+    d.send({"type": "response.cancel"})
+    opened = d.send({"type": "response.create", "response": {"max_output_tokens": 7}})
+    assert d.started().max_tokens == 7
+    assert one(opened, "response.created")["response"]["max_output_tokens"] == 7
+    assert one(opened, "rate_limits.updated")["rate_limits"][0]["remaining"] == 3
+    d.send({"type": "response.cancel"})
+    d.send(update({"type": "realtime", "max_output_tokens": "inf"}))
+    opened = d.send({"type": "response.create"})
+    assert d.started().max_tokens is None  # the server's budget
+    assert one(opened, "rate_limits.updated")["rate_limits"][1]["limit"] == 64
+
+
+def test_a_client_secrets_session_applies_before_session_created() -> None:
+    preset = {"type": "realtime", "instructions": "Be terse.", "output_modalities": ["text"]}
+    session = Session("rt", SessionConfig(endpoint=ENDPOINT), "tiny.en", "x")
+    d = Driver(Realtime(session, "tiny.en", "gpt-realtime", preset=preset))
+    (created,) = d.run(d.codec.open(d.now))
+    assert created["session"]["instructions"] == "Be terse."
+    assert created["session"]["output_modalities"] == ["text"]
+    d.send(user_text())
+    d.send({"type": "response.create"})
+    start = d.started()
+    assert not start.speak and start.history[0].content == "Be terse."
+    bad = {"type": "realtime", "audio": {"output": {"voice": "alloy"}}}
+    session = Session("rt2", SessionConfig(endpoint=ENDPOINT), "tiny.en", "x")
+    d = Driver(Realtime(session, "tiny.en", "gpt-realtime", preset=bad))
+    created, error = d.run(d.codec.open(d.now))
+    assert created["type"] == "session.created" and error["error"]["code"] == "invalid_value"
+
+
+TIMER_TOOL = {
+    "type": "function",
+    "name": "timer_set",
+    "description": "Start a countdown timer.",
+    "parameters": {
+        "type": "object",
+        "properties": {"seconds": {"type": "integer", "minimum": 1}},
+        "required": ["seconds"],
+    },
+}
+
+
+def acting() -> Driver:
+    session = Session("rt", SessionConfig(endpoint=ENDPOINT), "tiny.en", "x", can_act=True)
+    d = Driver(Realtime(session, "tiny.en", "gpt-realtime"))
+    d.run(d.codec.open(d.now))
+    return d
+
+
+def test_a_realtime_session_starts_without_tools_as_openai_s_do() -> None:
+    """The reply engine may call tools (can_act), but a session declares none until
+    session.update gives it functions."""
+    d = acting()
+    assert d.session.tools == ()
+    d.send(user_text())
+    d.send({"type": "response.create"})
+    assert d.started().tools == ()
+
+
+def test_session_tools_become_the_reply_engine_s_tools() -> None:
+    d = acting()
+    (updated,) = d.send(update({"type": "realtime", "tools": [TIMER_TOOL], "tool_choice": "auto"}))
+    assert updated["session"]["tools"] == [TIMER_TOOL]
+    assert [t.name for t in d.session.tools] == ["timer_set"]
+    d.send(user_text("Set a timer for five minutes."))
+    d.send({"type": "response.create"})
+    assert [t.name for t in d.started().tools] == ["timer_set"]
+    (updated,) = d.send(update({"type": "realtime", "tool_choice": "none"}))  # listed, never called
+    assert updated["session"]["tool_choice"] == "none" and d.session.tools == ()
+
+
+@pytest.mark.parametrize(
+    ("session", "code"),
+    [
+        ({"tools": [{"type": "mcp", "server_url": "x"}]}, "not_supported"),
+        ({"tools": [{**TIMER_TOOL, "name": "has space"}]}, "invalid_value"),
+        ({"tools": "timer"}, "invalid_type"),
+        ({"tool_choice": "required"}, "not_supported"),
+        ({"tool_choice": {"type": "function", "name": "timer_set"}}, "not_supported"),
+        ({"tool_choice": "sometimes"}, "invalid_value"),
+    ],
+)
+def test_tools_the_server_cannot_honour_are_refused(session: Json, code: str) -> None:
+    d = acting()
+    (error,) = d.send(update({"type": "realtime", **session}))
+    assert error["type"] == "error" and error["error"]["code"] == code
+
+
+def test_an_engine_that_cannot_act_refuses_tools() -> None:
+    d, _ = make()  # can_act False
+    (error,) = d.send(update({"type": "realtime", "tools": [TIMER_TOOL]}))
+    assert error["error"]["code"] == "not_supported" and error["error"]["param"] == "session.tools"
+
+
+def test_a_call_is_a_function_call_item_and_its_output_joins_the_conversation() -> None:
+    d = acting()
+    d.send(update({"type": "realtime", "tools": [TIMER_TOOL]}))
+    d.send(user_text("Set a timer for five minutes."))
+    opened = d.send({"type": "response.create"})
+    response_id = opened[0]["response"]["id"]
+    turn = d.started().turn_id
+    call = ToolCall("timer_set", {"seconds": 300}, passes=4)
+    events = d.deliver(ReplyAction(turn, call))
+    events += answer(d, turn, "Timer set for five minutes.")
+    kinds = types(events)
+    i = kinds.index("response.function_call_arguments.done")
+    assert kinds[: i + 1] == [
+        "response.output_item.added",
+        "conversation.item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+    ]
+    assert kinds.index("response.output_item.done") < kinds.index(
+        "response.output_audio_transcript.delta"
+    )
+    done_args = events[i]
+    assert done_args["name"] == "timer_set" and json.loads(done_args["arguments"]) == {
+        "seconds": 300
+    }
+    call_id = done_args["call_id"]
+    assert done_args["response_id"] == response_id and done_args["output_index"] == 1
+    response = one(events, "response.done")["response"]
+    assert [o["type"] for o in response["output"]] == ["message", "function_call"]
+    assert response["output"][1]["arguments"] == done_args["arguments"]
+
+    out = d.send(
+        {
+            "type": "conversation.item.create",
+            "item": {"type": "function_call_output", "call_id": call_id, "output": "ticking"},
+        }
+    )
+    assert types(out) == ["conversation.item.added", "conversation.item.done"]
+    assert out[0]["item"]["type"] == "function_call_output"
+    last = d.session.conversation[-1]
+    assert last.role == "tool" and json.loads(last.content)["output"] == "ticking"
+    (error,) = d.send(
+        {
+            "type": "conversation.item.create",
+            "item": {"type": "function_call_output", "call_id": "call_99", "output": "x"},
+        }
+    )
+    assert error["error"]["code"] == "unknown_call_id"
+
+
+def test_tracing_auto_is_taken_and_echoed_and_nothing_else_is() -> None:
+    """The Agents SDK asks for tracing "auto" by default; no trace is recorded here."""
+    d, _ = make()
+    (updated,) = d.send(update({"type": "realtime", "tracing": "auto"}))
+    assert updated["session"]["tracing"] == "auto"
+    (error,) = d.send(update({"type": "realtime", "tracing": {"workflow_name": "x"}}))
+    assert error["error"]["code"] == "not_supported"

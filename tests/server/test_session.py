@@ -442,7 +442,7 @@ def test_reply_audio_speaking_done_and_metrics() -> None:
     d.send(ReplySentence(turn, 0, "Paris.", 40.0))
     d.now += 0.3
     out = d.send(ReplyAudio(turn, 0, b"\x01\x00" * 100, 100, 30.0))
-    assert of(out, SendAudio) == [SendAudio(turn, 0, b"\x01\x00" * 100, 0)]
+    assert of(out, SendAudio) == [SendAudio(turn, 0, b"\x01\x00" * 100, 0, 100)]
     assert d.s.state is State.SPEAKING
     out = d.send(ReplyAudio(turn, 0, b"\x01\x00" * 100, 100, None))
     assert of(out, SendAudio)[0].seq == 1  # type: ignore[attr-defined]

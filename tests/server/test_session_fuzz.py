@@ -31,6 +31,7 @@ from server.session import (
     AudioBytes,
     AudioWritten,
     CancelTurn,
+    Configure,
     Disconnected,
     Expired,
     FinalTranscript,
@@ -38,6 +39,7 @@ from server.session import (
     ReplyAudio,
     ReplyFinished,
     ReplySentence,
+    Respond,
     Send,
     SendAudio,
     Session,
@@ -61,6 +63,7 @@ TEXT = WORDS.map(" ".join)
 STATS = st.none() | st.builds(
     GenerationStats, st.integers(0, 9), st.integers(0, 9), st.sampled_from(["end", "budget"])
 )
+ENDPOINT = EndpointConfig(min_speech_ms=64, pause_ms=128, end_of_turn_ms=256)
 PROBS = st.lists(st.sampled_from([0.02, 0.3, 0.6, 0.95]), min_size=1, max_size=12)
 CLIENT = st.one_of(
     st.builds(p.Start, st.sampled_from([16000, 8000, 44100])),
@@ -71,6 +74,11 @@ CLIENT = st.one_of(
     PROBS.map(lambda ps: VadResult(np.zeros(512 * len(ps), np.float32), np.array(ps, np.float32))),
     st.builds(Expired, st.sampled_from([4004, 4005, 1001]), st.just("limit")),
     st.just(Disconnected()),
+    # the Realtime codec's requests: transcribe-only turns, replies speech never cuts,
+    # out-of-band and unprompted replies (not text-only replies: the pipeline never
+    # gives them audio, which the events here would)
+    st.builds(Configure, st.just(ENDPOINT), respond=st.booleans(), interrupt=st.booleans()),
+    st.builds(Respond, keep=st.booleans(), unprompted=st.booleans()),
 )
 # What a turn's pipeline reports, weighted up: most sequences should carry replies far
 # enough (sentences, audio, writes, the end) for the history property to bite.
@@ -93,7 +101,7 @@ PIPELINE = st.one_of(
 )
 EVENTS = st.one_of(CLIENT, PIPELINE, PIPELINE, PIPELINE)
 CONFIG = SessionConfig(
-    endpoint=EndpointConfig(min_speech_ms=64, pause_ms=128, end_of_turn_ms=256),
+    endpoint=ENDPOINT,
     max_history_messages=12,
 )
 

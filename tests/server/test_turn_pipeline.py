@@ -33,6 +33,7 @@ import pytest
 
 from audio.asr import Transcript
 from model.engine import ChatMessage, GenerationStats, ReplyChunk, ReplyEnd
+from model.tools import Tool
 from server.runtime import Runtime, Worker, WorkerKind
 from server.session import (
     Event,
@@ -92,7 +93,7 @@ class FakeEngine:
         self.calls: list[tuple[tuple[ChatMessage, ...], int]] = []
 
     async def stream(
-        self, conversation: Sequence[ChatMessage], max_tokens: int
+        self, conversation: Sequence[ChatMessage], max_tokens: int, tools: Sequence[Tool] = ()
     ) -> AsyncIterator[ReplyChunk]:
         self.calls.append((tuple(conversation), max_tokens))
         try:
@@ -161,8 +162,12 @@ class Turn:
         output_rate: int = RATE,
         pacing: Pacing = NO_PACING,
         speak: bool = True,
+        max_tokens: int | None = None,
+        reply: bool = True,
     ) -> asyncio.Task[None]:
-        start = StartTurn(TURN, audio, text, history, output_rate, speak)
+        start = StartTurn(
+            TURN, audio, text, history, output_rate, speak, max_tokens=max_tokens, reply=reply
+        )
         return asyncio.create_task(run_turn(self.rt, start, self.released, self.deliver, pacing))
 
     def of(self, kind: type) -> list[Any]:
@@ -332,6 +337,25 @@ async def test_an_empty_transcript_finishes_without_calling_the_engine(
     assert turn.events[0].text == transcript
     assert turn.events[1] == ReplyFinished(TURN, None, None)
     assert turn.engine.calls == [] and turn.tts.texts == []
+
+
+async def test_a_transcribe_only_turn_hears_and_answers_nothing(make_turn: Any) -> None:
+    turn = make_turn(FakeEngine(["Never said."]))
+    turn.released.set()
+    await turn.start(audio=QUESTION_AUDIO, reply=False)
+    assert [type(e) for e in turn.events] == [FinalTranscript, ReplyFinished]
+    assert turn.events[0].text == "What is the capital of Italy?"
+    assert turn.engine.calls == [] and turn.tts.texts == []
+
+
+@pytest.mark.parametrize(("asked", "budget"), [(None, 33), (7, 7), (500, 33)])
+async def test_a_reply_budget_is_at_most_the_servers(
+    make_turn: Any, asked: int | None, budget: int
+) -> None:
+    turn = make_turn(FakeEngine(["Rome."]))
+    turn.released.set()
+    await turn.start(text="Capital of Italy?", max_tokens=asked)
+    assert [n for _, n in turn.engine.calls] == [budget]
 
 
 # --- the release ---------------------------------------------------------------------

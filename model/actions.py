@@ -1,0 +1,338 @@
+"""Tool calls written by the diffusion model into a fixed layout: valid by construction.
+
+A call's text (``model/tools.py``) is mostly fixed: the tags, the JSON punctuation,
+the keys. Only three kinds of thing are the model's to choose:
+
+* **whether to call at all**: the reply's first token, read from the prefill's last
+  row (no extra pass): a call starts with ``<`` of ``<tool_call>``, which no spoken
+  reply does, so the decision is the model's own greedy first token;
+* **which tool, which optional parameters, which enum value**: every way the call can
+  be written (a *shape*: a tool, its optional parameters present or not, each enum or
+  boolean value) is a token program; where the programs still alive part ways, one
+  position is decoded with the vocabulary masked to their next tokens, and runs of
+  tokens they agree on are laid down without a pass;
+* **free values** (integers, numbers, strings): a slot of masked positions denoised in
+  parallel, each position's vocabulary masked to what the value may hold (digits; for a
+  string, the tokens of the user's own words, which is where a destination, a contact
+  or a message text comes from) plus the token that closes the value, which also picks
+  among programs that differ right after it. A pass commits the longest run of slot
+  positions, from the left, whose chosen token the model itself gives more than the
+  threshold (at least one), so a value is never written around an undecided hole, and a
+  position predicted while its left neighbour was still masked commits only when the
+  model needed no neighbour to know it.
+
+Positions are laid out in the reply's blocks exactly as the sampler lays them
+(``model/sampler.py``): a pass runs the current block with its decided tokens and masks
+everywhere else (the training distribution), and a block whose tokens are all decided
+is committed to the KV cache with one more pass. The caller then lets the ordinary
+sampler write the spoken confirmation after the call (``sample(..., forced=...)``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from model.backend import StepBackend, last_row
+from model.sampler import DiffusionConfig
+from model.tokenizer import Tokenizer
+from model.tools import CALL_OPEN, Param, Tool, ToolCall, layout, validate, value_text
+
+Program = tuple[int | Param, ...]  # token ids, and the free-value slots between them
+
+MAX_DIGITS = 7  # an integer slot's positions (a week in seconds is 604800)
+MAX_STRING_TOKENS = 24
+
+
+@dataclass(frozen=True)
+class ActionSettings:
+    threshold: float = 0.9  # a slot position commits above it (the model's probability)
+    max_passes: int = 48  # a call that takes more is given up
+
+
+@dataclass(frozen=True)
+class DecodedCall:
+    """A call the model wrote: the call, its token ids, what it cost."""
+
+    call: ToolCall
+    ids: list[int]
+    passes: int  # model passes spent on the call (block commits included)
+    committed: int  # leading ids already committed to the cache (whole blocks)
+
+
+@dataclass
+class _Shape:
+    tool: Tool
+    program: Program
+    values: dict[str, Any]  # enum and boolean values fixed by the program
+
+
+def shapes(tok: Tokenizer, tools: Sequence[Tool]) -> list[_Shape]:
+    """Every way a call of ``tools`` can be written, as token programs."""
+    out: list[_Shape] = []
+    for tool in tools:
+        optional = [p for p in tool.params if not p.required]
+        for mask in range(1 << len(optional)):
+            present = [p for p in tool.params if p.required or (mask >> optional.index(p)) & 1]
+            out += _expand(tok, tool, layout(tool, present))
+    return out
+
+
+def _expand(tok: Tokenizer, tool: Tool, items: list[str | Param]) -> list[_Shape]:
+    """One program per choice of each enum / boolean value; free values stay slots."""
+    done = [_Shape(tool, (), {})]
+    for item in items:
+        if isinstance(item, str):
+            add: list[list[int | Param]] = [[*tok.encode_plain(item)]]
+            fixed: list[dict[str, Any]] = [{}]
+        elif item.type == "boolean" or item.enum:
+            options: list[Any] = [True, False] if item.type == "boolean" else list(item.enum)
+            add = [[*tok.encode_plain(value_text(item, v))] for v in options]
+            fixed = [{item.name: v} for v in options]
+        else:
+            add, fixed = [[item]], [{}]
+        done = [
+            _Shape(tool, s.program + tuple(a), s.values | f)
+            for s in done
+            for a, f in zip(add, fixed, strict=True)
+        ]
+    return done
+
+
+# ---------------------------------------------------------------------------- vocabularies
+
+
+def value_vocab(tok: Tokenizer, p: Param, user_text: str) -> NDArray[np.int64]:
+    """Token ids a free value of ``p`` may hold."""
+    if p.type in ("integer", "number"):
+        chars = "0123456789" + ("." if p.type == "number" else "")
+        if p.minimum is None or p.minimum < 0:
+            chars += "-"
+        return np.array(sorted({tok.encode_plain(c)[0] for c in chars}), np.int64)
+    words = user_text.split()
+    texts = [user_text, user_text.lower(), *words, *(w.lower() for w in words)]
+    texts += [w.strip(".,!?;:") for w in words]
+    ids = {i for t in texts for i in tok.encode_plain(t)}
+    ids |= {i for t in texts for i in tok.encode_plain(" " + t)}
+    ids -= set(tok.encode_plain('"'))  # a quote would end the JSON string
+    return np.array(sorted(ids - set(tok.special_ids)), np.int64)
+
+
+# ---------------------------------------------------------------------------- the decoder
+
+
+def call_starts(
+    tok: Tokenizer, logits: NDArray[np.float32], echoes: Collection[int] = frozenset()
+) -> bool:
+    """The model's greedy first reply token (``logits (V,)``, the prefill's last row) is
+    a call's: the decision costs no pass. ``echoes``: first tokens of the openings the
+    reply may not repeat (the user's own words, earlier replies: ``model/openings.py``)
+    do not compete: "Set a timer for five minutes" is otherwise half the time answered
+    by starting to say it back."""
+    ranked = logits.copy()
+    ranked[list(echoes)] = -np.inf
+    return int(np.argmax(ranked)) == tok.encode_plain(CALL_OPEN)[0]
+
+
+@dataclass
+class _Call:
+    """One call being written: its decided tokens, the programs still alive and where
+    each one is, and the backend state around it."""
+
+    backend: StepBackend
+    tok: Tokenizer
+    cache: Any
+    block: int
+    mask_id: int
+    last: NDArray[np.float32]  # logits that predict the current block's first position
+    user: str  # the user's words: what string values are copied from
+    ids: list[int]
+    alive: list[tuple[_Shape, int]]  # (shape, index of its next program item)
+    values: dict[str, list[int]] = field(default_factory=dict)  # free values' tokens
+    committed: int = 0
+    passes: int = 0
+    failed: bool = False  # a value nothing can be written into
+
+
+def decode_call(
+    backend: StepBackend,
+    tok: Tokenizer,
+    cache: Any,
+    last: NDArray[np.float32],
+    tools: Sequence[Tool],
+    user_text: str,
+    model: DiffusionConfig,
+    block: int,
+    settings: ActionSettings = ActionSettings(),
+    should_stop: Callable[[], bool] = lambda: False,
+) -> DecodedCall | None:
+    """Write a call after the prompt held by ``cache`` (``last``: its last row's logits).
+
+    Returns None when cancelled or when the call cannot be finished within the pass
+    budget; the cache then holds the prompt and possibly some committed call blocks:
+    the caller truncates it.
+    """
+    programs = [(s, 0) for s in shapes(tok, tools)]
+    c = _Call(backend, tok, cache, block, model.mask_id, last, user_text, [], programs)
+    vocab = {p.name: value_vocab(tok, p, user_text) for t in tools for p in t.params}
+    while c.passes <= settings.max_passes and not c.failed:
+        if should_stop():
+            return None
+        _lay_agreed(c)
+        nexts = {s.program[i] for s, i in c.alive if i < len(s.program)}
+        if not nexts:
+            return _finish(c)
+        if all(isinstance(n, int) for n in nexts):
+            _branch(c, sorted(n for n in nexts if isinstance(n, int)))
+        else:
+            (p,) = {n.name: n for n in nexts if isinstance(n, Param)}.values()
+            _slot(c, p, vocab[p.name], settings.threshold)
+        _commit_full_blocks(c)
+    return None
+
+
+def _lay_agreed(c: _Call) -> None:
+    """Lay down the tokens every live program agrees on next (no pass)."""
+    while True:
+        nexts = {s.program[i] if i < len(s.program) else None for s, i in c.alive}
+        if len(nexts) != 1 or not isinstance(n := next(iter(nexts)), int):
+            return
+        c.ids.append(n)
+        c.alive = [(s, i + 1) for s, i in c.alive]
+        _commit_full_blocks(c)
+
+
+def _rows(c: _Call, want: int) -> NDArray[np.float32]:
+    """Logits for the ``want`` positions from the next undecided one (one pass over the
+    current block: its decided tokens, masks elsewhere)."""
+    lo = (len(c.ids) // c.block) * c.block
+    k = len(c.ids) - lo  # decided positions in the block
+    want = max(1, min(want, c.block - k))
+    chunk = np.full(c.block, c.mask_id, np.int64)
+    chunk[:k] = c.ids[lo:]
+    rows = np.arange(k - 1, k - 1 + want)  # Dream's shift: row j predicts j + 1
+    logits = c.backend.step(c.cache, chunk, "block", commit=False, rows=rows[rows >= 0])
+    c.passes += 1
+    if rows[0] < 0:  # the block's first position: the pass before
+        logits = np.concatenate([c.last[None], logits])
+    return logits  # (want, V)
+
+
+def _masked_choice(logits: NDArray[np.float32], allowed: NDArray[np.int64]) -> tuple[int, float]:
+    """The best allowed token and the model's own probability of it (over the whole
+    vocabulary: renormalized over the allowed tokens alone, a token the model barely
+    believes would look certain once its rivals are masked out)."""
+    z = logits.astype(np.float64)
+    z = z - z.max()
+    p = np.exp(z)
+    token = int(allowed[int(np.argmax(z[allowed]))])
+    return token, float(p[token] / p.sum())
+
+
+def _branch(c: _Call, options: list[int]) -> None:
+    """The live programs part ways here: one position decides which go on."""
+    token, _ = _masked_choice(_rows(c, 1)[0], np.array(options, np.int64))
+    _take(c, token)
+
+
+def _take(c: _Call, token: int) -> None:
+    """Append ``token``: the programs whose next item it is go on, past it."""
+    c.ids.append(token)
+    c.alive = [(s, i + 1) for s, i in c.alive if i < len(s.program) and s.program[i] == token]
+
+
+def _slot(c: _Call, p: Param, vocab: NDArray[np.int64], threshold: float) -> None:
+    """Denoise some of the free value of ``p`` (every live program is at this slot):
+    positions left to right, each masked to the tokens that keep the value well formed
+    (:func:`_fits`) and to the value's closers once it is not empty."""
+    closers = sorted({n for s, i in c.alive if isinstance(n := s.program[i + 1], int)})
+    value = c.values.setdefault(p.name, [])
+    cap = MAX_STRING_TOKENS if p.type == "string" else MAX_DIGITS
+    for j, row in enumerate(_rows(c, cap - len(value) + 1)):
+        text = c.tok.decode(value)
+        fits = [
+            t
+            for t in vocab.tolist()
+            if len(value) < cap and _fits(p, text + c.tok.decode([t]), c.user)
+        ]
+        allowed = np.array(fits + (closers if value else []), np.int64)
+        if allowed.size == 0:  # an empty value nothing can start (no words to copy)
+            c.failed = True
+            return
+        token, conf = _masked_choice(row, allowed)
+        if j > 0 and conf <= threshold:
+            return
+        if token in closers:  # the value ends: the closer is the next program's token
+            c.alive = [(s, i + 1) for s, i in c.alive]
+            _take(c, token)
+            return
+        c.ids.append(token)
+        value.append(token)
+        _commit_full_blocks(c)
+        if len(c.ids) % c.block == 0:
+            return  # the rest of the slot is in the next block
+
+
+_NUMBER = re.compile(r"^-?[0-9]*\.?[0-9]*$")
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def _fits(p: Param, text: str, user: str) -> bool:
+    """``text`` can start a value of ``p``: a number's digits, or for a string a run
+    of the user's own words (case and spacing aside; so a destination, a contact or a
+    message is copied from what was said, never made up)."""
+    if p.type != "string":
+        return (bool(_NUMBER.match(text)) and not text.startswith("0")) or text == "0"
+    if text != text.lstrip() or "  " in text:  # as training writes values: no space first
+        return False
+    t = _norm(text)
+    return bool(t) and t in _norm(user)
+
+
+def _commit_full_blocks(c: _Call) -> None:
+    while len(c.ids) - c.committed >= c.block:
+        chunk = np.array(c.ids[c.committed : c.committed + c.block], np.int64)
+        c.last = c.backend.step(c.cache, chunk, "block", commit=True, rows=last_row(chunk))[-1]
+        c.passes += 1
+        c.committed += c.block
+
+
+def _finish(c: _Call) -> DecodedCall | None:
+    """The call as JSON values, checked against its tool's schema."""
+    shape, _ = c.alive[0]
+    args = dict(shape.values)
+    for item in shape.program:
+        if isinstance(item, Param):
+            args[item.name] = _value(item, c.tok.decode(c.values[item.name]))
+    try:
+        validate(shape.tool, args)
+    except ValueError:
+        return None
+    return DecodedCall(ToolCall(shape.tool.name, args), c.ids, c.passes, c.committed)
+
+
+def _value(p: Param, text: str) -> Any:
+    """A slot's text as its JSON value; a number outside the schema's range is clamped
+    to it (a "timer for zero seconds" becomes the shortest one allowed)."""
+    if p.type == "string":
+        return text
+    try:
+        x = float(text)
+    except ValueError:
+        return text  # not a number ("-", "1.2.3"): validate() refuses the call
+    if not math.isfinite(x):
+        return text
+    if p.minimum is not None:
+        x = max(x, p.minimum)
+    if p.maximum is not None:
+        x = min(x, p.maximum)
+    return int(x) if p.type == "integer" or x.is_integer() else x

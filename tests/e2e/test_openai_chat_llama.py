@@ -1,0 +1,61 @@
+"""``quicksilver serve --engine openai-chat`` against llama.cpp's OpenAI-compatible
+server on the SmolLM2 GGUF: a text turn over /v1/voice, streamed from llama.cpp,
+spoken by Piper. Skipped with the reason where llama-cpp-python is not built."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+
+import pytest
+from websockets.asyncio.client import connect
+
+from server import protocol as p
+from tests.chatserver import LLAMA_MODEL, LlamaServer, llama_python_or_skip, llama_server
+from tests.serverproc import start_server
+
+pytestmark = [pytest.mark.e2e, pytest.mark.models]
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+    python = llama_python_or_skip()
+    from model.nn.gguf import find_smollm2_gguf
+
+    server = llama_server(python, find_smollm2_gguf(), tmp_path_factory.mktemp("llama") / "log")
+    yield server
+    server.stop()
+
+
+async def test_a_text_turn_is_answered_by_llama_cpp(
+    llama: LlamaServer, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    log = tmp_path_factory.mktemp("serve") / "server.log"
+    args = ("--engine", "openai-chat", "--llm-url", llama.url, "--llm-model", LLAMA_MODEL)
+    srv = start_server(log, *args, "--max-reply-tokens", "48")
+    try:
+        text = srv.log.read_text()
+        assert f"reply engine openai-chat ({LLAMA_MODEL} at {llama.url})" in text
+        assert "first sentence): off" in text  # llama.cpp's passes are not ours to pause
+        async with connect(srv.url) as ws, asyncio.timeout(120):
+            await ws.send(p.encode(p.Start(sample_rate=16000)))
+            assert isinstance(p.decode_server(await ws.recv()), p.Ready)
+            await ws.send(json.dumps({"type": "text", "text": "What is the capital of France?"}))
+            sentences: list[str] = []
+            audio = 0
+            while True:
+                frame = await ws.recv()
+                if isinstance(frame, bytes):
+                    audio += 1
+                    continue
+                message = p.decode_server(frame)
+                assert not isinstance(message, p.Error), message
+                if isinstance(message, p.ReplyText):
+                    sentences.append(message.text)
+                elif isinstance(message, p.ReplyDone):
+                    break
+        assert message.text.strip() and audio > 0
+        assert " ".join(sentences).split() == message.text.split()
+    finally:
+        assert srv.stop() == 0

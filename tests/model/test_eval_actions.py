@@ -1,0 +1,70 @@
+"""``quicksilver eval actions``: matching calls, the summary, and one turn of the engine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from model.tools import CALL_OPEN, ToolCall
+from model.training.eval_actions import Case, read_cases, run_case, same_call, summarize
+
+from .test_actions import CallsFirst
+from .test_diffusion import tiny_diffusion, tiny_generator
+
+
+def test_a_call_matches_on_tool_and_arguments_as_said() -> None:
+    want = ToolCall("navigation.start", {"destination": "the nearest gas station"})
+    assert same_call(
+        ToolCall("navigation.start", {"destination": "The nearest gas station."}), want
+    )
+    assert not same_call(ToolCall("navigation.start", {"destination": "gas station"}), want)
+    assert not same_call(ToolCall("media.play", {"destination": "the nearest gas station"}), want)
+    assert same_call(
+        ToolCall("timer.set", {"seconds": 300}), ToolCall("timer.set", {"seconds": 300.0})
+    )
+    assert same_call(None, None) and not same_call(None, want) and not same_call(want, None)
+
+
+def test_held_out_rows_give_their_expected_calls(tmp_path: Path) -> None:
+    call = '<tool_call>{"name": "timer.set", "arguments": {"seconds": %d}}</tool_call>Done.'
+    rows = [
+        {"question": "Set a timer for 5 minutes.", "reply": call % 300},
+        {"question": "Timer, two minutes.", "reply": call % 120},
+        {"question": "Why is the sky blue?", "reply": "Because of scattering."},
+    ]
+    path = tmp_path / "held.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cases = read_cases(path)
+    assert cases[0] == Case("Set a timer for 5 minutes.", ToolCall("timer.set", {"seconds": 300}))
+    assert cases[2].expected is None
+    assert [c.text for c in read_cases(path, limit_per_tool=1)] == [
+        rows[0]["question"],
+        rows[2]["question"],
+    ]
+
+
+def test_the_summary_counts_exact_calls_per_tool_and_false_triggers() -> None:
+    call = {"name": "timer.set", "arguments": {"seconds": 300}}
+    commands = [
+        {"expected": call, "call": call, "exact": True, "passes": 3, "action_ms": 90.0},
+        {"expected": call, "call": None, "exact": False, "passes": None, "action_ms": None},
+    ]
+    chat = [{"call": None}, {"call": call}, {"call": None}, {"call": None}]
+    s = summarize(commands, chat)
+    assert s["exact_rate"] == 0.5 and s["called_rate"] == 0.5 and s["passes_p50"] == 3
+    assert s["false_triggers"] == 1 and s["false_trigger_rate"] == 0.25
+    assert s["per_tool"]["timer.set"]["n"] == 2
+
+
+def test_one_turn_through_the_engine_reports_its_call_and_reply() -> None:
+    gen, _ = tiny_generator()
+    backend = CallsFirst(tiny_diffusion(4), max_len=1024)
+    backend.open_id = gen.tokenizer.encode_plain(CALL_OPEN)[0]  # type: ignore[attr-defined]
+    gen.backend = gen.prefixes.backend = backend
+    row = run_case(
+        gen, Case("set a timer for 5 minutes", ToolCall("timer.set", {"seconds": 300})), 24
+    )
+    assert row["call"] is not None and row["passes"] > 0 and row["action_ms"] > 0
+    assert row["exact"] == same_call(
+        ToolCall(**row["call"]), ToolCall("timer.set", {"seconds": 300})
+    )
