@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from export.commands import block_schedule
 
@@ -118,37 +119,42 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     llm.set_defaults(run=_eval_llm)
     llm.add_argument("--log-level", default="INFO")  # cli.py adds it to top-level ones
 
-    acts = ev_sub.add_parser(
-        "actions", help="tool calls of the served engine on held-out commands and chat"
+    acts = _held_out_parser(
+        ev_sub, "actions", "tool calls of the served engine on held-out commands and chat"
     )
-    acts.add_argument("--data", type=Path, default=Path("data/actions"))
     acts.add_argument("--onnx", type=Path, default=None, help="default: the served model")
-    acts.add_argument("--onnx-variant", default="int8", choices=("int8", "fp32", "fp16"))
-    acts.add_argument("--per-tool", type=int, default=None, help="first N commands per tool")
-    acts.add_argument("--chat-limit", type=int, default=None, help="first N chat questions")
-    acts.add_argument("--max-tokens", type=int, default=64)
-    acts.add_argument("--threads", type=int, default=2)
-    acts.add_argument("--json", type=Path, required=True, dest="json_out")
-    acts.add_argument("--log-level", default="INFO")
     acts.set_defaults(run=_eval_actions)
 
-    calls = ev_sub.add_parser(
-        "calls", help="tool calls on the held-out commands and chat, plain diffusion sampler"
+    calls = _held_out_parser(
+        ev_sub, "calls", "tool calls on the held-out commands and chat, plain diffusion sampler"
     )
-    calls.add_argument("--data", type=Path, default=Path("data/actions"))
     model = calls.add_mutually_exclusive_group()
     model.add_argument("--onnx", type=Path, default=None, help="exported model dir (as served)")
     model.add_argument("--adapter", type=Path, default=None, help="else PyTorch + this adapter")
-    calls.add_argument("--onnx-variant", default="int8", choices=("int8", "fp32", "fp16"))
-    calls.add_argument("--per-tool", type=int, default=None, help="first N commands per tool")
-    calls.add_argument("--chat-limit", type=int, default=None, help="first N chat questions")
-    calls.add_argument("--max-tokens", type=int, default=64)
-    calls.add_argument("--threads", type=int, default=2)
-    calls.add_argument("--json", type=Path, required=True, dest="json_out")
-    calls.add_argument("--log-level", default="INFO")
     calls.set_defaults(run=_eval_calls)
 
     _register_sessions(ev_sub)
+
+
+def _held_out_parser(
+    ev_sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, help: str
+) -> argparse.ArgumentParser:
+    """The options of the two evals of ``quicksilver data --actions``'s held-out split."""
+    ev = ev_sub.add_parser(name, help=help)
+    ev.add_argument("--data", type=Path, default=Path("data/actions"))
+    ev.add_argument("--onnx-variant", default="int8", choices=("int8", "fp32", "fp16"))
+    ev.add_argument("--per-tool", type=int, default=None, help="first N commands per tool")
+    ev.add_argument("--chat-limit", type=int, default=None, help="first N chat questions")
+    ev.add_argument("--max-tokens", type=int, default=64)
+    ev.add_argument("--threads", type=int, default=2)
+    ev.add_argument("--json", type=Path, required=True, dest="json_out")
+    ev.add_argument("--log-level", default="INFO")
+    return ev
+
+
+def _write_report(path: Path, report: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
 
 
 def _register_sessions(ev_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -291,8 +297,7 @@ def _eval_llm(args: argparse.Namespace) -> int:
     except FileNotFoundError as exc:  # a prompts file, model directory or graph missing
         print(f"quicksilver eval: {exc}", file=sys.stderr)
         return 2
-    args.json_out.parent.mkdir(parents=True, exist_ok=True)
-    args.json_out.write_text(json.dumps(report, indent=2) + "\n")
+    _write_report(args.json_out, report)
     print(json.dumps(report["summary"], indent=2))
     return 0
 
@@ -319,8 +324,7 @@ def _eval_sessions(args: argparse.Namespace) -> int:
         print(f"quicksilver eval: {exc}", file=sys.stderr)
         return 2
     if args.json_out:
-        args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        args.json_out.write_text(json.dumps(report, indent=2) + "\n")
+        _write_report(args.json_out, report)
     print(table(report))
     return 0
 
@@ -342,8 +346,7 @@ def _eval_actions(args: argparse.Namespace) -> int:
     except FileNotFoundError as exc:  # the held-out files or the model directory
         print(f"quicksilver eval actions: {exc}", file=sys.stderr)
         return 2
-    args.json_out.parent.mkdir(parents=True, exist_ok=True)
-    args.json_out.write_text(json.dumps(report, indent=2) + "\n")
+    _write_report(args.json_out, report)
     summary = {k: v for k, v in report["summary"].items() if k != "per_tool"}
     print(json.dumps(summary, indent=2))
     print(actions_table(report["summary"]["per_tool"]))
@@ -380,8 +383,7 @@ def _eval_calls(args: argparse.Namespace) -> int:
     except FileNotFoundError as exc:
         print(f"quicksilver eval: {exc}", file=sys.stderr)
         return 2
-    args.json_out.parent.mkdir(parents=True, exist_ok=True)
-    args.json_out.write_text(json.dumps(report, indent=2) + "\n")
+    _write_report(args.json_out, report)
     print(json.dumps(report["summary"], indent=2))
     return 0
 
