@@ -16,6 +16,7 @@ module only loads a directory that is already complete.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Literal, get_args
 
@@ -62,8 +63,13 @@ def serving_variant(engine: EngineName, device: Device = "auto") -> Literal["int
     return "int8" if reply_on_cpu(engine, device) else "fp16"
 
 
-def engine_adapter(engine: EngineName) -> Path | None:
-    """The adapter merged into ``engine``'s model: the shipped one for diffusion."""
+def engine_adapter(engine: EngineName, adapter: Path | None = None) -> Path | None:
+    """The adapter merged into ``engine``'s model: ``adapter``, or the shipped one, for
+    diffusion."""
+    if engine in ("diffusion", "diffusion-onnx") and adapter is not None:
+        if not (adapter / "adapter.safetensors").is_file():
+            raise FileNotFoundError(f"no adapter.safetensors in {adapter}")
+        return adapter
     if engine in ("diffusion", "diffusion-onnx"):
         adapter = shipped_adapter()
         if adapter is None:
@@ -77,9 +83,20 @@ def engine_adapter(engine: EngineName) -> Path | None:
     return None
 
 
-def engine_model_dir(engine: EngineName, cache_dir: Path | None = None) -> Path:
+def engine_model_dir(
+    engine: EngineName, cache_dir: Path | None = None, adapter: Path | None = None
+) -> Path:
     """Where the exported model of an ONNX ``engine`` lives in the cache."""
-    return default_model_dir(cache_dir, engine_adapter(engine))
+    return default_model_dir(cache_dir, engine_adapter(engine, adapter))
+
+
+def trained_for_tools(adapter: Path | None) -> bool:
+    """The adapter was trained on tool calls (``quicksilver data --actions``, its
+    manifest says): a session gets the default device tools only from such a model."""
+    if adapter is None or not (adapter / "manifest.json").is_file():
+        return False
+    data = json.loads((adapter / "manifest.json").read_text()).get("data", {})
+    return "--actions" in str(data.get("command", "")) if isinstance(data, dict) else False
 
 
 def load_onnx_backend(
@@ -121,6 +138,7 @@ def load_generator(
     cache_dir: Path | None = None,
     device: Device = "auto",
     chat: ChatServerOptions | None = None,
+    adapter: Path | None = None,
 ) -> TextGenerator:
     """The blocking generator of ``engine``. An ONNX engine's model directory must be
     complete (``quicksilver serve`` builds it on first start, :mod:`export.build`);
@@ -136,11 +154,11 @@ def load_generator(
     if engine == "diffusion":
         from model.nn.engines import load_diffusion_generator  # PyTorch
 
-        return load_diffusion_generator(adapter=engine_adapter(engine))
+        return load_diffusion_generator(adapter=engine_adapter(engine, adapter))
     if engine not in ONNX_ENGINES:
         raise ValueError(f"unknown reply engine {engine!r}; choose one of {', '.join(ENGINES)}")
     variant = serving_variant(engine, device)
-    model_dir = engine_model_dir(engine, cache_dir)
+    model_dir = engine_model_dir(engine, cache_dir, adapter)
     if not is_complete(model_dir, variant):
         raise FileNotFoundError(
             f"no exported {variant} model in {model_dir}: `quicksilver serve` builds it on "

@@ -24,6 +24,7 @@ from model.assemble import (
     engine_adapter,
     engine_model_dir,
     serving_variant,
+    trained_for_tools,
 )
 from model.modeldir import is_complete
 from model.openai_chat import ChatServerOptions
@@ -101,11 +102,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--tools",
-        default="default",
-        metavar="default|none|FILE.json",
+        default="auto",
+        metavar="auto|default|none|FILE.json",
         help="the tools a session may call when its start names none: the default device "
         "tools, none, or a JSON list of {name, description, parameters} (docs/protocol.md, "
-        "'Actions'); only the diffusion engines call tools",
+        "'Actions'); auto: the default ones when the adapter was trained on tool calls "
+        "(--adapter model/adapters-tools), else none. Only the diffusion engines call tools",
+    )
+    serve.add_argument(
+        "--adapter",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="the diffusion engines' adapter (default: the shipped one, model/adapters); "
+        "model/adapters-tools is the one trained to call tools (docs/actions.md)",
     )
     serve.add_argument(
         "--turn-end",
@@ -227,9 +237,11 @@ def main(argv: list[str] | None = None) -> int:
     return rc
 
 
-def _tools(spec: str) -> tuple[Tool, ...]:
-    if spec == "default":
+def _tools(spec: str, auto: bool) -> tuple[Tool, ...]:
+    if spec == "default" or (spec == "auto" and auto):
         return DEFAULT_TOOLS
+    if spec == "auto":
+        return ()
     if spec == "none":
         return ()
     return parse_tools(json.loads(Path(spec).read_text()))
@@ -247,7 +259,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(refusal, file=sys.stderr)
         return 2
     try:
-        tools = _tools(args.tools)
+        auto = trained_for_tools(engine_adapter(args.engine, args.adapter))
+        tools = _tools(args.tools, auto)
     except (OSError, ValueError) as exc:
         print(f"quicksilver: --tools: {exc}", file=sys.stderr)
         return 2
@@ -273,9 +286,10 @@ def _serve(args: argparse.Namespace) -> int:
         device=args.device,
         turn_model=args.turn_end == "model",
         chat=chat,
+        adapter=args.adapter,
     )
     try:
-        prepare_model(options.engine, options.cache_dir, options.device)
+        prepare_model(options.engine, options.cache_dir, options.device, options.adapter)
         rt = load_runtime(options)
     except (FileNotFoundError, ValueError, RuntimeError) as exc:
         print(f"quicksilver: cannot load models: {exc}", file=sys.stderr)
@@ -304,16 +318,18 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def prepare_model(engine: EngineName, cache_dir: Path | None, device: Device = "auto") -> None:
+def prepare_model(
+    engine: EngineName, cache_dir: Path | None, device: Device = "auto", adapter: Path | None = None
+) -> None:
     """Build an ONNX engine's model directory on first start (PyTorch, about a minute);
     later starts find it complete and never import torch."""
     if engine not in ONNX_ENGINES:
         return
     variant = serving_variant(engine, device)
-    if not is_complete(engine_model_dir(engine, cache_dir), variant):
+    if not is_complete(engine_model_dir(engine, cache_dir, adapter), variant):
         from export.build import ensure_model_dir
 
-        ensure_model_dir(cache_dir, variant, engine_adapter(engine))
+        ensure_model_dir(cache_dir, variant, engine_adapter(engine, adapter))
 
 
 if __name__ == "__main__":

@@ -116,6 +116,7 @@ class RuntimeOptions:
     device: Device = "auto"  # auto: the GPU when ONNX Runtime and CTranslate2 see one
     turn_model: bool = True  # score paused turns with the reply model (docs/turn_end.md)
     chat: ChatServerOptions | None = None  # the server the "openai-chat" engine asks
+    adapter: Path | None = None  # the diffusion engines' adapter; None: the shipped one
 
 
 def resolve_device(device: Device) -> Literal["cpu", "cuda"]:
@@ -166,7 +167,9 @@ def load_runtime(options: RuntimeOptions) -> Runtime:
         what += f" ({options.chat.model} at {options.chat.url})"
     generator = _timed(
         what,
-        lambda: load_generator(options.engine, options.cache_dir, options.device, options.chat),
+        lambda: load_generator(
+            options.engine, options.cache_dir, options.device, options.chat, options.adapter
+        ),
     )
     reply = ThreadedReplyEngine(generator, workers[WorkerKind.REPLY].executor, gate)
     turn_end = turn_end_model(generator) if options.turn_model else None

@@ -1,5 +1,6 @@
 """A spoken command through the real server acts: Piper speech in, a ``timer.set``
-action out before a spoken confirmation (issue 20's end-to-end check)."""
+action out before a spoken confirmation (issue 20's end-to-end check), with the adapter
+trained to call tools (``serve --adapter model/adapters-tools``)."""
 
 from __future__ import annotations
 
@@ -23,10 +24,10 @@ COMMAND = "Set a timer for five minutes."
 
 
 async def test_a_spoken_command_sets_a_timer_and_says_so(
-    server: ServerProcess, speech: SpeechFactory, tiny: Transcriber
+    acting_server: ServerProcess, speech: SpeechFactory, tiny: Transcriber
 ) -> None:
     command = speech.piper(COMMAND, lead_s=0.5)
-    async with connect(server.url) as ws:
+    async with connect(acting_server.url) as ws:
         ready = await start_session(ws, 16000, "test")
         assert "timer.set" in ready.tools  # the default device tools
         sender = asyncio.create_task(stream_audio(ws, Pcm(float32_to_int16(command), 16000)))
@@ -36,7 +37,7 @@ async def test_a_spoken_command_sets_a_timer_and_says_so(
 
     turn = result.turn_id
     actions = [m for m in result.events if isinstance(m, p.Action)]
-    # The call is valid by construction; its value is the model's: the shipped adapter
+    # The call is valid by construction; its value is the model's: the tools adapter
     # writes 5 (the words' number) more often than 300 (docs/actions.md, "Quality"), so
     # the test holds the action and its schema, and the closing figures hold the value.
     assert [(a.turn_id, a.call_id, a.name) for a in actions] == [

@@ -24,8 +24,7 @@ RATE = 24_000
 CHUNK = RATE // 10  # 100 ms per append, as a microphone would send them
 
 
-@pytest.fixture
-def client(server: ServerProcess) -> Any:
+def sdk_client(server: ServerProcess) -> Any:
     try:
         from openai import AsyncOpenAI
     except ImportError:
@@ -34,6 +33,17 @@ def client(server: ServerProcess) -> Any:
     return AsyncOpenAI(
         api_key="not-needed-on-loopback", base_url=f"{server.http}/v1", websocket_base_url=ws
     )
+
+
+@pytest.fixture
+def client(server: ServerProcess) -> Any:
+    return sdk_client(server)
+
+
+@pytest.fixture
+def acting_client(acting_server: ServerProcess) -> Any:
+    """The SDK against the server whose adapter was trained to call tools."""
+    return sdk_client(acting_server)
 
 
 async def events_until(conn: Any, kind: str, timeout_s: float = 180) -> list[Any]:
@@ -345,13 +355,13 @@ async def test_mu_law_at_8khz_both_ways(
     assert word_error_rate(transcript, said) <= 0.35, (transcript, said)
 
 
-async def test_a_function_tool_is_called_and_its_output_taken(client: Any) -> None:
+async def test_a_function_tool_is_called_and_its_output_taken(acting_client: Any) -> None:
     """session.update gives a function; a command gets a function_call item with valid
     arguments beside a spoken confirmation, and the function's output is accepted."""
     from model.tools import DEFAULT_TOOLS
 
     timer = {"type": "function", **DEFAULT_TOOLS[0].schema()}  # timer.set(seconds)
-    async with client.realtime.connect(model="quicksilver") as conn:
+    async with acting_client.realtime.connect(model="quicksilver") as conn:
         await events_until(conn, "session.created")
         await conn.session.update(session={"type": "realtime", "tools": [timer]})
         (updated,) = of(await events_until(conn, "session.updated"), "session.updated")
