@@ -158,9 +158,9 @@ BAD_EVENTS: list[tuple[dict[str, Any], str]] = [
     (
         {
             "type": "session.update",
-            "session": {"type": "realtime", "tools": [{"type": "function", "name": "f"}]},
+            "session": {"type": "realtime", "tools": [{"type": "mcp", "server_url": "x"}]},
         },
-        "not_supported",
+        "not_supported",  # function tools are taken; MCP servers are not
     ),
     (
         {
