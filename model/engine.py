@@ -148,8 +148,8 @@ class ThreadedReplyEngine:
             return stop.is_set()
 
         def work() -> None:
-            it = self._generator.generate(conversation, max_tokens, should_stop, tools)
-            try:
+            try:  # a generator that cannot even start still ends the stream, with its error
+                it = self._generator.generate(conversation, max_tokens, should_stop, tools)
                 while True:
                     try:
                         put(next(it))

@@ -20,6 +20,7 @@ from model.openai_chat import (
     parse_chunk,
     sse_data,
 )
+from model.tools import Tool, ToolCall
 from tests.chatserver import (
     DONE,
     LLAMA_MODEL,
@@ -165,9 +166,13 @@ class Recording(OpenAIChatGenerator):
     stats: GenerationStats | None = None
 
     def generate(
-        self, conversation: Sequence[ChatMessage], max_tokens: int, should_stop: Callable[[], bool]
-    ) -> Generator[str, None, GenerationStats]:
-        self.stats = yield from super().generate(conversation, max_tokens, should_stop)
+        self,
+        conversation: Sequence[ChatMessage],
+        max_tokens: int,
+        should_stop: Callable[[], bool],
+        tools: Sequence[Tool] = (),
+    ) -> Generator[str | ToolCall, None, GenerationStats]:
+        self.stats = yield from super().generate(conversation, max_tokens, should_stop, tools)
         return self.stats
 
 

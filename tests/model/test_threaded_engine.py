@@ -13,6 +13,8 @@ from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import pytest
+
 from model.engine import ChatMessage, GenerationStats, ReplyEnd, ThreadedReplyEngine
 
 ASK = [ChatMessage("user", "hello")]
@@ -89,3 +91,23 @@ async def test_cancelling_a_reply_queued_behind_another_does_not_wait_for_it() -
         rest = [chunk async for chunk in first]
         assert rest == [ReplyEnd(GenerationStats(1, 1, "end"))]
     assert not b.ran
+
+
+class Unstartable:
+    """A generator whose generate() fails before it yields (as a wrong signature does)."""
+
+    name = "unstartable"
+    supports_tools = False
+
+    def generate(self, conversation: Sequence[ChatMessage], max_tokens: int) -> Any:
+        raise AssertionError("not reached: the call itself fails on the extra arguments")
+
+
+async def test_a_generator_that_cannot_start_ends_the_stream_with_its_error() -> None:
+    """Before, the worker raised outside its try and never said it was done: the reply
+    stream waited forever (a test fake with an old signature hung CI for 15 minutes)."""
+    with ThreadPoolExecutor(1) as pool:
+        stream = ThreadedReplyEngine(Unstartable(), pool).stream(ASK, 8)  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            async with asyncio.timeout(20):
+                await anext(stream)
