@@ -58,12 +58,13 @@ class ActionSettings:
 
 @dataclass(frozen=True)
 class DecodedCall:
-    """A call the model wrote: the call, its token ids, what it cost."""
+    """A call the model wrote: the call (with the passes it took, block commits
+    included), its token ids, and where it leaves the cache."""
 
     call: ToolCall
     ids: list[int]
-    passes: int  # model passes spent on the call (block commits included)
     committed: int  # leading ids already committed to the cache (whole blocks)
+    last: NDArray[np.float32]  # logits of the last committed row
 
 
 @dataclass
@@ -317,7 +318,7 @@ def _finish(c: _Call) -> DecodedCall | None:
         validate(shape.tool, args)
     except ValueError:
         return None
-    return DecodedCall(ToolCall(shape.tool.name, args), c.ids, c.passes, c.committed)
+    return DecodedCall(ToolCall(shape.tool.name, args, c.passes), c.ids, c.committed, c.last)
 
 
 def _value(p: Param, text: str) -> Any:

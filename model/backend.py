@@ -101,7 +101,10 @@ class StepBackend(Protocol):
 
 @dataclass(frozen=True)
 class Prefix:
-    """A backend cache whose first ``length`` positions hold the prompt's first tokens."""
+    """A backend cache whose first ``length`` positions hold the prompt's first tokens.
+    ``last``: the logits of its last position's row, when the caller already ran it (a
+    decoder then goes on from them instead of running that position again)."""
 
     cache: Any
     length: int
+    last: Any = None  # NDArray[np.float32] (V,) or None

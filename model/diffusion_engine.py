@@ -17,6 +17,7 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from numpy.typing import NDArray
 
 from model.actions import ActionSettings, call_starts, decode_call
 from model.backend import Prefix, StepBackend, last_row
@@ -111,8 +112,8 @@ class DiffusionGenerator:
                 if acted is None:  # it meant to act and could not write a valid call
                     yield CANNOT_ACT
                     return GenerationStats(0, 1, "cancel" if should_stop() else "end")
-                head, forced, passes = acted
-                prefix = Prefix(prefix.cache, len(head))
+                head, forced, passes, last = acted
+                prefix = Prefix(prefix.cache, len(head), last)
             tokens = sample(
                 self.backend,
                 head,
@@ -142,11 +143,12 @@ class DiffusionGenerator:
         user_text: str,
         should_stop: Callable[[], bool],
         avoid: Sequence[Opening] = (),
-    ) -> Generator[ToolCall, None, tuple[list[int], list[int], int] | None]:
+    ) -> Generator[ToolCall, None, tuple[list[int], list[int], int, NDArray[np.float32]] | None]:
         """Prefill the prompt and, when the model's first reply token opens a call,
         write the call (``model/actions.py``) and yield it. Returns what the sampler
         goes on from: the prompt with the call's committed blocks, the call's other
-        tokens (forced into the reply's first block) and the passes spent here; None
+        tokens (forced into the reply's first block), the passes spent here and the
+        logits of the last cached row (so the sampler prefills nothing again); None
         when the call could not be written (cancelled, or nothing valid in its passes:
         the sampler would only write the call's text again)."""
         be, cache = self.backend, prefix.cache
@@ -155,7 +157,7 @@ class DiffusionGenerator:
         chunk = np.asarray(prompt[start:], np.int64)
         last = be.step(cache, chunk, "causal", commit=True, rows=last_row(chunk))[-1]
         if not call_starts(self.tokenizer, last, {o[0] for o in avoid}):
-            return prompt, [], 1
+            return prompt, [], 1, last
         block = self.options.sampler.block_size
         done = decode_call(
             be, self.tokenizer, cache, last, tools, user_text, self.model, block,
@@ -164,9 +166,9 @@ class DiffusionGenerator:
         if done is None:
             be.truncate(cache, len(prompt))
             return None
-        yield ToolCall(done.call.name, done.call.arguments, done.passes)
+        yield done.call
         head = [*prompt, *done.ids[: done.committed]]
-        return head, done.ids[done.committed :], 1 + done.passes
+        return head, done.ids[done.committed :], 1 + done.call.passes, done.last
 
     def _no_call(self, tools: Sequence[Tool]) -> tuple[Opening, ...]:
         """With tools, the call's first token as an opening no spoken reply may have: the

@@ -315,13 +315,19 @@ def _sample_blocks(
 ) -> Generator[int, None, GenerationStats]:
     """Block-causal decoding: causal prefill, then blocks committed to the KV cache."""
     cache = prefix.cache if prefix is not None else backend.new_cache()
-    start = 0 if prefix is None else min(prefix.length, prompt.size - 1)  # >= 1 new token
+    # the whole prompt cached with its last row known: nothing to prefill; else >= 1 token
+    known = prefix is not None and prefix.last is not None and prefix.length == prompt.size
+    start = 0 if prefix is None else min(prefix.length, prompt.size - (0 if known else 1))
     backend.truncate(cache, start)
     if r.should_stop():
         return r.stats("cancel")
-    chunk = prompt[start:]
-    last = backend.step(cache, chunk, "causal", commit=True, rows=last_row(chunk))[-1]
-    r.passes += 1
+    if known:
+        assert prefix is not None
+        last = prefix.last
+    else:
+        chunk = prompt[start:]
+        last = backend.step(cache, chunk, "causal", commit=True, rows=last_row(chunk))[-1]
+        r.passes += 1
     for lo, hi in r.blocks:
         block = r.x[lo:hi]  # a view: commits write into r.x
         drafted = np.zeros(block.size, dtype=bool)  # block offsets held in the draft

@@ -64,7 +64,7 @@ def test_whatever_the_weights_a_call_fits_its_schema_and_its_ids(seed: int) -> N
     validate(tool, done.call.arguments)
     # the ids are exactly the call's piecewise encoding: what training writes
     assert done.ids == call_ids(tok, tool, done.call.arguments)
-    assert done.passes == backend.steps - before  # every pass is counted
+    assert done.call.passes == backend.steps - before  # every pass is counted
     assert done.committed == len(done.ids) // 8 * 8  # whole blocks went to the cache
     assert backend.cache_length(cache) == _prompt_len(tok) + done.committed
     for p in tool.params:
@@ -172,3 +172,13 @@ def test_the_engine_yields_the_call_then_speaks_and_keeps_only_the_prompt() -> N
     assert len(gen.prefixes) == 1  # the next turn reuses the prompt's cache
     no_tools, _ = drain(tiny_generator()[0].generate(convo, 16, lambda: False))
     assert not any(isinstance(i, ToolCall) for i in no_tools)
+
+
+def test_a_reply_with_tools_prefills_its_prompt_once() -> None:
+    """The decision reads the prefill's last row; the sampler goes on from it rather
+    than running the prompt's last position again."""
+    gen, prefills = tiny_generator()
+    convo = [ChatMessage("user", "hi")]
+    items, _ = drain(gen.generate(convo, 8, lambda: False, TOOLS[:2]))
+    assert not any(isinstance(i, ToolCall) for i in items)  # the tiny model speaks
+    assert len(prefills) == 1  # one causal pass: the whole prompt
