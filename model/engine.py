@@ -97,8 +97,17 @@ class ReplyEngine(Protocol):
     supports_tools: bool
 
     def stream(
-        self, conversation: Sequence[ChatMessage], max_tokens: int, tools: Sequence[Tool] = ()
-    ) -> AsyncIterator[ReplyChunk]: ...
+        self,
+        conversation: Sequence[ChatMessage],
+        max_tokens: int,
+        tools: Sequence[Tool] = (),
+        lockstep: threading.Event | None = None,
+    ) -> AsyncIterator[ReplyChunk]:
+        """The reply piece by piece. Until ``lockstep`` is set, the model starts no
+        forward pass before the consumer has taken everything it wrote: a consumer that
+        finds the reply's first phrase in a piece gets the CPU for its speech before
+        the model goes on (docs/latency.md, "Speech first")."""
+        ...
 
 
 _DONE = object()
@@ -120,7 +129,8 @@ class ThreadedReplyEngine:
     generator's stop flag and waits for the worker thread to return, so a cancelled
     turn never keeps the model busy behind the next one; a reply still queued behind
     another session's is taken off the queue at once instead of waited for. The
-    generator also waits at ``gate`` before each forward pass.
+    generator also waits at ``gate`` before each forward pass, and in ``lockstep``
+    for the consumer to take what it wrote.
     """
 
     def __init__(
@@ -133,26 +143,44 @@ class ThreadedReplyEngine:
         self.supports_tools = generator.supports_tools
 
     async def stream(
-        self, conversation: Sequence[ChatMessage], max_tokens: int, tools: Sequence[Tool] = ()
+        self,
+        conversation: Sequence[ChatMessage],
+        max_tokens: int,
+        tools: Sequence[Tool] = (),
+        lockstep: threading.Event | None = None,
     ) -> AsyncIterator[ReplyChunk]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[object] = asyncio.Queue()
         stop = threading.Event()
+        taken = threading.Condition()
+        counts = [0, 0]  # pieces written, pieces the consumer has taken
 
         def put(item: object) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, item)
 
+        def caught_up() -> bool:
+            return counts[1] >= counts[0] or stop.is_set() or lockstep is None or lockstep.is_set()
+
         def should_stop() -> bool:  # called before every forward pass
+            if lockstep is not None:
+                with taken:
+                    while not taken.wait_for(caught_up, timeout=0.01):  # lockstep.set() is polled
+                        pass
             if self.gate is not None:
                 self.gate.wait(stop.is_set)
             return stop.is_set()
+
+        def written(piece: object) -> None:
+            with taken:
+                counts[0] += 1
+            put(piece)
 
         def work() -> None:
             try:  # a generator that cannot even start still ends the stream, with its error
                 it = self._generator.generate(conversation, max_tokens, should_stop, tools)
                 while True:
                     try:
-                        put(next(it))
+                        written(next(it))
                     except StopIteration as done:
                         stats: GenerationStats = done.value
                         break
@@ -169,8 +197,13 @@ class ThreadedReplyEngine:
                     raise item
                 assert isinstance(item, str | ToolCall | ReplyEnd)
                 yield item
+                with taken:  # the consumer is back for more: it has dealt with this one
+                    counts[1] += 1
+                    taken.notify_all()
         finally:
             stop.set()
+            with taken:
+                taken.notify_all()
             # Not started yet (queued behind another reply): it never runs. Running: wait
             # for it to notice the flag, within one forward pass, even when we are being
             # cancelled, so the model is free before the next turn starts.

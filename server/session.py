@@ -866,8 +866,8 @@ class Session:
             return []
         silence_ms = (self._ring.total_written - u.end) * 1000 / SAMPLE_RATE
         decision = self.config.end_of_turn.decide(turn.transcript, turn.complete_p, silence_ms)
-        # The endpointer's end of turn ends every turn the words do not hold open.
-        if not (decision.final or (u.ended and decision.tier != "incomplete")):
+        # The endpointer's end of turn ends every turn the policy does not hold open.
+        if not (decision.final or (u.ended and not decision.holds)):
             return []
         turn.end_of_turn = decision.tier
         self._utterance = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -133,16 +134,23 @@ async def _produce(
     chunks: asyncio.Queue[_Chunk | None],
     deliver: Deliver,
 ) -> tuple[GenerationStats | None, float]:
-    """Reply sentences -> TTS, first sentence first; the model keeps writing meanwhile."""
+    """Reply sentences -> TTS, first sentence first; the model keeps writing meanwhile.
+
+    Until the first phrase is synthesized the model runs in lockstep with this loop:
+    it starts no pass before the splitter has seen what it wrote, so the phrase's
+    synthesis never shares the CPU with a pass already in flight."""
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     stats: GenerationStats | None = None
+    free = threading.Event()  # the model may run ahead of its speech
+    if not (start.speak and rt.gate.enabled):
+        free.set()
     try:
         budget = min(rt.max_reply_tokens, start.max_tokens or rt.max_reply_tokens)
         # No name holds the engine's stream: cancelled here (say, while Piper works), this
         # frame's traceback must not keep it alive, so that it is closed and the model
         # stops writing.
-        async for chunk in sentences(rt.reply.stream(conversation, budget, start.tools)):
+        async for chunk in sentences(rt.reply.stream(conversation, budget, start.tools, free)):
             match chunk:
                 case ToolCall():
                     await deliver(ReplyAction(start.turn_id, chunk))
@@ -155,9 +163,11 @@ async def _produce(
                         synthesize, rt, text, start.output_rate, index == 0
                     )
                     chunks.put_nowait(_Chunk(index, pcm, _ms(t1, loop.time())))
+                    free.set()
                 case ReplyEnd(stats=s):
                     stats = s
     finally:
+        free.set()
         chunks.put_nowait(None)
     return stats, _ms(t0, loop.time())
 

@@ -194,8 +194,12 @@ class TurnEndPolicy:
       the capital of Australia?" is answered ~200 ms sooner than by silence alone);
     - ``p < hold_below``: held up to ``hold_ms`` ("What's the weather like in"); speech
       within that time continues the same turn;
-    - in between, and a transcript with no words: ``default_ms``, the silence the
-      endpointer waits anyway (``EndpointConfig.end_of_turn_ms``);
+    - in between (the model unsure): ``unsure_ms`` (900 ms at medium eagerness). A
+      request the model cannot call finished may be half of one said with a pause
+      ("Can you turn off the lights" 0.7 s "in the kitchen": P 0.08): the answer waits
+      until a user who paused mid-request (0.3-0.8 s) has been heard going on;
+    - a transcript with no words: ``default_ms``, the silence the endpointer waits
+      anyway (``EndpointConfig.end_of_turn_ms``);
     - no probability (no scorer, or its score not in yet): today's rule, the hold if
       :func:`looks_incomplete`, else ``default_ms``; a slow scorer never makes a turn
       wait longer than it did without one.
@@ -215,29 +219,32 @@ class TurnEndPolicy:
     hold_ms: float = 1200.0
     complete_ms: float = 200.0
     default_ms: float = 416.0
+    unsure_ms: float = 900.0
     use_words: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.hold_below <= self.complete_at <= 1.0:
             raise ValueError("need 0 <= hold_below <= complete_at <= 1")
-        if not 0 <= self.complete_ms <= self.default_ms <= self.hold_ms:
-            raise ValueError("need 0 <= complete_ms <= default_ms <= hold_ms")
+        if not 0 <= self.complete_ms <= self.default_ms <= self.unsure_ms <= self.hold_ms:
+            raise ValueError("need 0 <= complete_ms <= default_ms <= unsure_ms <= hold_ms")
 
     @classmethod
     def from_eagerness(
         cls, eagerness: Eagerness = "medium", default_ms: float = 416.0
     ) -> TurnEndPolicy:
         """The documented setting for ``eagerness`` (:data:`EAGERNESS`) around an
-        endpointer that ends turns after ``default_ms`` (the 200 ms path and the hold are
-        clamped to it when it is shorter or longer)."""
+        endpointer that ends turns after ``default_ms`` (the 200 ms path, the unsure
+        wait and the hold are clamped to it when it is shorter or longer)."""
         if eagerness not in EAGERNESS:
             raise ValueError(f"eagerness must be one of {', '.join(EAGERNESS)}, got {eagerness!r}")
         base = EAGERNESS[eagerness]
+        hold_ms = max(base.hold_ms, default_ms)
         return replace(
             base,
             default_ms=default_ms,
             complete_ms=min(base.complete_ms, default_ms),
-            hold_ms=max(base.hold_ms, default_ms),
+            unsure_ms=min(max(base.unsure_ms, default_ms), hold_ms),
+            hold_ms=hold_ms,
         )
 
     def tier(self, transcript: str, probability: float | None) -> Tier:
@@ -263,7 +270,9 @@ class TurnEndPolicy:
                 return self.complete_ms
             case "incomplete":
                 return self.hold_ms
-            case _:
+            case "unsure" if probability is not None:
+                return self.unsure_ms
+            case _:  # no words, or no score (yet): the endpointer's silence, as before
                 return self.default_ms
 
     def decide(
@@ -272,8 +281,9 @@ class TurnEndPolicy:
         """Final now, or wait ``wait_ms`` more of silence (speech in that time goes on
         with the same turn)."""
         tier = self.tier(transcript, probability)
-        wait = self.silence_needed_ms(transcript, probability) - silence_ms
-        return TurnEndDecision(wait <= 0, max(0.0, wait), tier)
+        needed = self.silence_needed_ms(transcript, probability)
+        wait = needed - silence_ms
+        return TurnEndDecision(wait <= 0, max(0.0, wait), tier, needed > self.default_ms)
 
 
 @dataclass(frozen=True)
@@ -281,13 +291,15 @@ class TurnEndDecision:
     final: bool
     wait_ms: float  # more silence needed before the turn is final (0 when final)
     tier: Tier  # why: which of the policy's tiers the transcript fell in
+    holds: bool = False  # the turn waits past the endpointer's end of turn
 
 
 # The documented defaults (docs/turn_end.md has the figures behind them). Higher
 # eagerness answers sooner: a lower bar for the 200 ms path, fewer turns held, a
-# shorter hold. "medium" holds an unfinished turn 1.2 s, today's tested bound.
+# shorter hold. "medium" holds an unfinished turn 1.2 s, and one the model is unsure of
+# 0.9 s, past the longest mid-request pause of the loop benchmark's speech (0.8 s).
 EAGERNESS: dict[Eagerness, TurnEndPolicy] = {
-    "low": TurnEndPolicy(complete_at=0.5, hold_below=0.02, hold_ms=2000.0),
-    "medium": TurnEndPolicy(complete_at=0.2, hold_below=0.01, hold_ms=1200.0),
-    "high": TurnEndPolicy(complete_at=0.05, hold_below=0.002, hold_ms=800.0),
+    "low": TurnEndPolicy(complete_at=0.5, hold_below=0.02, unsure_ms=1200.0, hold_ms=2000.0),
+    "medium": TurnEndPolicy(complete_at=0.2, hold_below=0.01, unsure_ms=900.0, hold_ms=1200.0),
+    "high": TurnEndPolicy(complete_at=0.05, hold_below=0.002, unsure_ms=416.0, hold_ms=800.0),
 }

@@ -438,22 +438,26 @@ def today(s: Scored) -> float:
     return 1200.0 if s.transcript.strip() and looks_incomplete(s.transcript) else 416.0
 
 
-def rules() -> list[tuple[str, Rule, bool]]:
-    """``(name, rule, needs the score)``: today's and each eagerness's."""
-    out: list[tuple[str, Rule, bool]] = [("today", today, False)]
+def rules() -> list[tuple[str, Rule, bool, float]]:
+    """``(name, rule, needs the score, its hold)``: today's and each eagerness's."""
+    out: list[tuple[str, Rule, bool, float]] = [("today", today, False, 1200.0)]
     for e, policy in EAGERNESS.items():
 
         def rule(s: Scored, policy: TurnEndPolicy = policy) -> float:
             return policy.silence_needed_ms(s.transcript, s.scores.complete)
 
-        out.append((f"{e} (hold {policy.hold_ms:.0f})", rule, True))
+        name = f"{e} (unsure {policy.unsure_ms:.0f}, hold {policy.hold_ms:.0f})"
+        out.append((name, rule, True, policy.hold_ms))
     return out
 
 
-def paths(rule: Rule, scored: Iterable[Scored]) -> str:
-    """How many turns take the 200 ms / 416 ms / hold path: "fast / default / held"."""
-    counts = Counter(0 if x <= 200 else 1 if x <= 416 else 2 for x in map(rule, scored))
-    return " / ".join(str(counts[k]) for k in range(3))
+def paths(rule: Rule, scored: Iterable[Scored], hold_ms: float) -> str:
+    """How many turns take each path, "200 / 416 / unsure / held": the 200 ms path,
+    the endpointer's 416 ms, the unsure wait (past 416 ms, short of the hold), a hold."""
+    counts = Counter(
+        0 if x <= 200 else 1 if x <= 416 else 2 if x < hold_ms else 3 for x in map(rule, scored)
+    )
+    return " / ".join(str(counts[k]) for k in range(4))
 
 
 def print_latency(scored: Sequence[Scored], timings: Sequence[Timing]) -> None:
@@ -469,12 +473,13 @@ def print_latency(scored: Sequence[Scored], timings: Sequence[Timing]) -> None:
     )
     print(
         "| rule | transcript + score known at (ms) | complete: final at, median (mean) "
-        "| saved, median (mean) | complete: 200 / 416 / held | incomplete: 200 / 416 / held |"
+        "| saved, median (mean) | complete: 200 / 416 / unsure / held "
+        "| incomplete: 200 / 416 / unsure / held |"
     )
     print("|---|---|---|---|---|---|")
     for t in timings:
         base = [max(today(s), t.pause_ms + t.asr_ms) for s in done]
-        for name, rule, scored_ in rules():
+        for name, rule, scored_, hold_ms in rules():
             score_ms = t.score_ms if scored_ else 0.0
             ready = t.pause_ms + t.asr_ms + score_ms
             new = [max(rule(s), ready) for s in done]
@@ -483,7 +488,7 @@ def print_latency(scored: Sequence[Scored], timings: Sequence[Timing]) -> None:
                 f"| {name} | {t.pause_ms:.0f} + {t.asr_ms:.0f} + {score_ms:.0f} "
                 f"| {statistics.median(new):.0f} ({statistics.mean(new):.0f}) "
                 f"| {statistics.median(saved):.0f} ({statistics.mean(saved):.0f}) "
-                f"| {paths(rule, done)} | {paths(rule, cut)} |"
+                f"| {paths(rule, done, hold_ms)} | {paths(rule, cut, hold_ms)} |"
             )
 
 

@@ -111,3 +111,64 @@ async def test_a_generator_that_cannot_start_ends_the_stream_with_its_error() ->
         with pytest.raises(TypeError):
             async with asyncio.timeout(20):
                 await anext(stream)
+
+
+class Passes:
+    """Three passes of one piece each; notes, before each pass, how many pieces the
+    consumer had taken by then (read from the test's own counter)."""
+
+    name = "passes"
+    supports_tools = False
+
+    def __init__(self, taken: list[int]) -> None:
+        self.taken = taken
+        self.seen: list[int] = []
+
+    def generate(
+        self,
+        conversation: Sequence[ChatMessage],
+        max_tokens: int,
+        should_stop: Callable[[], bool],
+        tools: Sequence[Any] = (),
+    ) -> Generator[str, None, GenerationStats]:
+        for word in ("One", " two", " three."):
+            if should_stop():
+                break
+            self.seen.append(self.taken[0])
+            yield word
+        return GenerationStats(3, 3, "end")
+
+
+@pytest.mark.parametrize("free_after", [None, 1])
+async def test_lockstep_holds_each_pass_until_the_consumer_took_what_was_written(
+    free_after: int | None,
+) -> None:
+    """In lockstep the model starts a pass only once the consumer is back for more (it
+    may have found the first phrase and want the CPU for its speech); once the event is
+    set it runs ahead. The consumer is slow here, so without lockstep the model would
+    have written every pass before the consumer took its first piece."""
+    taken, free = [0], threading.Event()
+    gen = Passes(taken)
+    with ThreadPoolExecutor(1) as pool:
+        pieces = []
+        async for item in ThreadedReplyEngine(gen, pool).stream(ASK, 8, lockstep=free):
+            await asyncio.sleep(0.05)  # the consumer works on the piece (Piper, say)
+            pieces.append(item)
+            if len(pieces) == free_after:
+                free.set()
+            taken[0] += 1
+    assert pieces[:3] == ["One", " two", " three."]
+    if free_after is None:
+        assert gen.seen == [0, 1, 2]  # every pass waited for the piece before it
+    else:
+        assert gen.seen[0] == 0 and gen.seen[2] <= 1  # ran ahead of the slow consumer once set
+
+
+async def test_without_lockstep_the_model_runs_ahead_of_a_slow_consumer() -> None:
+    taken = [0]
+    gen = Passes(taken)
+    with ThreadPoolExecutor(1) as pool:
+        async for _ in ThreadedReplyEngine(gen, pool).stream(ASK, 8):
+            await asyncio.sleep(0.05)
+            taken[0] += 1
+    assert gen.seen == [0, 0, 0]

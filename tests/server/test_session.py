@@ -52,6 +52,7 @@ FRAME = 512
 SPEECH, SILENCE = 0.9, 0.05
 ENDPOINT = EndpointConfig(min_speech_ms=96, pause_ms=224, end_of_turn_ms=608)
 HOLD_30_FRAMES = TurnEndPolicy(hold_ms=960, default_ms=608)  # held turns: 960 ms
+UNSURE_24_FRAMES = TurnEndPolicy(hold_ms=960, default_ms=608, unsure_ms=768)
 
 
 def settings(**kwargs: object) -> SessionConfig:
@@ -417,10 +418,36 @@ def test_a_low_score_holds_the_turn_open() -> None:
 
 
 def test_dangling_words_veto_a_complete_score() -> None:
-    d = make(settings(turn_end=HOLD_30_FRAMES))
+    d = make(settings(turn_end=UNSURE_24_FRAMES))
     turn = spoken_turn(d, "Add milk, eggs, and")
     assert d.send(TurnEndScored(turn, 0.9)) == []  # "and": never the 200 ms path
-    assert of(d.silence(12), ReleaseTurn) == [ReleaseTurn(turn)]  # nor held: unsure
+    assert not of(d.silence(16), ReleaseTurn)  # 23 frames
+    assert of(d.silence(1), ReleaseTurn) == [ReleaseTurn(turn)]  # nor held: unsure
+
+
+def test_an_unsure_turn_waits_past_the_endpointer_and_goes_on_with_the_user() -> None:
+    """P(complete) between the hold and the 200 ms path: the words may be half of a
+    request said with a pause ("Can you turn off the lights" 0.7 s "in the kitchen"),
+    so the turn stays open past the endpointer's 608 ms until ``unsure_ms``; speech
+    in that time is more of the same turn, never an answer cut short."""
+    d = make(settings(turn_end=UNSURE_24_FRAMES))
+    turn = spoken_turn(d, "Can you turn off the lights?")
+    d.send(TurnEndScored(turn, 0.08))
+    assert not of(d.silence(15), ReleaseTurn)  # 22 frames: past the endpointer's 19
+    out = d.speak(5)
+    assert of(out, CancelTurn) == [CancelTurn(turn)] and not sent(out, p.ReplyCancelled)
+    out = d.speak(10) + d.silence(7)
+    (again,) = of(out, StartTurn)
+    assert isinstance(again, StartTurn) and again.turn_id == turn
+
+
+def test_an_unscored_turn_is_final_at_the_endpointers_silence() -> None:
+    """No score (yet): the endpointer's silence, as without a scorer; a slow scorer
+    never makes a turn wait longer."""
+    d = make(settings(turn_end=UNSURE_24_FRAMES))
+    turn = spoken_turn(d, "Can you turn off the lights?")
+    assert not of(d.silence(11), ReleaseTurn)  # 18 frames
+    assert of(d.silence(1), ReleaseTurn) == [ReleaseTurn(turn)]  # 19: 608 ms
 
 
 def test_a_score_for_a_dropped_speculation_is_ignored() -> None:

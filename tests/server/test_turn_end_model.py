@@ -35,9 +35,9 @@ MEDIUM = EAGERNESS["medium"]
     ("text", "p", "needed"),
     [
         ("What is the capital of Australia?", 0.9, 200.0),  # reads complete: 200 ms
-        ("What is the capital of Australia?", 0.05, 416.0),  # unsure: the endpointer's
+        ("What is the capital of Australia?", 0.05, 900.0),  # unsure: past a user's pause
         ("What's the weather like in?", 0.001, 1200.0),  # reads unfinished: held
-        ("What are you looking at?", 0.9, 416.0),  # the words veto the 200 ms path
+        ("What are you looking at?", 0.9, 900.0),  # the words veto the 200 ms path
         ("Add milk, eggs, and...", 0.05, 1200.0),  # unsure and the words say unfinished
         ("How far is it from here...", 0.9, 1200.0),  # trails off: held whatever the score
         ("If I leave now,", 0.5, 1200.0),
@@ -53,7 +53,10 @@ def test_medium_policy_tiers(text: str, p: float | None, needed: float) -> None:
 
 def test_decide_waits_for_the_rest_of_the_silence() -> None:
     d = MEDIUM.decide("Set a timer for?", 0.0001, silence_ms=300.0)
-    assert (d.final, d.wait_ms, d.tier) == (False, 900.0, "incomplete")
+    assert (d.final, d.wait_ms, d.tier, d.holds) == (False, 900.0, "incomplete", True)
+    d = MEDIUM.decide("Can you turn off the lights?", 0.08, silence_ms=416.0)
+    assert (d.final, d.wait_ms, d.tier, d.holds) == (False, 484.0, "unsure", True)
+    assert not MEDIUM.decide("Can you turn off the lights?", None, 300.0).holds
     d = MEDIUM.decide("Set a timer for?", 0.0001, silence_ms=1200.0)
     assert (d.final, d.wait_ms) == (True, 0.0)
     d = MEDIUM.decide("Set a timer for ten minutes.", 0.6, silence_ms=200.0)
@@ -66,13 +69,15 @@ def test_eagerness_orders_thresholds_and_holds() -> None:
     assert low.complete_at > medium.complete_at > high.complete_at
     assert low.hold_below >= medium.hold_below >= high.hold_below
     assert low.hold_ms > medium.hold_ms > high.hold_ms
+    assert low.unsure_ms > medium.unsure_ms > high.unsure_ms == high.default_ms
     assert TurnEndPolicy() == medium  # the dataclass defaults are medium's
     assert TurnEndPolicy.from_eagerness("high", default_ms=320.0).default_ms == 320.0
     # An endpointer quicker than the 200 ms path, or slower than the hold, bounds them.
     quick = TurnEndPolicy.from_eagerness("medium", default_ms=160.0)
     assert (quick.complete_ms, quick.default_ms, quick.hold_ms) == (160.0, 160.0, 1200.0)
     slow = TurnEndPolicy.from_eagerness("high", default_ms=1000.0)
-    assert (slow.complete_ms, slow.hold_ms) == (200.0, 1000.0)
+    assert (slow.complete_ms, slow.unsure_ms, slow.hold_ms) == (200.0, 1000.0, 1000.0)
+    assert TurnEndPolicy.from_eagerness("medium", default_ms=1000.0).unsure_ms == 1000.0
     with pytest.raises(ValueError, match="eagerness"):
         TurnEndPolicy.from_eagerness("eager")  # type: ignore[arg-type]
     with pytest.raises(ValueError):

@@ -91,9 +91,14 @@ class FakeEngine:
         self.closed = asyncio.Event()
         self.ended_by: str | None = None
         self.calls: list[tuple[tuple[ChatMessage, ...], int]] = []
+        self.free: list[bool] = []  # whether lockstep was over when each piece was written
 
     async def stream(
-        self, conversation: Sequence[ChatMessage], max_tokens: int, tools: Sequence[Tool] = ()
+        self,
+        conversation: Sequence[ChatMessage],
+        max_tokens: int,
+        tools: Sequence[Tool] = (),
+        lockstep: threading.Event | None = None,
     ) -> AsyncIterator[ReplyChunk]:
         self.calls.append((tuple(conversation), max_tokens))
         try:
@@ -101,6 +106,7 @@ class FakeEngine:
                 if i == self.block_after:
                     self.blocked.set()
                     await self.unblock.wait()
+                self.free.append(lockstep is None or lockstep.is_set())
                 yield piece
             if self.fail is not None:
                 raise self.fail
@@ -531,3 +537,23 @@ async def test_only_the_first_sentence_is_synthesized_with_the_model_held(
     assert turn.tts.texts == SENTENCES
     assert turn.tts.held == [True, False, False, False]
     assert not turn.rt.gate.held
+
+
+async def test_the_model_runs_in_lockstep_until_the_first_phrase_is_synthesized(
+    make_turn: Any,
+) -> None:
+    """Piper's first phrase must not share the CPU with a pass already in flight: the
+    engine writes in lockstep (no pass before the consumer took the last piece) until
+    the first phrase's audio is made, then runs ahead."""
+    turn = make_turn(FakeEngine(REPLY))
+    turn.released.set()
+    await turn.start(text="Tell me about Rome.")
+    # "The capital" and " of Italy is Rome." are written before the first phrase exists
+    assert turn.engine.free == [False, False, True, True, True]
+
+
+async def test_a_text_only_turn_never_holds_the_model_in_lockstep(make_turn: Any) -> None:
+    turn = make_turn(FakeEngine(REPLY))
+    turn.released.set()
+    await turn.start(text="Tell me about Rome.", speak=False)
+    assert turn.engine.free == [True] * len(REPLY)
