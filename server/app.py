@@ -184,6 +184,7 @@ class Connection:
             resume,
             token,
             can_act=rt.reply.supports_tools,
+            scored=rt.turn_end is not None,
         )
         self.wire: Wire = (
             VoiceWire(self.session)

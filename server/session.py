@@ -429,8 +429,11 @@ class Session:
         resume: ResumeStore | None = None,
         resume_token: str = "",
         can_act: bool = False,
+        scored: bool = False,
     ) -> None:
-        """``can_act``: the reply engine writes tool calls (its ``supports_tools``)."""
+        """``can_act``: the reply engine writes tool calls (its ``supports_tools``).
+        ``scored``: paused turns get an end-of-turn score (``TurnEndScored``); until
+        it is in, a turn the words do not hold waits as an unsure one."""
         self.id = session_id
         self.config = config
         self.state = State.IDLE
@@ -454,6 +457,7 @@ class Session:
         self.speak = True
         self.tools: tuple[Tool, ...] = ()
         self.can_act = can_act  # the reply engine writes tool calls
+        self.scored = scored  # a paused turn's end-of-turn score is on its way
         self._calls: dict[str, str] = {}  # recent call ids -> tool names
         self.respond = True  # Configure's: spoken turns are answered
         self.interrupt = True  # Configure's: speech barges in on a reply
@@ -865,7 +869,9 @@ class Session:
         if turn.transcript is None or self._endpointer.hearing_speech:
             return []
         silence_ms = (self._ring.total_written - u.end) * 1000 / SAMPLE_RATE
-        decision = self.config.end_of_turn.decide(turn.transcript, turn.complete_p, silence_ms)
+        pending = self.scored and turn.complete_p is None
+        policy = self.config.end_of_turn
+        decision = policy.decide(turn.transcript, turn.complete_p, silence_ms, pending)
         # The endpointer's end of turn ends every turn the policy does not hold open.
         if not (decision.final or (u.ended and not decision.holds)):
             return []

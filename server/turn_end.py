@@ -200,9 +200,11 @@ class TurnEndPolicy:
       until a user who paused mid-request (0.3-0.8 s) has been heard going on;
     - a transcript with no words: ``default_ms``, the silence the endpointer waits
       anyway (``EndpointConfig.end_of_turn_ms``);
-    - no probability (no scorer, or its score not in yet): today's rule, the hold if
-      :func:`looks_incomplete`, else ``default_ms``; a slow scorer never makes a turn
-      wait longer than it did without one.
+    - no probability: the hold if :func:`looks_incomplete`; else, with a score on its
+      way (``pending``), ``unsure_ms`` unless the score comes first (a scorer slowed
+      by the reply model's speculative passes let "Can you turn off the lights",
+      0.7 s before "in the kitchen", through at the endpointer's silence), and with
+      none coming (no scorer) ``default_ms``, today's rule.
 
     With ``use_words``, a transcript :func:`looks_incomplete` calls unfinished never
     takes the 200 ms path; one that :func:`trails_off` is held whatever the score (the
@@ -225,8 +227,11 @@ class TurnEndPolicy:
     def __post_init__(self) -> None:
         if not 0.0 <= self.hold_below <= self.complete_at <= 1.0:
             raise ValueError("need 0 <= hold_below <= complete_at <= 1")
-        if not 0 <= self.complete_ms <= self.default_ms <= self.unsure_ms <= self.hold_ms:
-            raise ValueError("need 0 <= complete_ms <= default_ms <= unsure_ms <= hold_ms")
+        if not 0 <= self.complete_ms <= self.default_ms <= self.hold_ms:
+            raise ValueError("need 0 <= complete_ms <= default_ms <= hold_ms")
+        # the unsure wait lies between the endpointer's silence and the hold
+        unsure = min(max(self.unsure_ms, self.default_ms), self.hold_ms)
+        object.__setattr__(self, "unsure_ms", unsure)
 
     @classmethod
     def from_eagerness(
@@ -238,13 +243,11 @@ class TurnEndPolicy:
         if eagerness not in EAGERNESS:
             raise ValueError(f"eagerness must be one of {', '.join(EAGERNESS)}, got {eagerness!r}")
         base = EAGERNESS[eagerness]
-        hold_ms = max(base.hold_ms, default_ms)
         return replace(
             base,
             default_ms=default_ms,
             complete_ms=min(base.complete_ms, default_ms),
-            unsure_ms=min(max(base.unsure_ms, default_ms), hold_ms),
-            hold_ms=hold_ms,
+            hold_ms=max(base.hold_ms, default_ms),
         )
 
     def tier(self, transcript: str, probability: float | None) -> Tier:
@@ -263,25 +266,28 @@ class TurnEndPolicy:
             return "incomplete"
         return "unsure"
 
-    def silence_needed_ms(self, transcript: str, probability: float | None) -> float:
-        """Silence after the end of speech at which the turn is final."""
+    def silence_needed_ms(
+        self, transcript: str, probability: float | None, pending: bool = False
+    ) -> float:
+        """Silence after the end of speech at which the turn is final; ``pending``:
+        the turn's score is on its way (``probability`` is None until it comes)."""
         match self.tier(transcript, probability):
             case "complete":
                 return self.complete_ms
             case "incomplete":
                 return self.hold_ms
-            case "unsure" if probability is not None:
+            case "unsure" if probability is not None or pending:
                 return self.unsure_ms
-            case _:  # no words, or no score (yet): the endpointer's silence, as before
+            case _:  # no words, or no scorer: the endpointer's silence, as before
                 return self.default_ms
 
     def decide(
-        self, transcript: str, probability: float | None, silence_ms: float
+        self, transcript: str, probability: float | None, silence_ms: float, pending: bool = False
     ) -> TurnEndDecision:
         """Final now, or wait ``wait_ms`` more of silence (speech in that time goes on
         with the same turn)."""
         tier = self.tier(transcript, probability)
-        needed = self.silence_needed_ms(transcript, probability)
+        needed = self.silence_needed_ms(transcript, probability, pending)
         wait = needed - silence_ms
         return TurnEndDecision(wait <= 0, max(0.0, wait), tier, needed > self.default_ms)
 

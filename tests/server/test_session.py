@@ -441,6 +441,33 @@ def test_an_unsure_turn_waits_past_the_endpointer_and_goes_on_with_the_user() ->
     assert isinstance(again, StartTurn) and again.turn_id == turn
 
 
+def test_a_turn_whose_score_is_on_its_way_waits_for_it_as_an_unsure_one() -> None:
+    """A scorer slowed by the reply model's speculative passes must not let half a
+    request through at the endpointer's silence: with a score coming, the turn waits
+    up to ``unsure_ms`` for it, and is final as soon as it says complete."""
+    d = Driver(Session("s", settings(turn_end=UNSURE_24_FRAMES), "tiny.en", "fake", scored=True))
+    d.send(p.Start(sample_rate=16000))
+    turn = spoken_turn(d, "Can you turn off the lights?")
+    assert not of(d.silence(15), ReleaseTurn)  # 22 frames: past the endpointer's 19
+    out = d.send(TurnEndScored(turn, 0.9))
+    assert of(out, ReleaseTurn) == [ReleaseTurn(turn)]
+    assert metrics_tier(d, turn) == "complete"
+
+
+def test_a_score_that_never_comes_costs_at_most_the_unsure_wait() -> None:
+    d = Driver(Session("s", settings(turn_end=UNSURE_24_FRAMES), "tiny.en", "fake", scored=True))
+    d.send(p.Start(sample_rate=16000))
+    turn = spoken_turn(d, "Can you turn off the lights?")
+    assert not of(d.silence(16), ReleaseTurn)  # 23 frames
+    assert of(d.silence(1), ReleaseTurn) == [ReleaseTurn(turn)]  # 24: 768 ms
+
+
+def metrics_tier(d: Driver, turn: int) -> str | None:
+    (metrics,) = sent(d.send(ReplyFinished(turn, None, 10.0)), p.Metrics)
+    assert isinstance(metrics, p.Metrics)
+    return metrics.end_of_turn
+
+
 def test_an_unscored_turn_is_final_at_the_endpointers_silence() -> None:
     """No score (yet): the endpointer's silence, as without a scorer; a slow scorer
     never makes a turn wait longer."""

@@ -57,6 +57,10 @@ def test_decide_waits_for_the_rest_of_the_silence() -> None:
     d = MEDIUM.decide("Can you turn off the lights?", 0.08, silence_ms=416.0)
     assert (d.final, d.wait_ms, d.tier, d.holds) == (False, 484.0, "unsure", True)
     assert not MEDIUM.decide("Can you turn off the lights?", None, 300.0).holds
+    pending = MEDIUM.decide("Can you turn off the lights?", None, 416.0, pending=True)
+    assert (pending.final, pending.wait_ms, pending.holds) == (False, 484.0, True)
+    assert MEDIUM.silence_needed_ms("Add milk, eggs, and", None, pending=True) == 1200.0
+    assert MEDIUM.silence_needed_ms("", None, pending=True) == 416.0  # no words
     d = MEDIUM.decide("Set a timer for?", 0.0001, silence_ms=1200.0)
     assert (d.final, d.wait_ms) == (True, 0.0)
     d = MEDIUM.decide("Set a timer for ten minutes.", 0.6, silence_ms=200.0)
@@ -78,6 +82,7 @@ def test_eagerness_orders_thresholds_and_holds() -> None:
     slow = TurnEndPolicy.from_eagerness("high", default_ms=1000.0)
     assert (slow.complete_ms, slow.unsure_ms, slow.hold_ms) == (200.0, 1000.0, 1000.0)
     assert TurnEndPolicy.from_eagerness("medium", default_ms=1000.0).unsure_ms == 1000.0
+    assert TurnEndPolicy(hold_ms=416.0).unsure_ms == 416.0  # never past the hold
     with pytest.raises(ValueError, match="eagerness"):
         TurnEndPolicy.from_eagerness("eager")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
