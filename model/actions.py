@@ -54,6 +54,12 @@ MAX_STRING_TOKENS = 24
 class ActionSettings:
     threshold: float = 0.9  # a slot position commits above it (the model's probability)
     max_passes: int = 48  # a call that takes more is given up
+    calibrate: bool = False  # branches divided by their content-free odds (ContentFree)
+
+
+# The model's probabilities of a branch's options after the call's ``ids`` so far when
+# the user said nothing in particular (:class:`ContentFree`).
+Prior = Callable[[Sequence[int], Sequence[int]], NDArray[np.float64]]
 
 
 @dataclass(frozen=True)
@@ -159,6 +165,7 @@ class _Call:
     committed: int = 0
     passes: int = 0
     failed: bool = False  # a value nothing can be written into
+    prior: Prior | None = None  # branches calibrated against it
 
 
 def decode_call(
@@ -172,15 +179,18 @@ def decode_call(
     block: int,
     settings: ActionSettings = ActionSettings(),
     should_stop: Callable[[], bool] = lambda: False,
+    prior: Prior | None = None,
 ) -> DecodedCall | None:
     """Write a call after the prompt held by ``cache`` (``last``: its last row's logits).
 
     Returns None when cancelled or when the call cannot be finished within the pass
     budget; the cache then holds the prompt and possibly some committed call blocks:
-    the caller truncates it.
+    the caller truncates it. ``prior``: each branch picks the option whose probability
+    most exceeds its content-free one (:class:`ContentFree`).
     """
     programs = [(s, 0) for s in shapes(tok, tools)]
     c = _Call(backend, tok, cache, block, model.mask_id, last, user_text, [], programs)
+    c.prior = prior
     vocab = {p.name: value_vocab(tok, p, user_text) for t in tools for p in t.params}
     while c.passes <= settings.max_passes and not c.failed:
         if should_stop():
@@ -238,8 +248,67 @@ def _masked_choice(logits: NDArray[np.float32], allowed: NDArray[np.int64]) -> t
 
 def _branch(c: _Call, options: list[int]) -> None:
     """The live programs part ways here: one position decides which go on."""
-    token, _ = _masked_choice(_rows(c, 1)[0], np.array(options, np.int64))
+    row, allowed = _rows(c, 1)[0], np.array(options, np.int64)
+    if c.prior is None:
+        token, _ = _masked_choice(row, allowed)
+    else:
+        z = row.astype(np.float64)
+        p = np.exp(z[allowed] - z.max())
+        odds = p / np.maximum(c.prior(c.ids, options), 1e-9)
+        token = int(allowed[int(np.argmax(odds))])
     _take(c, token)
+
+
+class ContentFree:
+    """The model's leanings at a call's branches, read with no request in the prompt.
+
+    Trained on equal numbers of calls per tool, the model still favours, at the first
+    token of a tool's name, a prefix that many tools share ("media" opens three): "let's
+    go to the stadium" became ``media.next``. Contextual calibration (Zhao et al., 2021,
+    "Calibrate Before Use") divides each option's probability by the one the model
+    gives it after content-free requests (``prompts``: the same system prompt and tools,
+    a user turn such as "N/A"), averaged; computed once per branch and kept. Costs, at
+    a branch first met, one prefill per prompt (kept) and one pass per prompt.
+    """
+
+    def __init__(
+        self,
+        backend: StepBackend,
+        tok: Tokenizer,
+        prompts: Sequence[list[int]],
+        model: DiffusionConfig,
+        block: int,
+    ) -> None:
+        self.backend, self.tok, self.model, self.block = backend, tok, model, block
+        self._prompts = [list(p) for p in prompts]
+        self._prefilled: list[tuple[Any, NDArray[np.float32]]] = []
+        self._known: dict[tuple[tuple[int, ...], tuple[int, ...]], NDArray[np.float64]] = {}
+
+    def __call__(self, ids: Sequence[int], options: Sequence[int]) -> NDArray[np.float64]:
+        key = (tuple(ids), tuple(options))
+        if key not in self._known:
+            self._known[key] = np.mean(
+                [self._probs(i, ids, options) for i in range(len(self._prompts))], axis=0
+            )
+        return self._known[key]
+
+    def _probs(self, i: int, ids: Sequence[int], options: Sequence[int]) -> NDArray[np.float64]:
+        be, prompt = self.backend, self._prompts[i]
+        if i == len(self._prefilled):
+            cache = be.new_cache()
+            chunk = np.asarray(prompt, np.int64)
+            last = be.step(cache, chunk, "causal", commit=True, rows=last_row(chunk))[-1]
+            self._prefilled.append((cache, last))
+        cache, last = self._prefilled[i]
+        be.truncate(cache, len(prompt))
+        c = _Call(be, self.tok, cache, self.block, self.model.mask_id, last, "", [], [])
+        for token in ids:
+            c.ids.append(token)
+            _commit_full_blocks(c)
+        z = _rows(c, 1)[0].astype(np.float64)
+        p = np.exp(z - z.max())
+        out: NDArray[np.float64] = p[list(options)] / p.sum()
+        return out
 
 
 def _take(c: _Call, token: int) -> None:

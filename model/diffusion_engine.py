@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from model.actions import ActionSettings, call_starts, decode_call
+from model.actions import ActionSettings, ContentFree, call_starts, decode_call
 from model.backend import Prefix, StepBackend, last_row
 from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt
 from model.engine import ChatMessage, GenerationStats
@@ -85,6 +85,7 @@ class DiffusionGenerator:
         self.prefixes = PrefixCache(backend, options.cache_sessions)
         # tool calls are written into the reply's blocks against the KV cache
         self.supports_tools = model.attention == "block"
+        self._calibrations: dict[str, ContentFree] = {}  # by system prompt
 
     def generate(
         self,
@@ -159,9 +160,10 @@ class DiffusionGenerator:
         if not call_starts(self.tokenizer, last, {o[0] for o in avoid}):
             return prompt, [], 1, last
         block = self.options.sampler.block_size
+        prior = self._content_free(tools) if self.options.actions.calibrate else None
         done = decode_call(
             be, self.tokenizer, cache, last, tools, user_text, self.model, block,
-            self.options.actions, should_stop,
+            self.options.actions, should_stop, prior,
         )  # fmt: skip
         if done is None:
             be.truncate(cache, len(prompt))
@@ -169,6 +171,21 @@ class DiffusionGenerator:
         yield done.call
         head = [*prompt, *done.ids[: done.committed]]
         return head, done.ids[done.committed :], 1 + done.call.passes, done.last
+
+    def _content_free(self, tools: Sequence[Tool]) -> ContentFree:
+        """The calibration of ``tools``' branches (kept for the last few tool sets)."""
+        system = tools_system_prompt(self.options.system_prompt, tools)
+        if (found := self._calibrations.pop(system, None)) is None:
+            opts, tok = self.options, self.tokenizer
+            prompts = [
+                build_prompt(tok, [ChatMessage("user", t)], opts.prompt_budget, system)
+                for t in CONTENT_FREE
+            ]
+            found = ContentFree(self.backend, tok, prompts, self.model, opts.sampler.block_size)
+        self._calibrations[system] = found
+        while len(self._calibrations) > 4:
+            del self._calibrations[next(iter(self._calibrations))]
+        return found
 
     def _no_call(self, tools: Sequence[Tool]) -> tuple[Opening, ...]:
         """With tools, the call's first token as an opening no spoken reply may have: the
@@ -186,6 +203,10 @@ class DiffusionGenerator:
                 f"{self.backend.max_len}-position cache"
             )
         return min(max_tokens, fits[-1])
+
+
+# Requests that ask for nothing: what the model leans to at a call's branches regardless
+CONTENT_FREE = ("N/A", "", "Okay.")
 
 
 def _user_text(conversation: Sequence[ChatMessage]) -> str:

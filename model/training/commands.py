@@ -123,6 +123,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         ev_sub, "actions", "tool calls of the served engine on held-out commands and chat"
     )
     acts.add_argument("--onnx", type=Path, default=None, help="default: the served model")
+    acts.add_argument(
+        "--calibrate",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="divide the call's branches by their content-free odds (docs/actions.md)",
+    )
     acts.set_defaults(run=_eval_actions)
 
     calls = _held_out_parser(
@@ -340,6 +346,7 @@ def _eval_actions(args: argparse.Namespace) -> int:
         chat_limit=args.chat_limit,
         max_tokens=args.max_tokens,
         threads=args.threads,
+        calibrate=args.calibrate,
     )
     try:
         report = run_actions_eval(opts, log=_log)

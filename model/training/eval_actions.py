@@ -20,6 +20,7 @@ No torch: this runs the serving code only.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import time
@@ -42,6 +43,7 @@ class ActionsEvalOptions:
     chat_limit: int | None = None
     max_tokens: int = 64
     threads: int = 2
+    calibrate: bool = False  # the call's branches calibrated (model.actions.ContentFree)
 
 
 @dataclass(frozen=True)
@@ -160,7 +162,12 @@ def run_actions_eval(
     model_dir = opts.onnx or engine_model_dir("diffusion-onnx")
     config = RuntimeConfig(threads=opts.threads)
     gen = load_onnx_diffusion_generator(model_dir, opts.onnx_variant, config)  # type: ignore[arg-type]
-    log(f"eval actions: {model_dir} ({opts.onnx_variant}), tools: the default device set")
+    actions = dataclasses.replace(gen.options.actions, calibrate=opts.calibrate)
+    gen.options = dataclasses.replace(gen.options, actions=actions)
+    log(
+        f"eval actions: {model_dir} ({opts.onnx_variant}), tools: the default device set, "
+        f"branches {'calibrated' if opts.calibrate else 'as the model ranks them'}"
+    )
     commands = read_cases(opts.data / "heldout_commands.jsonl", opts.per_tool)
     chat = read_cases(opts.data / "heldout_chat.jsonl")[: opts.chat_limit]
     rows: dict[str, list[dict[str, Any]]] = {"commands": [], "chat": []}

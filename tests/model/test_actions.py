@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from model.actions import call_starts, decode_call, shapes
+from model.actions import ActionSettings, ContentFree, call_starts, decode_call, shapes
 from model.backend import last_row
 from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt
 from model.diffusion_engine import smollm2_diffusion_config
@@ -157,8 +157,11 @@ class CallsFirst(TorchBackend):
         return logits
 
 
-def test_the_engine_yields_the_call_then_speaks_and_keeps_only_the_prompt() -> None:
-    gen, _ = tiny_generator()
+@pytest.mark.parametrize("calibrate", [False, True])
+def test_the_engine_yields_the_call_then_speaks_and_keeps_only_the_prompt(
+    calibrate: bool,
+) -> None:
+    gen, _ = tiny_generator(actions=ActionSettings(calibrate=calibrate))
     tok = gen.tokenizer
     backend = CallsFirst(tiny_diffusion(4), max_len=1024)
     backend.open_id = tok.encode_plain(CALL_OPEN)[0]  # type: ignore[attr-defined]
@@ -172,6 +175,7 @@ def test_the_engine_yields_the_call_then_speaks_and_keeps_only_the_prompt() -> N
     assert len(gen.prefixes) == 1  # the next turn reuses the prompt's cache
     no_tools, _ = drain(tiny_generator()[0].generate(convo, 16, lambda: False))
     assert not any(isinstance(i, ToolCall) for i in no_tools)
+    assert len(gen._calibrations) == calibrate  # the tool set's content-free odds, kept
 
 
 def test_a_reply_with_tools_prefills_its_prompt_once() -> None:
@@ -182,3 +186,40 @@ def test_a_reply_with_tools_prefills_its_prompt_once() -> None:
     items, _ = drain(gen.generate(convo, 8, lambda: False, TOOLS[:2]))
     assert not any(isinstance(i, ToolCall) for i in items)  # the tiny model speaks
     assert len(prefills) == 1  # one causal pass: the whole prompt
+
+
+def test_a_calibrated_branch_takes_the_option_its_prior_undervalues() -> None:
+    """Each branch divides the model's odds by the content-free ones: an option the
+    prior all but rules out wins every branch it is at (here lights.set, on: off)."""
+    backend, cache, last, tok = prefilled(0)
+    config = smollm2_diffusion_config(tok)
+    (lights,) = [
+        s for s in shapes(tok, TOOLS) if s.tool.name == "lights.set" and not s.values["on"]
+    ]
+    program = lights.program
+
+    def prior(ids: Any, options: Any) -> np.ndarray:
+        at = program[len(ids)] if len(ids) < len(program) else None
+        return np.array([1e-12 if o == at else 1.0 for o in options])
+
+    done = decode_call(backend, tok, cache, last, TOOLS, USER, config, block=8, prior=prior)
+    assert done is not None
+    assert (done.call.name, done.call.arguments) == ("lights.set", {"on": False})
+
+
+def test_content_free_odds_are_read_once_per_branch() -> None:
+    tok = tiny_tokenizer()
+    backend = Counting(TorchBackend(tiny_diffusion(1), max_len=512))
+    config = smollm2_diffusion_config(tok)
+    prompts = [
+        build_prompt(tok, [ChatMessage("user", t)], 400, SPOKEN_SYSTEM_PROMPT) for t in ("N/A", "")
+    ]
+    free = ContentFree(backend, tok, prompts, config, block=8)
+    ids = call_ids(tok, TOOLS[0], {"seconds": 5})[:3]
+    options = [5, 7, 11]
+    first = free(ids, options)
+    assert first.shape == (3,) and np.all(first > 0) and first.sum() <= 1.0
+    assert backend.steps == 2 + 2  # a prefill and a pass per prompt
+    assert np.array_equal(free(ids, options), first) and backend.steps == 4  # kept
+    free(ids[:2], options)
+    assert backend.steps == 6  # another branch: a pass per prompt, the prefills kept
