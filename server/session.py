@@ -129,6 +129,7 @@ class FinalTranscript:
     turn_id: int
     text: str
     asr_ms: float
+    avg_logprob: float | None = None  # the ASR's confidence in the words (audio turns)
 
 
 @dataclass(frozen=True)
@@ -378,6 +379,7 @@ class _Turn:
     history: tuple[ChatMessage, ...] | None = None  # instead of the conversation
     transcript: str | None = None
     complete_p: float | None = None  # the end-of-turn score, once it is in
+    asr_logprob: float | None = None  # how sure the ASR was of the transcript's words
     end_of_turn: str | None = None  # the policy's tier when the turn was released
     user_committed: bool = False
     action: p.Action | None = None  # the tool call the reply made
@@ -871,7 +873,9 @@ class Session:
         silence_ms = (self._ring.total_written - u.end) * 1000 / SAMPLE_RATE
         pending = self.scored and turn.complete_p is None
         policy = self.config.end_of_turn
-        decision = policy.decide(turn.transcript, turn.complete_p, silence_ms, pending)
+        decision = policy.decide(
+            turn.transcript, turn.complete_p, silence_ms, pending, turn.asr_logprob
+        )
         # The endpointer's end of turn ends every turn the policy does not hold open.
         if not (decision.final or (u.ended and not decision.holds)):
             return []
@@ -1011,6 +1015,7 @@ class Session:
         if turn is None:
             return []
         turn.transcript, turn.asr_ms = event.text, event.asr_ms
+        turn.asr_logprob = event.avg_logprob
         if not turn.released:
             return self._maybe_final(now)
         self._commit_user(turn)

@@ -93,7 +93,8 @@ async def _run(
         t0 = loop.time()
         transcript = await rt.worker(WorkerKind.ASR).run(rt.asr.transcribe, start.audio)
         text = transcript.text
-        await deliver(FinalTranscript(start.turn_id, text, _ms(t0, loop.time())))
+        asr_ms = _ms(t0, loop.time())
+        await deliver(FinalTranscript(start.turn_id, text, asr_ms, transcript.avg_logprob))
         if not start.reply:  # heard, not answered (the client asks for a reply itself)
             await deliver(ReplyFinished(start.turn_id, None, None))
             return

@@ -191,7 +191,10 @@ class TurnEndPolicy:
     Three tiers by P(complete) (:class:`EndOfTurnModel`):
 
     - ``p >= complete_at``: final after ``complete_ms`` of silence (200 ms: "What is
-      the capital of Australia?" is answered ~200 ms sooner than by silence alone);
+      the capital of Australia?" is answered ~200 ms sooner than by silence alone),
+      unless the ASR doubted the words (mean token log-probability under
+      ``doubt_below``): a reading of misheard words is no evidence that the user is
+      done ("What's a new recipe for dinner?", -0.93, was half a request);
     - ``p < hold_below``: held up to ``hold_ms`` ("What's the weather like in"); speech
       within that time continues the same turn;
     - in between (the model unsure): ``unsure_ms`` (900 ms at medium eagerness). A
@@ -222,6 +225,7 @@ class TurnEndPolicy:
     complete_ms: float = 200.0
     default_ms: float = 416.0
     unsure_ms: float = 900.0
+    doubt_below: float = -0.6  # ASR mean token log-probability; -inf: never doubted
     use_words: bool = True
 
     def __post_init__(self) -> None:
@@ -250,9 +254,12 @@ class TurnEndPolicy:
             hold_ms=max(base.hold_ms, default_ms),
         )
 
-    def tier(self, transcript: str, probability: float | None) -> Tier:
+    def tier(
+        self, transcript: str, probability: float | None, asr_logprob: float | None = None
+    ) -> Tier:
         """Which path the turn takes; ``probability`` None (no scorer, or its score is
-        not in yet) is today's rule: held if the words look unfinished, else default."""
+        not in yet) is today's rule: held if the words look unfinished, else default;
+        ``asr_logprob``: the ASR's mean token log-probability (None: not known)."""
         if not split_tail(normalize_transcript(transcript))[0]:
             return "empty"
         words_say_unfinished = self.use_words and looks_incomplete(transcript)
@@ -261,17 +268,22 @@ class TurnEndPolicy:
         if self.use_words and trails_off(transcript):
             return "incomplete"
         if probability >= self.complete_at:
-            return "unsure" if words_say_unfinished else "complete"
+            doubted = asr_logprob is not None and asr_logprob < self.doubt_below
+            return "unsure" if words_say_unfinished or doubted else "complete"
         if probability < self.hold_below or words_say_unfinished:
             return "incomplete"
         return "unsure"
 
     def silence_needed_ms(
-        self, transcript: str, probability: float | None, pending: bool = False
+        self,
+        transcript: str,
+        probability: float | None,
+        pending: bool = False,
+        asr_logprob: float | None = None,
     ) -> float:
         """Silence after the end of speech at which the turn is final; ``pending``:
         the turn's score is on its way (``probability`` is None until it comes)."""
-        match self.tier(transcript, probability):
+        match self.tier(transcript, probability, asr_logprob):
             case "complete":
                 return self.complete_ms
             case "incomplete":
@@ -282,12 +294,17 @@ class TurnEndPolicy:
                 return self.default_ms
 
     def decide(
-        self, transcript: str, probability: float | None, silence_ms: float, pending: bool = False
+        self,
+        transcript: str,
+        probability: float | None,
+        silence_ms: float,
+        pending: bool = False,
+        asr_logprob: float | None = None,
     ) -> TurnEndDecision:
         """Final now, or wait ``wait_ms`` more of silence (speech in that time goes on
         with the same turn)."""
-        tier = self.tier(transcript, probability)
-        needed = self.silence_needed_ms(transcript, probability, pending)
+        tier = self.tier(transcript, probability, asr_logprob)
+        needed = self.silence_needed_ms(transcript, probability, pending, asr_logprob)
         wait = needed - silence_ms
         return TurnEndDecision(wait <= 0, max(0.0, wait), tier, needed > self.default_ms)
 
@@ -304,8 +321,12 @@ class TurnEndDecision:
 # eagerness answers sooner: a lower bar for the 200 ms path, fewer turns held, a
 # shorter hold. "medium" holds an unfinished turn 1.2 s, and one the model is unsure of
 # 0.9 s, past the longest mid-request pause of the loop benchmark's speech (0.8 s).
+# "low" takes the 200 ms path only above every first half of that speech's paused
+# requests (0.66 at most), so it never answers into such a pause (docs/turn_end.md).
 EAGERNESS: dict[Eagerness, TurnEndPolicy] = {
-    "low": TurnEndPolicy(complete_at=0.5, hold_below=0.02, unsure_ms=1200.0, hold_ms=2000.0),
+    "low": TurnEndPolicy(complete_at=0.7, hold_below=0.02, unsure_ms=1000.0, hold_ms=2000.0),
     "medium": TurnEndPolicy(complete_at=0.2, hold_below=0.01, unsure_ms=900.0, hold_ms=1200.0),
-    "high": TurnEndPolicy(complete_at=0.05, hold_below=0.002, unsure_ms=416.0, hold_ms=800.0),
+    "high": TurnEndPolicy(
+        complete_at=0.05, hold_below=0.002, unsure_ms=416.0, doubt_below=-1.0, hold_ms=800.0
+    ),
 }

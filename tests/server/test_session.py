@@ -468,6 +468,18 @@ def metrics_tier(d: Driver, turn: int) -> str | None:
     return metrics.end_of_turn
 
 
+def test_a_doubted_transcript_waits_as_an_unsure_turn() -> None:
+    d = make(settings(turn_end=UNSURE_24_FRAMES))
+    d.speak()
+    (start,) = of(d.silence(7), StartTurn)
+    assert isinstance(start, StartTurn)
+    d.send(FinalTranscript(start.turn_id, "What's a new recipe for dinner?", 50.0, -0.93))
+    assert not of(d.send(TurnEndScored(start.turn_id, 0.9)), ReleaseTurn)  # not at 200 ms
+    assert not of(d.silence(16), ReleaseTurn)  # 23 frames
+    assert of(d.silence(1), ReleaseTurn) == [ReleaseTurn(start.turn_id)]
+    assert metrics_tier(d, start.turn_id) == "unsure"
+
+
 def test_an_unscored_turn_is_final_at_the_endpointers_silence() -> None:
     """No score (yet): the endpointer's silence, as without a scorer; a slow scorer
     never makes a turn wait longer."""

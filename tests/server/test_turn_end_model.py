@@ -51,6 +51,19 @@ def test_medium_policy_tiers(text: str, p: float | None, needed: float) -> None:
     assert MEDIUM.silence_needed_ms(text, p) == needed
 
 
+def test_words_the_asr_doubted_never_take_the_200_ms_path() -> None:
+    """A transcript Whisper was unsure of (mean token log-probability under
+    doubt_below) reads complete no matter what: "What's a new recipe for dinner?"
+    (-0.93) was the first half of "... with chicken and rice?"."""
+    text = "What's a new recipe for dinner?"
+    assert MEDIUM.tier(text, 0.37) == "complete"
+    assert MEDIUM.tier(text, 0.37, asr_logprob=-0.2) == "complete"
+    assert MEDIUM.tier(text, 0.37, asr_logprob=-0.93) == "unsure"
+    assert MEDIUM.silence_needed_ms(text, 0.37, asr_logprob=-0.93) == 900.0
+    assert MEDIUM.tier("Set a timer for", 0.001, asr_logprob=-0.93) == "incomplete"
+    assert EAGERNESS["high"].tier(text, 0.37, asr_logprob=-0.93) == "complete"
+
+
 def test_decide_waits_for_the_rest_of_the_silence() -> None:
     d = MEDIUM.decide("Set a timer for?", 0.0001, silence_ms=300.0)
     assert (d.final, d.wait_ms, d.tier, d.holds) == (False, 900.0, "incomplete", True)
