@@ -1,7 +1,7 @@
 """The voice loop as a user hears it: ``quicksilver bench loop``.
 
     quicksilver bench loop --url ws://127.0.0.1:PORT/v1/voice --wavs DIR [--runs 2] [--json F]
-    quicksilver bench loop --serve [--engine diffusion-onnx] --manifest DIR/manifest.json
+    quicksilver bench loop --serve [--engine E] [--eagerness low] --manifest DIR/manifest.json
 
 Streams WAVs (``python -m export.bench.speechset`` makes them) through a real server on
 loopback like an open microphone: one session, real-time PCM16 frames, the WAV's
@@ -670,6 +670,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="start `quicksilver serve --port 0` for the benchmark and stop it after",
     )
     parser.add_argument("--engine", default=None, help="with --serve: the reply engine")
+    parser.add_argument(
+        "--eagerness", choices=("low", "medium", "high"), default=None, help="with --serve"
+    )
     parser.add_argument("--cache-dir", type=Path, default=None, help="with --serve")
     parser.add_argument(
         "--wavs", type=Path, nargs="*", default=[], help="WAV files or a speechset directory"
@@ -731,6 +734,7 @@ def _measure(args: argparse.Namespace, utterances: list[Utterance]) -> dict[str,
     server = None
     if args.serve:
         extra = ["--engine", args.engine] if args.engine else []
+        extra += ["--eagerness", args.eagerness] if args.eagerness else []
         extra += ["--cache-dir", str(args.cache_dir)] if args.cache_dir else []
         fd, name = tempfile.mkstemp(prefix="quicksilver-bench-loop-", suffix=".log")
         os.close(fd)
