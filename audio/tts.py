@@ -35,6 +35,8 @@ class Synthesizer:
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads
         opts.log_severity_level = 3
+        # no spinning once a sentence is written: the reply model needs the cores
+        opts.add_session_config_entry("session.force_spinning_stop", "1")
         session = ort.InferenceSession(
             str(paths.model), sess_options=opts, providers=_providers(device)
         )

@@ -149,6 +149,9 @@ class OrtCache:
         return np.zeros((L, 2, 1, n_kv, capacity, hd), self._backend.dtype)
 
 
+FORCE_SPINNING_STOP = "session.force_spinning_stop"
+
+
 class OrtBackend:
     """One exported step graph (``export/graph.py``) in an ONNX Runtime session."""
 
@@ -161,6 +164,10 @@ class OrtBackend:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if config.threads:
             options.intra_op_num_threads = config.threads
+        # Threads spin inside a pass (fast hand-offs between its operators) but stop
+        # when it returns: spinning on, they took the cores from Piper for ~30 ms after
+        # every pass (docs/latency.md, "Speech first"); a pass costs the same.
+        options.add_session_config_entry(FORCE_SPINNING_STOP, "1")
         self.session = ort.InferenceSession(
             str(self.path), options, providers=choose_providers(config.device)
         )

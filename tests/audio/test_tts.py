@@ -46,3 +46,8 @@ def test_first_chunk_latency(tts: Synthesizer) -> None:
         next(iter(tts.synthesize(reply)))
         runs.append((time.perf_counter() - t) * 1000)
     print(f"Piper first chunk: {np.median(runs):.0f} ms (median of 5)")
+
+
+def test_voice_threads_stop_spinning_when_a_sentence_is_written(tts: Synthesizer) -> None:
+    options = tts.voice.session.get_session_options()
+    assert options.get_session_config_entry("session.force_spinning_stop") == "1"

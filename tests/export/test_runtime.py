@@ -271,3 +271,9 @@ def test_providers_by_availability_and_configuration() -> None:
     assert choose_providers("auto", ["CPUExecutionProvider"]) == ["CPUExecutionProvider"]
     with pytest.raises(ProviderUnavailableError, match="CUDAExecutionProvider is not available"):
         choose_providers("cuda", ["CPUExecutionProvider"])
+
+
+def test_threads_stop_spinning_when_a_pass_returns(tiny_dir: Path) -> None:
+    """Spinning between passes took the cores from Piper (docs/latency.md)."""
+    options = ort_backend(tiny_dir, max_len=32).session.get_session_options()
+    assert options.get_session_config_entry("session.force_spinning_stop") == "1"
