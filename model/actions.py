@@ -189,8 +189,7 @@ def decode_call(
     most exceeds its content-free one (:class:`ContentFree`).
     """
     programs = [(s, 0) for s in shapes(tok, tools)]
-    c = _Call(backend, tok, cache, block, model.mask_id, last, user_text, [], programs)
-    c.prior = prior
+    c = _Call(backend, tok, cache, block, model.mask_id, last, user_text, [], programs, prior=prior)
     vocab = {p.name: value_vocab(tok, p, user_text) for t in tools for p in t.params}
     while c.passes <= settings.max_passes and not c.failed:
         if should_stop():
@@ -235,15 +234,20 @@ def _rows(c: _Call, want: int) -> NDArray[np.float32]:
     return logits  # (want, V)
 
 
+def _softmax(logits: NDArray[np.float32]) -> NDArray[np.float64]:
+    """The model's probabilities over the whole vocabulary."""
+    z = logits.astype(np.float64)
+    p = np.exp(z - z.max())
+    out: NDArray[np.float64] = p / p.sum()
+    return out
+
+
 def _masked_choice(logits: NDArray[np.float32], allowed: NDArray[np.int64]) -> tuple[int, float]:
     """The best allowed token and the model's own probability of it (over the whole
     vocabulary: renormalized over the allowed tokens alone, a token the model barely
     believes would look certain once its rivals are masked out)."""
-    z = logits.astype(np.float64)
-    z = z - z.max()
-    p = np.exp(z)
-    token = int(allowed[int(np.argmax(z[allowed]))])
-    return token, float(p[token] / p.sum())
+    token = int(allowed[int(np.argmax(logits[allowed]))])
+    return token, float(_softmax(logits)[token])
 
 
 def _branch(c: _Call, options: list[int]) -> None:
@@ -252,9 +256,7 @@ def _branch(c: _Call, options: list[int]) -> None:
     if c.prior is None:
         token, _ = _masked_choice(row, allowed)
     else:
-        z = row.astype(np.float64)
-        p = np.exp(z[allowed] - z.max())
-        odds = p / np.maximum(c.prior(c.ids, options), 1e-9)
+        odds = _softmax(row)[allowed] / np.maximum(c.prior(c.ids, options), 1e-9)
         token = int(allowed[int(np.argmax(odds))])
     _take(c, token)
 
@@ -305,10 +307,7 @@ class ContentFree:
         for token in ids:
             c.ids.append(token)
             _commit_full_blocks(c)
-        z = _rows(c, 1)[0].astype(np.float64)
-        p = np.exp(z - z.max())
-        out: NDArray[np.float64] = p[list(options)] / p.sum()
-        return out
+        return _softmax(_rows(c, 1)[0])[list(options)]
 
 
 def _take(c: _Call, token: int) -> None:
