@@ -89,6 +89,14 @@ def register(sub: Any) -> None:
         help="answer every prompt this many times per ONNX engine (interleaved; the "
         "speedup of each round is printed)",
     )
+    llm.add_argument(
+        "--llama-cpp",
+        default="auto",
+        metavar="auto|off|PYTHON",
+        help="llama.cpp on the same GGUF beside the ONNX engines: auto (when "
+        "$QUICKSILVER_LLAMA_CPP_PYTHON is set or llama_cpp imports here), off, or the "
+        "path of a Python that has llama-cpp-python (docs/export.md)",
+    )
     llm.set_defaults(run=run_bench)
     llm.add_argument("--log-level", default="INFO")
     register_bench_loop(bench_sub)
@@ -143,6 +151,7 @@ def _at_least_one(text: str) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    from export.bench.llamacpp import LlamaCppError
     from export.bench.llm import BenchOptions, print_table, run_llm_bench
 
     model_dir = args.model_dir or default_model_dir(args.cache_dir)
@@ -155,8 +164,13 @@ def run_bench(args: argparse.Namespace) -> int:
         approx_cache=args.approx_cache,
         first_blocks=args.first_blocks,
         rounds=args.rounds,
+        llama_cpp=args.llama_cpp,
     )
-    results = run_llm_bench(options)
+    try:
+        results = run_llm_bench(options)
+    except LlamaCppError as exc:
+        print(f"quicksilver bench llm: {exc}", file=sys.stderr)
+        return 1
     print_table(results)
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import statistics
 import time
 from collections.abc import Callable, Generator
@@ -31,6 +32,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from export.bench.llamacpp import LLAMA_PYTHON_ENV, LlamaCppWorker, llama_cpp_python
 from export.prompts import QUESTIONS
 from model.backend import Attend, Offsets, Rows, StepBackend
 from model.chat import build_prompt
@@ -44,6 +46,8 @@ from model.tokenizer import Tokenizer
 from server.speech import SentenceSplitter
 
 log = logging.getLogger("quicksilver")
+LLAMA_ENGINE = "llama.cpp"
+LLAMA_RUNTIME = "gguf"
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,9 @@ class BenchOptions:
     # first_blocks) as "diffusion-first<sizes>", ONNX Runtime only; None: not
     first_blocks: tuple[int, ...] | None = None
     rounds: int = 1  # every prompt this many times per engine (ONNX Runtime), interleaved
+    # llama.cpp on the same GGUF beside the ONNX Runtime engines (export/bench/llamacpp.py):
+    # "auto" (when a Python with llama_cpp is found), "off", or that Python's path
+    llama_cpp: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -406,11 +413,37 @@ def run_llm_bench(options: BenchOptions) -> dict[str, Any]:
             tok, first_blocks=first
         )
     sentence = first_sentence_tokens(tok)
+    llama = _llama_cpp_worker(options.llama_cpp)
+    gguf = llama.gguf.name if llama is not None else None
+    if llama is not None:
+        decoders[LLAMA_ENGINE] = llama.decoder(tok.stop_ids)
+    try:
+        rows = _time_all(options, backends, decoders, prompts, roofs, dims, sentence)
+    finally:
+        if llama is not None:
+            llama.close()
+    results = _results(rows, options, roofs, dims, manifest, questions)
+    results["int8_kernel_peak_flops"] = kernel_peaks
+    if llama is not None:
+        results["llama_cpp"] = {**results["llama_cpp"], "version": llama.version, "gguf": gguf}
+    return results
+
+
+def _time_all(
+    options: BenchOptions,
+    backends: dict[str, StepBackend],
+    decoders: dict[str, Decoder],
+    prompts: list[list[int]],
+    roofs: dict[str, Roofline],
+    dims: Dims,
+    sentence: Callable[[list[int]], int],
+) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for budget in options.budgets:
         for runtime, backend in backends.items():
             torch = runtime.startswith("torch")
-            # the variants of the diffusion sampler are timed in ONNX Runtime only
+            # the variants of the diffusion sampler, and llama.cpp, are timed beside ONNX
+            # Runtime only
             engines = {e: d for e, d in decoders.items() if e in ("ar", "diffusion") or not torch}
             rounds = 1 if torch else options.rounds
             log.info(
@@ -425,10 +458,34 @@ def run_llm_bench(options: BenchOptions) -> dict[str, Any]:
                 backend, engines, prompts[:n], budget, roofs[runtime], dims, rounds, sentence
             )
             for engine, r in timed.items():
-                rows.append({"engine": engine, "runtime": runtime, "budget": budget, **r})
-    results = _results(rows, options, roofs, dims, manifest, questions)
-    results["int8_kernel_peak_flops"] = kernel_peaks
-    return results
+                if engine == LLAMA_ENGINE:  # its own runtime; the roofline is ONNX Runtime's
+                    runtime_of = LLAMA_RUNTIME
+                    r.update({k: None for k in r if k.startswith(("floor_", "fraction_"))})
+                else:
+                    runtime_of = runtime
+                rows.append({"engine": engine, "runtime": runtime_of, "budget": budget, **r})
+    return rows
+
+
+def _llama_cpp_worker(choice: str) -> LlamaCppWorker | None:
+    """llama.cpp for the bench: None when ``choice`` is "off", or "auto" and no Python
+    with llama_cpp is found (said in the log); a failure to start a Python that was
+    named, or found, is an error."""
+    if choice == "off":
+        return None
+    python = llama_cpp_python() if choice == "auto" else choice
+    if python is None:
+        log.info(
+            "bench: no llama.cpp row (llama_cpp does not import here and $%s is not set; "
+            "docs/export.md says how to build it)",
+            LLAMA_PYTHON_ENV,
+        )
+        return None
+    from model.nn.gguf import find_smollm2_gguf
+
+    worker = LlamaCppWorker(python, find_smollm2_gguf(), threads=os.cpu_count() or 1)
+    log.info("bench: llama.cpp %s under %s", worker.version, python)
+    return worker
 
 
 def _torch_backend() -> StepBackend:
@@ -459,12 +516,12 @@ def _results(
 ) -> dict[str, Any]:
     top = max(options.budgets)
 
-    def row(engine: str) -> dict[str, Any] | None:
+    def row(engine: str, runtime: str = "onnx-int8") -> dict[str, Any] | None:
         return next(
             (
                 x
                 for x in rows
-                if x["engine"] == engine and x["runtime"] == "onnx-int8" and x["budget"] == top
+                if x["engine"] == engine and x["runtime"] == runtime and x["budget"] == top
             ),
             None,
         )
@@ -479,6 +536,18 @@ def _results(
         if a and d
         else []
     )
+    llama = row(LLAMA_ENGINE, LLAMA_RUNTIME)
+    over_llama = None
+    if llama is not None:
+        over_llama = {  # the issue's yardsticks: tokens/s ratios, first sentences side by side
+            e: {
+                "tokens_per_s": r["tokens_per_s"] / llama["tokens_per_s"],
+                "first_sentence_p50_s": r["first_sentence_p50_s"],
+                "llama_cpp_first_sentence_p50_s": llama["first_sentence_p50_s"],
+            }
+            for e in ("ar", "diffusion")
+            if (r := row(e))
+        }
     # Same words? Diffusion and AR replies differ by design; int8 vs fp32 per engine.
     for x in rows:
         x.pop("_replies")
@@ -506,6 +575,7 @@ def _results(
             if ar and x["engine"] != "ar" and x["runtime"] == "onnx-int8" and x["budget"] == top
         },
         "speedup_budget": top,
+        "llama_cpp": {"over_llama_cpp": over_llama} if llama is not None else None,
     }
 
 
@@ -520,8 +590,9 @@ def print_table(results: dict[str, Any]) -> None:
             f"{r['engine']:18s} {r['runtime']:11s} {r['budget']:6d} {r['p50_s']:7.3f} "
             f"{r['p95_s']:7.3f} {r['first_sentence_p50_s']:6.3f} "
             f"{r['tokens_per_s']:7.1f} {r['tokens_per_reply']:6.1f} "
-            f"{r['passes_per_reply']:7.1f} {r['floor_s_per_reply']:8.4f} "
-            f"{100 * r['fraction_of_floor']:6.1f} {100 * r['fraction_of_peak']:6.1f}"
+            f"{r['passes_per_reply']:7.1f} {_cell(r['floor_s_per_reply'], 8, '.4f')} "
+            f"{_cell(r['fraction_of_floor'], 6, '.1f', 100)} "
+            f"{_cell(r['fraction_of_peak'], 6, '.1f', 100)}"
         )
     peaks = ", ".join(
         f"{k} {v / 1e9:.0f} GFLOP/s, {results['machine_bandwidth_bytes_per_s'][k] / 1e9:.1f} GB/s"
@@ -538,5 +609,17 @@ def print_table(results: dict[str, Any]) -> None:
         if len(each := results.get("speedup_per_round") or []) > 1:
             print(f"  per round: {', '.join(f'{v:.2f}' for v in each)}")
     for engine, x in (results.get("speedup_by_engine") or {}).items():
-        if engine != "diffusion":
+        if engine not in ("diffusion", LLAMA_ENGINE):
             print(f"speedup of {engine}: {x:.2f}")
+    if llama := results.get("llama_cpp"):
+        for engine, x in (llama.get("over_llama_cpp") or {}).items():
+            first, theirs = x["first_sentence_p50_s"], x["llama_cpp_first_sentence_p50_s"]
+            print(
+                f"{engine} / llama.cpp tokens/s: {x['tokens_per_s']:.2f} "
+                f"(first sentence p50 {first:.3f} s against {theirs:.3f} s)"
+            )
+
+
+def _cell(x: float | None, width: int, spec: str, scale: float = 1.0) -> str:
+    """A table cell, "-" where the figure does not apply (llama.cpp has no roofline here)."""
+    return f"{'-':>{width}s}" if x is None else f"{scale * x:{width}{spec}}"
