@@ -10,12 +10,9 @@ run in tests/model/test_openai_chat.py, and llama.cpp's in tests/e2e too.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
-import os
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -25,10 +22,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from export.bench.llamacpp import LLAMA_PYTHON_ENV, llama_cpp_python
+
 DONE = "[DONE]"
 # a Python with llama-cpp-python and its server extras (docs/realtime.md says how to build
 # one: it compiles llama.cpp)
-LLAMA_PYTHON_ENV = "QUICKSILVER_LLAMA_CPP_PYTHON"
 LLAMA_MODEL = "smollm2"  # the --model_alias the server answers to
 
 
@@ -148,18 +146,10 @@ def closed_port() -> int:
     return port
 
 
-def llama_python() -> str | None:
-    """A Python that runs ``llama_cpp.server``: ``$QUICKSILVER_LLAMA_CPP_PYTHON``, or this
-    one when llama_cpp is importable here; None where neither is."""
-    if override := os.environ.get(LLAMA_PYTHON_ENV):
-        return override
-    return sys.executable if importlib.util.find_spec("llama_cpp") else None
-
-
 def llama_python_or_skip() -> str:
     import pytest
 
-    if (python := llama_python()) is None:
+    if (python := llama_cpp_python()) is None:
         pytest.skip(
             f"llama-cpp-python is not built: set ${LLAMA_PYTHON_ENV} to a Python that has "
             "llama-cpp-python[server] (docs/realtime.md, 'A bigger reply model')"
