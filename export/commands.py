@@ -100,6 +100,7 @@ def register(sub: Any) -> None:
     llm.set_defaults(run=run_bench)
     llm.add_argument("--log-level", default="INFO")
     register_bench_loop(bench_sub)
+    register_bench_passes(bench_sub)
 
 
 def register_bench_loop(bench_sub: Any) -> None:
@@ -113,6 +114,19 @@ def register_bench_loop(bench_sub: Any) -> None:
     )
     loop.add_arguments(parser)
     parser.set_defaults(run=loop.run_command)
+
+
+def register_bench_passes(bench_sub: Any) -> None:
+    """``quicksilver bench passes``: one forward pass's cost by width and cache length."""
+    from export.bench import passes
+
+    parser = bench_sub.add_parser(
+        "passes",
+        help="cost of one forward pass: 1-32 tokens x 100/1000 cached, per step graph",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    passes.add_arguments(parser)
+    parser.set_defaults(run=passes.run_command)
 
 
 def run_export(args: argparse.Namespace) -> int:
