@@ -42,7 +42,16 @@ from numpy.typing import NDArray
 from model.backend import StepBackend, last_row
 from model.sampler import DiffusionConfig
 from model.tokenizer import Tokenizer
-from model.tools import CALL_OPEN, Param, Tool, ToolCall, layout, validate, value_text
+from model.tools import (
+    CALL_OPEN,
+    Param,
+    Tool,
+    ToolCall,
+    layout,
+    shape_name,
+    validate,
+    value_text,
+)
 
 Program = tuple[int | Param, ...]  # token ids, and the free-value slots between them
 
@@ -78,6 +87,28 @@ class _Shape:
     tool: Tool
     program: Program
     values: dict[str, Any]  # enum and boolean values fixed by the program
+
+    @property
+    def name(self) -> str:
+        """``model.tools.shape_name`` of the calls this program writes."""
+        present = {i.name: None for i in self.program if isinstance(i, Param)}
+        return shape_name(self.tool, present | self.values)
+
+
+def shape_names(tools: Sequence[Tool]) -> list[str]:
+    """The names of every way a call of ``tools`` can be laid out (no tokenizer needed:
+    what the router chooses among)."""
+    out: list[str] = []
+    for tool in tools:
+        optional = [p for p in tool.params if not p.required]
+        for mask in range(1 << len(optional)):
+            present = [p for p in tool.params if p.required or (mask >> optional.index(p)) & 1]
+            choices: list[dict[str, Any]] = [{}]
+            for p in present:
+                fixed = [True, False] if p.type == "boolean" else list(p.enum or [None])
+                choices = [c | {p.name: v} for c in choices for v in fixed]
+            out += [shape_name(tool, c) for c in choices]
+    return out
 
 
 def shapes(tok: Tokenizer, tools: Sequence[Tool]) -> list[_Shape]:
@@ -141,10 +172,11 @@ def call_starts(
     a call's: the decision costs no pass. ``echoes``: first tokens of the openings the
     reply may not repeat (the user's own words, earlier replies: ``model/openings.py``)
     do not compete: "Set a timer for five minutes" is otherwise half the time answered
-    by starting to say it back."""
+    by starting to say it back. The call's own first token is never one of them."""
+    call = tok.encode_plain(CALL_OPEN)[0]
     ranked = logits.copy()
-    ranked[list(echoes)] = -np.inf
-    return int(np.argmax(ranked)) == tok.encode_plain(CALL_OPEN)[0]
+    ranked[[e for e in echoes if e != call]] = -np.inf
+    return int(np.argmax(ranked)) == call
 
 
 @dataclass
@@ -180,15 +212,20 @@ def decode_call(
     settings: ActionSettings = ActionSettings(),
     should_stop: Callable[[], bool] = lambda: False,
     prior: Prior | None = None,
+    shape: str | None = None,
 ) -> DecodedCall | None:
     """Write a call after the prompt held by ``cache`` (``last``: its last row's logits).
 
     Returns None when cancelled or when the call cannot be finished within the pass
     budget; the cache then holds the prompt and possibly some committed call blocks:
     the caller truncates it. ``prior``: each branch picks the option whose probability
-    most exceeds its content-free one (:class:`ContentFree`).
+    most exceeds its content-free one (:class:`ContentFree`). ``shape``: the call is laid
+    out so (``model.tools.shape_name``: the router's choice, ``model/router.py``), so its
+    tool, parameters and fixed values cost no pass and the model writes the free values.
     """
-    programs = [(s, 0) for s in shapes(tok, tools)]
+    programs = [(s, 0) for s in shapes(tok, tools) if shape is None or s.name == shape]
+    if not programs:
+        raise ValueError(f"no call of {[t.name for t in tools]} is laid out as {shape!r}")
     c = _Call(backend, tok, cache, block, model.mask_id, last, user_text, [], programs, prior=prior)
     vocab = {p.name: value_vocab(tok, p, user_text) for t in tools for p in t.params}
     while c.passes <= settings.max_passes and not c.failed:

@@ -34,6 +34,7 @@ from model.modeldir import (
     shipped_adapter,
 )
 from model.openai_chat import ChatServerOptions, OpenAIChatGenerator
+from model.router import find_router
 from model.runtime import Device, OrtBackend, RuntimeConfig, choose_providers
 
 EngineName = Literal["diffusion-onnx", "diffusion", "smollm2-ar-onnx", "smollm2-ar", "openai-chat"]
@@ -130,7 +131,9 @@ def load_onnx_diffusion_generator(
     backend = load_onnx_backend(model_dir, variant, config)
     tok = load_tokenizer(model_dir)
     model = smollm2_diffusion_config(tok)
-    return DiffusionGenerator(backend, tok, model, options, name="diffusion-onnx")
+    gen = DiffusionGenerator(backend, tok, model, options, name="diffusion-onnx")
+    gen.router = find_router(model_dir, vocab=backend.vocab_size)
+    return gen
 
 
 def load_generator(

@@ -19,12 +19,13 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from model.actions import ActionSettings, ContentFree, call_starts, decode_call
+from model.actions import ActionSettings, ContentFree, call_starts, decode_call, shape_names
 from model.backend import Prefix, StepBackend, last_row
 from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt
 from model.engine import ChatMessage, GenerationStats
 from model.openings import Opening, reply_openings
 from model.prefix import PrefixCache
+from model.router import ToolRouter
 from model.sampler import DiffusionConfig, SamplerSettings, sample
 from model.tokenizer import Tokenizer, decoded
 from model.tools import CALL_OPEN, Tool, ToolCall, tools_system_prompt
@@ -86,6 +87,8 @@ class DiffusionGenerator:
         # tool calls are written into the reply's blocks against the KV cache
         self.supports_tools = model.attention == "block"
         self._calibrations: dict[str, ContentFree] = {}  # by system prompt
+        # names the tool of a call from the prefill (model/router.py); None: the model does
+        self.router: ToolRouter | None = None
 
     def generate(
         self,
@@ -161,9 +164,10 @@ class DiffusionGenerator:
             return prompt, [], 1, last
         block = self.options.sampler.block_size
         prior = self._content_free(tools) if self.options.actions.calibrate else None
+        routed = self.router.choose(last, shape_names(tools)) if self.router else None
         done = decode_call(
             be, self.tokenizer, cache, last, tools, user_text, self.model, block,
-            self.options.actions, should_stop, prior,
+            self.options.actions, should_stop, prior, routed,
         )  # fmt: skip
         if done is None:
             be.truncate(cache, len(prompt))

@@ -235,6 +235,19 @@ def value_text(p: Param, v: Any) -> str:
     return str(_plain(v)) if p.type == "number" else str(int(v))
 
 
+def shape_name(tool: Tool, arguments: Mapping[str, Any]) -> str:
+    """How a call of ``tool`` is laid out, without its free values: the tool, the
+    parameters present and each boolean or enum value, e.g. ``volume.set(change=down)``,
+    ``timer.set(seconds)``. ``arguments``: the call's (free values are not read)."""
+    parts = []
+    for p in tool.params:
+        if p.name not in arguments:
+            continue
+        fixed = p.type == "boolean" or p.enum
+        parts.append(f"{p.name}={value_text(p, arguments[p.name])}" if fixed else p.name)
+    return f"{tool.name}({','.join(parts)})"
+
+
 def key_text(p: Param, first: bool) -> str:
     """The fixed text before a value: ``"seconds": `` (``, `` before all but the first;
     a string value's opening quote included)."""

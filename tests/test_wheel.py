@@ -109,6 +109,12 @@ def test_wheel_ships_the_adapter(install: Install) -> None:
     assert adapter.is_relative_to(install.site.resolve()), adapter
     for name in ("adapter.safetensors", "manifest.json"):
         assert _sha256(adapter / name) == _sha256(SHIPPED_ADAPTER / name), name
+    tools, shipped_tools = (
+        adapter.with_name("adapters-tools"),
+        SHIPPED_ADAPTER.with_name("adapters-tools"),
+    )
+    for name in ("adapter.safetensors", "manifest.json", "router.npz"):  # model/router.py
+        assert _sha256(tools / name) == _sha256(shipped_tools / name), name
 
 
 def _serve_cache(model_cache: Path) -> Path:

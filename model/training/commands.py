@@ -1,5 +1,5 @@
 """``quicksilver data``, ``quicksilver train``, ``quicksilver eval llm``, ``quicksilver
-eval actions`` and ``quicksilver eval sessions``.
+eval actions``, ``quicksilver eval sessions`` and ``quicksilver router``.
 
 Registered in server/cli.py; torch and the model code are imported only when a command
 runs, so ``quicksilver serve`` never pays for them.
@@ -141,6 +141,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     _register_sessions(ev_sub)
 
+    router = sub.add_parser(
+        "router", help="fit the tool router of a tools adapter (model/router.py)"
+    )
+    router.add_argument(
+        "--onnx",
+        type=Path,
+        default=None,
+        help="the exported model it reads (default: model/adapters-tools' directory, "
+        "built on first use)",
+    )
+    router.add_argument("--data", type=Path, default=Path("data/actions"))
+    router.add_argument(
+        "--out", type=Path, default=Path("model/adapters-tools/router.npz"), help="router file"
+    )
+    router.add_argument("--l2", type=float, default=3e-3)
+    router.add_argument("--threads", type=int, default=2)
+    router.set_defaults(run=_router)
+
 
 def _held_out_parser(
     ev_sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, help: str
@@ -187,6 +205,14 @@ def _register_sessions(ev_sub: argparse._SubParsersAction[argparse.ArgumentParse
         help="tokens of an earlier reply's opening a reply may not repeat (0: off; "
         "default: the engines')",
     )
+    ses.add_argument(
+        "--tools",
+        choices=("none", "default"),
+        default="none",
+        help="the session's tools: none, or the default device tools (the diffusion "
+        "engines act; pair with --adapter model/adapters-tools)",
+    )
+    ses.add_argument("--adapter", type=Path, default=None, help="the diffusion engines' adapter")
     ses.add_argument("--no-quality", action="store_true", help="skip NLL and similarity")
     ses.add_argument(
         "--references", type=Path, default=None, help="reuse the AR references of a --json report"
@@ -322,6 +348,8 @@ def _eval_sessions(args: argparse.Namespace) -> int:
         opening_ban=args.opening_ban,
         quality=not args.no_quality,
         references=args.references,
+        tools=args.tools == "default",
+        adapter=args.adapter,
         threads=args.threads,
     )
     try:
@@ -332,6 +360,31 @@ def _eval_sessions(args: argparse.Namespace) -> int:
     if args.json_out:
         _write_report(args.json_out, report)
     print(table(report))
+    return 0
+
+
+def _router(args: argparse.Namespace) -> int:
+    from model.router import ROUTER_FILE
+    from model.training.router import RouterOptions, train_router
+
+    model_dir = args.onnx
+    if model_dir is None:
+        from export.build import ensure_model_dir
+
+        model_dir = ensure_model_dir(None, "int8", Path("model/adapters-tools"))
+    if args.out.name != ROUTER_FILE:
+        print(f"quicksilver router: --out must be named {ROUTER_FILE}", file=sys.stderr)
+        return 2
+    options = RouterOptions(model_dir, args.data, l2=args.l2, threads=args.threads)
+    try:
+        router = train_router(options, log=_log)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"quicksilver router: {exc}", file=sys.stderr)
+        return 2
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    router.save(args.out)
+    print(json.dumps(router.info, indent=2))
+    print(f"wrote {args.out}")
     return 0
 
 
