@@ -25,6 +25,7 @@ from numpy.typing import NDArray
 
 from model.engine import ChatMessage
 from model.tokenizer import Tokenizer
+from model.tools import split_call
 
 Opening = tuple[int, ...]
 # A sentence's last mark: . ! ? or an ellipsis, before a space or the end of the text
@@ -37,10 +38,12 @@ def reply_openings(
     """The first ``n`` tokens of every assistant message in ``conversation`` and of its
     latest user message, cut at the end of its first sentence ("1." of "1. Stay
     focused. 2. ..."; an earlier reply shorter than that: all of it). Empty when ``n``
-    is 0."""
+    is 0. A reply that acted is kept with its call first (``server/session.py``): its
+    opening is that of its words, as a call's ``<`` as an opening would keep every later
+    reply of the window from acting."""
     if n <= 0:
         return ()
-    texts = [m.content for m in conversation if m.role == "assistant"]
+    texts = [split_call(m.content)[1] for m in conversation if m.role == "assistant"]
     users = [m.content for m in conversation if m.role == "user"]
     found = {tuple(tok.encode_plain(first_sentence(t))[:n]) for t in texts + users[-1:]}
     return tuple(sorted(o for o in found if o))

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from model.chat import build_prompt
 from model.engine import ChatMessage, GenerationStats
 from model.openings import first_sentence as opening_sentence
+from model.tools import DEFAULT_TOOLS, Tool, ToolCall, render_call, tools_system_prompt
 from model.training.data import PROMPTS_DIR
 from model.training.eval import distinct_bigrams, ends_a_sentence, per_token
 
@@ -105,6 +106,7 @@ class Turn:
     # prompt tokens not shared with the previous turn's prompt: what a warm engine
     # prefills (model/prefix.py; the AR engine also keeps the previous reply's tokens)
     prefill: int = 0
+    call: ToolCall | None = None  # the action the reply took (a session with tools)
 
 
 def read_scripts(path: Path = SCRIPTS_FILE) -> dict[str, list[str]]:
@@ -113,24 +115,32 @@ def read_scripts(path: Path = SCRIPTS_FILE) -> dict[str, list[str]]:
     return scripts
 
 
-def run_session(gen: Generator, user_turns: Sequence[str], max_tokens: int) -> list[Turn]:
-    """One session through ``gen``, the engine's own replies as its history."""
+def run_session(
+    gen: Generator, user_turns: Sequence[str], max_tokens: int, tools: Sequence[Tool] = ()
+) -> list[Turn]:
+    """One session through ``gen``, the engine's own replies as its history. ``tools``:
+    the session's (a call is kept in the conversation before the words the user heard,
+    as ``server/session.py`` keeps it; no client answers it with a result)."""
     conversation: list[ChatMessage] = []
     out: list[Turn] = []
+    tools = tools if getattr(gen, "supports_tools", False) else ()
+    by_name = {t.name: t for t in tools}
     for text in user_turns:
         conversation.append(ChatMessage("user", text))
         o = gen.options
-        prompt = build_prompt(
-            gen.tokenizer, conversation, o.prompt_budget, o.system_prompt, o.history_window
-        )
-        turn = _reply(gen, conversation, max_tokens)
+        system = tools_system_prompt(o.system_prompt, tools)
+        budget, window = o.prompt_budget, o.history_window
+        prompt = build_prompt(gen.tokenizer, conversation, budget, system, window)
+        turn = _reply(gen, conversation, max_tokens, tools)
         turn.prompt = prompt
         turn.prefill = len(prompt) - (_shared(out[-1].prompt, prompt) if out else 0)
         earlier = [t.reply for t in out]
         turn.repeat, turn.echo = repeats(turn.reply, earlier), echoes(turn.reply, text)
         turn.empty = not words(turn.reply)
         out.append(turn)
-        if kept := " ".join(turn.reply.split()):  # as the session keeps its sentences
+        call = render_call(by_name[turn.call.name], turn.call.arguments) if turn.call else ""
+        # as the session keeps a reply: the call's text, then its sentences
+        if kept := " ".join(x for x in (call, " ".join(turn.reply.split())) if x):
             conversation.append(ChatMessage("assistant", kept))
     return out
 
@@ -140,19 +150,23 @@ def _shared(a: list[int], b: list[int]) -> int:
     return min(len(a), len(b)) if n is None else n
 
 
-def _reply(gen: Generator, conversation: list[ChatMessage], max_tokens: int) -> Turn:
+def _reply(
+    gen: Generator, conversation: list[ChatMessage], max_tokens: int, tools: Sequence[Tool]
+) -> Turn:
     t0 = time.perf_counter()
     pieces: list[str] = []
     first: float | None = None
-    # no tools: the sessions measure the reply text (a call is not a reply's words)
-    it = gen.generate(list(conversation), max_tokens, lambda: False, tools=())
+    call: ToolCall | None = None
+    it = gen.generate(list(conversation), max_tokens, lambda: False, tools=tools)
     while True:
         try:
             piece = next(it)
         except StopIteration as done:
             stats: GenerationStats = done.value
             break
-        if isinstance(piece, str):
+        if isinstance(piece, ToolCall):  # the reply's words are what is measured
+            call = piece
+        elif isinstance(piece, str):
             pieces.append(piece)
         if first is None and re.search(r"[.!?\u2026]\s", "".join(pieces)):
             first = (time.perf_counter() - t0) * 1000
@@ -160,7 +174,7 @@ def _reply(gen: Generator, conversation: list[ChatMessage], max_tokens: int) -> 
     reply = "".join(pieces).strip()
     if first is None and ends_a_sentence(reply):
         first = ms
-    return Turn(conversation[-1].content, reply, stats, [], ms, first)
+    return Turn(conversation[-1].content, reply, stats, [], ms, first, call=call)
 
 
 # ---------------------------------------------------------------- scoring
@@ -202,6 +216,7 @@ def score_session(turns: list[Turn], tok: Tokenizer) -> dict[str, Any]:
         "repeats": sum(t.repeat for t in turns),
         "echoes": sum(t.echo for t in turns),
         "empty": sum(t.empty for t in turns),
+        "actions": sum(t.call is not None for t in turns),
         "clean_end_rate": sum(ended) / n,
         "whole_sentence_rate": sum(
             e and ends_a_sentence(t.reply) for e, t in zip(ended, turns, strict=True)
@@ -247,6 +262,8 @@ class SessionOptions:
     quality: bool = True  # NLL and similarity (loads the AR model in PyTorch)
     # an earlier report (--json) whose AR references to reuse instead of writing them again
     references: Path | None = None
+    tools: bool = False  # the default device tools (the diffusion engines; the AR has none)
+    adapter: Path | None = None  # the diffusion engines' adapter (None: the default)
     threads: int = 2
     dtype: str = "bfloat16"  # the scoring model, as quicksilver eval llm
 
@@ -276,7 +293,8 @@ def evaluate(
     for gen in generators:
         every: list[Turn] = []
         for name, user_turns in scripts.items():
-            turns = run_session(gen, user_turns[: opts.turns], opts.max_tokens)
+            tools = DEFAULT_TOOLS if opts.tools else ()
+            turns = run_session(gen, user_turns[: opts.turns], opts.max_tokens, tools)
             if scorer is not None:
                 score_turns(turns, scorer)
             row = {"engine": gen.name, "session": name, **score_session(turns, gen.tokenizer)}
@@ -309,6 +327,7 @@ def _turn_json(t: Turn) -> dict[str, Any]:
         "echo": t.echo,
         "empty": t.empty,
         "nll_per_token": None if not t.nll else t.nll[0] / max(t.nll[1], 1),
+        "action": None if t.call is None else {"name": t.call.name, **dict(t.call.arguments)},
         "similarity": t.similarity,
     }
 
@@ -358,7 +377,10 @@ def run_sessions(opts: SessionOptions, log: Callable[[str], None] = print) -> di
     questions = sorted({q for turns in scripts.values() for q in turns})
     scorer = load_scorer(opts, questions) if opts.quality else None
     log(f"{len(scripts)} sessions, {len(questions)} distinct turns; scorer ready")
-    gens = [configure(load_generator(e), opts) for e in opts.engines]  # type: ignore[arg-type]
+    gens = [
+        configure(load_generator(e, adapter=opts.adapter), opts)  # type: ignore[arg-type]
+        for e in opts.engines
+    ]
     report = evaluate(gens, scripts, opts, scorer, log)
     report["references"] = scorer.references if scorer else {}
     report["wall_s"] = time.perf_counter() - t0

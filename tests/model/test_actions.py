@@ -115,6 +115,8 @@ def test_the_first_token_decides() -> None:
     logits[echo] = 6.0
     assert not call_starts(tok, logits)
     assert call_starts(tok, logits, {echo})  # an echo's start does not compete
+    # the call's own token is never an echo: an earlier reply that acted is no reason
+    assert call_starts(tok, logits, {echo, tok.encode_plain(CALL_OPEN)[0]})
 
 
 def test_a_spoken_reply_never_opens_with_the_call_s_first_token() -> None:

@@ -30,6 +30,15 @@ def test_reply_openings_are_the_first_tokens_of_replies_and_the_latest_user_word
     assert reply_openings(tok, conversation, 0) == ()
 
 
+def test_a_reply_that_acted_opens_with_its_words_not_its_call() -> None:
+    tok = tiny_tokenizer()
+    acted = '<tool_call>{"name": "timer.set", "arguments": {"seconds": 300}}</tool_call> Timer set.'
+    convo = [ChatMessage("user", "a"), ChatMessage("assistant", acted), ChatMessage("user", "b")]
+    openings = reply_openings(tok, convo, 3)
+    assert tuple(tok.encode_plain("Timer set.")[:3]) in openings
+    assert all(o[0] != tok.encode_plain("<")[0] for o in openings)
+
+
 def test_completed_opening_bans_the_token_that_would_complete_it() -> None:
     o = [(10, 11, 12)]
     x = np.array([10, 11, M, M])

@@ -15,7 +15,7 @@ import pytest
 from model.ar import ARGenerator, AROptions
 from model.engine import ChatMessage, GenerationStats
 from model.nn.backend import TorchBackend
-from model.tools import Tool, ToolCall
+from model.tools import CALL_OPEN, Tool, ToolCall, render_call
 from model.training.sessions import (
     SCRIPTS_FILE,
     Scorer,
@@ -30,7 +30,8 @@ from model.training.sessions import (
     words,
 )
 from tests.model.conftest import TINY, tiny_model, tiny_tokenizer
-from tests.model.test_diffusion import tiny_generator
+from tests.model.test_actions import TOOLS, CallsFirst
+from tests.model.test_diffusion import tiny_diffusion, tiny_generator
 
 
 def test_words_and_first_sentence_are_normalised() -> None:
@@ -195,3 +196,37 @@ def test_the_command_runs_a_session_on_the_served_ar_engine(tmp_path, capsys) ->
     total = report["rows"][-1]
     assert total["session"] == "total" and total["turns"] == 2
     assert "| smollm2-ar-onnx | total | 2 |" in capsys.readouterr().out
+
+
+def test_a_session_with_tools_keeps_each_call_before_the_words_heard() -> None:
+    """With the default device tools the diffusion engine acts; the conversation keeps
+    the call's text and then the reply's words, as server/session.py keeps them, and the
+    detectors read the words alone."""
+    gen, _ = tiny_generator(prompt_budget=400, history_window=None)
+    tok = gen.tokenizer
+    backend = CallsFirst(tiny_diffusion(4), max_len=1024)
+    backend.open_id = tok.encode_plain(CALL_OPEN)[0]  # type: ignore[attr-defined]
+    gen.backend = gen.prefixes.backend = backend
+    seen: list[list[ChatMessage]] = []
+    generate = gen.generate
+
+    def spy(conversation, *args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(list(conversation))
+        return generate(conversation, *args, **kwargs)
+
+    gen.generate = spy  # type: ignore[method-assign]
+    scripts = {"s": ["set a timer for 5 minutes", "turn the lights off"]}
+    opts = SessionOptions(max_tokens=24, tools=True)
+    report = evaluate([gen], scripts, opts, None, lambda _: None)
+    turns = report["replies"]["diffusion"]["s"]
+    assert [t["action"] is not None for t in turns] == [True, True]
+    assert report["rows"][0]["actions"] == 2
+    first = turns[0]["action"]
+    tool = next(t for t in TOOLS if t.name == first["name"])
+    kept = seen[1][1]  # the second turn's history: the first reply as the session keeps it
+    call = render_call(tool, {k: v for k, v in first.items() if k != "name"})
+    assert kept.role == "assistant" and kept.content.startswith(call)
+    assert "tool_call" not in turns[0]["reply"]  # the words measured are the words heard
+    # without tools nothing acts
+    plain = evaluate([tiny_generator()[0]], scripts, SessionOptions(max_tokens=8), None, print)
+    assert plain["rows"][0]["actions"] == 0
