@@ -11,7 +11,9 @@ the keys. Only three kinds of thing are the model's to choose:
   boolean value) is a token program; where the programs still alive part ways, one
   position is decoded with the vocabulary masked to their next tokens, and runs of
   tokens they agree on are laid down without a pass;
-* **free values** (integers, numbers, strings): a slot of masked positions denoised in
+* **free values** (integers, numbers, strings): a number the user said once is laid
+  down as said (``model/spoken.py``: "twenty five point five" is 25.5, "half an hour"
+  of a ``seconds`` parameter 1800); otherwise a slot of masked positions denoised in
   parallel, each position's vocabulary masked to what the value may hold (digits; for a
   string, the tokens of the user's own words, which is where a destination, a contact
   or a message text comes from) plus the token that closes the value, which also picks
@@ -41,6 +43,7 @@ from numpy.typing import NDArray
 
 from model.backend import StepBackend, last_row
 from model.sampler import DiffusionConfig
+from model.spoken import slot_value
 from model.tokenizer import Tokenizer
 from model.tools import (
     CALL_OPEN,
@@ -239,7 +242,10 @@ def decode_call(
             _branch(c, sorted(n for n in nexts if isinstance(n, int)))
         else:
             (p,) = {n.name: n for n in nexts if isinstance(n, Param)}.values()
-            _slot(c, p, vocab[p.name], settings.threshold)
+            if (said := slot_value(p, user_text)) is not None:
+                _lay_value(c, p, said)
+            else:
+                _slot(c, p, vocab[p.name], settings.threshold)
         _commit_full_blocks(c)
     return None
 
@@ -351,6 +357,17 @@ def _take(c: _Call, token: int) -> None:
     """Append ``token``: the programs whose next item it is go on, past it."""
     c.ids.append(token)
     c.alive = [(s, i + 1) for s, i in c.alive if i < len(s.program) and s.program[i] == token]
+
+
+def _lay_value(c: _Call, p: Param, text: str) -> None:
+    """Lay down the number the user said (``model.spoken.slot_value``) as ``p``'s value,
+    tokenized apart as training writes values (``model.tools.call_ids``): no pass."""
+    value = c.values.setdefault(p.name, [])
+    for token in c.tok.encode_plain(text):
+        c.ids.append(token)
+        value.append(token)
+        _commit_full_blocks(c)
+    c.alive = [(s, i + 1) for s, i in c.alive]  # past the slot: its closer comes next
 
 
 def _slot(c: _Call, p: Param, vocab: NDArray[np.int64], threshold: float) -> None:

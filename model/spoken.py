@@ -1,0 +1,164 @@
+"""Numbers and durations as people say them: "twenty five point five", "an hour and a
+half", "1 hour and five minutes".
+
+A call's number is the user's number, as its strings are the user's words
+(``model/actions.py``). The reply model copies what it sees ("35 minutes" -> ``35``),
+but a 135M adapter trained for 100 steps neither reads "twenty five point five" as
+25.5 nor multiplies minutes by 60 ("Set a timer for 35 minutes" -> ``seconds: 35``,
+18 of 20 held-out timers). Reading a spoken number or duration is not a language
+model's job but inverse text normalisation, as every voice assistant's slot parser
+does; here it is a few rules over English number words, and the decoder lays the value
+down when the user said exactly one (:func:`slot_value`), else the model writes it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from model.tools import Param
+
+_ONES = (
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
+    "fifteen sixteen seventeen eighteen nineteen"
+)
+ONES = {w: i for i, w in enumerate(_ONES.split(" "))}
+_TENS = "twenty thirty forty fifty sixty seventy eighty ninety"
+TENS = {w: 10 * i for i, w in enumerate(_TENS.split(" "), 2)}
+SCALES = {"hundred": 100, "thousand": 1000}
+# seconds per unit, by every spelling a transcript gives
+UNITS = {
+    **dict.fromkeys(("second", "seconds", "sec", "secs"), 1),
+    **dict.fromkeys(("minute", "minutes", "min", "mins"), 60),
+    **dict.fromkeys(("hour", "hours", "hr", "hrs"), 3600),
+}
+# a parameter named for a unit takes a duration in that unit
+UNIT_PARAMS = {"seconds": 1, "minutes": 60, "hours": 3600}
+
+_WORD = re.compile(r"\d+(?:\.\d+)?|[a-z]+")
+
+
+def _words(text: str) -> list[str]:
+    return _WORD.findall(text.lower().replace("-", " "))
+
+
+def _is_number_word(w: str) -> bool:
+    return w in ONES or w in TENS or w in SCALES or _digits(w)
+
+
+def _digits(w: str) -> bool:
+    return w[:1].isdigit()
+
+
+def _read_number(words: list[str], i: int) -> tuple[float, int] | None:
+    """The number spoken from ``words[i]`` on, and the index after it; None when no
+    number starts there. "twenty five point five", "one hundred and five", "7",
+    "seven and a half"."""
+    if i >= len(words) or not _is_number_word(words[i]) or words[i] in SCALES:
+        return None
+    if _digits(words[i]):
+        value, j = float(words[i]), i + 1
+    else:
+        total = current = 0
+        j = i
+        while j < len(words):
+            w = words[j]
+            if w in ONES or w in TENS:
+                current += ONES.get(w, 0) + TENS.get(w, 0)
+            elif w in SCALES:
+                current = max(current, 1) * SCALES[w]
+                if SCALES[w] == 1000:
+                    total, current = total + current, 0
+            elif (
+                w == "and"
+                and j > i
+                and words[j - 1] in SCALES
+                and j + 1 < len(words)
+                and (words[j + 1] in ONES or words[j + 1] in TENS)
+            ):
+                pass  # "one hundred and five"
+            else:
+                break
+            j += 1
+        value = float(total + current)
+        if j < len(words) - 1 and words[j] == "point":  # "twenty five point five"
+            decimals = ""
+            k = j + 1
+            while k < len(words) and words[k] in ONES and ONES[words[k]] < 10:
+                decimals += str(ONES[words[k]])
+                k += 1
+            if decimals:
+                value, j = float(f"{int(value)}.{decimals}"), k
+    if words[j : j + 3] == ["and", "a", "half"]:  # "seven and a half"
+        value, j = value + 0.5, j + 3
+    return value, j
+
+
+def spoken_numbers(text: str) -> list[float]:
+    """Every number said in ``text``, in order."""
+    words, out, i = _words(text), [], 0
+    while i < len(words):
+        if (read := _read_number(words, i)) is None:
+            i += 1
+            continue
+        value, i = read
+        out.append(value)
+    return out
+
+
+def _quantities(words: list[str]) -> Iterator[tuple[float, int]]:
+    """(quantity, unit index) for every unit word: the number before it ("two
+    minutes"), "a" / "an" ("an hour"), "half a" / "half an" ("half an hour"), plus
+    "and a half" after it ("a minute and a half")."""
+    starts: dict[int, float] = {}  # index after a number -> the number
+    i = 0
+    while i < len(words):
+        if (read := _read_number(words, i)) is None:
+            i += 1
+            continue
+        value, i = read
+        starts[i] = value
+    for u, w in enumerate(words):
+        if w not in UNITS:
+            continue
+        if u in starts:
+            q = starts[u]
+        elif u >= 1 and words[u - 1] in ("a", "an"):
+            q = 0.5 if u >= 2 and words[u - 2] == "half" else 1.0
+        else:
+            continue
+        if words[u + 1 : u + 4] == ["and", "a", "half"]:
+            q += 0.5
+        yield q, u
+
+
+def spoken_duration(text: str) -> float | None:
+    """The duration said in ``text``, in seconds ("1 hour and five minutes" -> 3900,
+    "half an hour" -> 1800); None when no quantity with a unit is said."""
+    words = _words(text)
+    found = [q * UNITS[words[u]] for q, u in _quantities(words)]
+    return sum(found) if found else None
+
+
+def slot_value(p: Param, user: str) -> str | None:
+    """The value text of the number ``p`` when the user said it once, else None (the
+    model writes it): for a parameter named for a unit (``seconds``, ``minutes``,
+    ``hours``) the duration said, converted; for any other number, the one number
+    said, when exactly one is and it fits the schema (an integer for an integer, inside
+    ``minimum`` / ``maximum``)."""
+    if p.type not in ("integer", "number"):
+        return None
+    if p.name in UNIT_PARAMS and (seconds := spoken_duration(user)) is not None:
+        value = seconds / UNIT_PARAMS[p.name]
+    else:
+        said = set(spoken_numbers(user))
+        if len(said) != 1:
+            return None
+        (value,) = said
+    if p.type == "integer" and not value.is_integer():
+        return None
+    if (p.minimum is not None and value < p.minimum) or (
+        p.maximum is not None and value > p.maximum
+    ):
+        return None
+    return str(int(value)) if value.is_integer() else str(value)
