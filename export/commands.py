@@ -107,26 +107,24 @@ def register_bench_loop(bench_sub: Any) -> None:
     """``quicksilver bench loop``: WAVs through a real server, as a user hears it."""
     from export.bench import loop
 
-    parser = bench_sub.add_parser(
-        "loop",
-        help="end of speech -> first reply audio, per turn",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    loop.add_arguments(parser)
-    parser.set_defaults(run=loop.run_command)
+    _register_module(bench_sub, "loop", "end of speech -> first reply audio, per turn", loop)
 
 
 def register_bench_passes(bench_sub: Any) -> None:
     """``quicksilver bench passes``: one forward pass's cost by width and cache length."""
     from export.bench import passes
 
+    help = "cost of one forward pass: 1-32 tokens x 100/1000 cached, per step graph"
+    _register_module(bench_sub, "passes", help, passes)
+
+
+def _register_module(bench_sub: Any, name: str, help: str, module: Any) -> None:
+    """A bench command whose module has ``add_arguments(parser)`` and ``run_command``."""
     parser = bench_sub.add_parser(
-        "passes",
-        help="cost of one forward pass: 1-32 tokens x 100/1000 cached, per step graph",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        name, help=help, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    passes.add_arguments(parser)
-    parser.set_defaults(run=passes.run_command)
+    module.add_arguments(parser)
+    parser.set_defaults(run=module.run_command)
 
 
 def run_export(args: argparse.Namespace) -> int:
