@@ -160,11 +160,16 @@ class DiffusionGenerator:
         be.truncate(cache, start)
         chunk = np.asarray(prompt[start:], np.int64)
         last = be.step(cache, chunk, "causal", commit=True, rows=last_row(chunk))[-1]
-        if not call_starts(self.tokenizer, last, {o[0] for o in avoid}):
+        shapes = shape_names(tools)
+        router = self.router if self.router is not None and self.router.knows(shapes) else None
+        acts = router.acts(last) if router is not None else None
+        if acts is None:  # no router for these tools, or it is unsure: the model's token
+            acts = call_starts(self.tokenizer, last, {o[0] for o in avoid})
+        if not acts:
             return prompt, [], 1, last
         block = self.options.sampler.block_size
         prior = self._content_free(tools) if self.options.actions.calibrate else None
-        routed = self.router.choose(last, shape_names(tools)) if self.router else None
+        routed = router.choose(last, shapes) if router is not None else None
         done = decode_call(
             be, self.tokenizer, cache, last, tools, user_text, self.model, block,
             self.options.actions, should_stop, prior, routed,

@@ -37,14 +37,18 @@ from model.modeldir import SHIPPED_ADAPTER, read_manifest
 log = logging.getLogger("quicksilver")
 
 ROUTER_FILE = "router.npz"
+# the act-or-speak classifier's columns (the first two, when the router has them)
+SPEAK, ACT = "(speak)", "(act)"
+SURE = 3.0  # log-odds: the act classifier decides above probability 0.95 either way
 # where a model directory's router is looked for: beside the shipped adapters
 ADAPTER_DIRS = (SHIPPED_ADAPTER, SHIPPED_ADAPTER.with_name("adapters-tools"))
 
 
 @dataclass(frozen=True)
 class ToolRouter:
-    # one per column: each tool it tells apart (``timer.set``), then each call shape
-    # (``timer.set(seconds)``): two classifiers over the same features
+    # one per column: act or speak (``(speak)``, ``(act)``), each tool it tells apart
+    # (``timer.set``), then each call shape (``timer.set(seconds)``): three classifiers
+    # over the same features
     names: tuple[str, ...]
     weights: NDArray[np.float32]  # (V, K): over the prefill's last-row logits
     bias: NDArray[np.float32]  # (K,)
@@ -56,18 +60,37 @@ class ToolRouter:
         out: NDArray[np.float32] = logits.astype(np.float32) @ self.weights + self.bias
         return out
 
+    def knows(self, shapes: Sequence[str]) -> bool:
+        """Every tool of a session's ``shapes`` is one it was fitted on, with a shape it
+        knows: only then can it weigh them all."""
+        known, session = set(self.names), set(shapes)
+        tools = {tool_of(s) for s in shapes}
+        return bool(tools) and all(
+            t in known and any(tool_of(s) == t for s in session & known) for t in tools
+        )
+
+    def acts(self, logits: NDArray[np.float32]) -> bool | None:
+        """Whether the request asks for an action, when the router is sure either way
+        (probability above 0.95); None when it is not, or has no act classifier: the
+        model's first token then decides. Fitted on turns alone and after earlier turns,
+        it holds inside a session, where the model's first token acts on chat
+        (docs/training.md, "Conversations"); the first token, the echo of the user's
+        words set aside, knows "Set a timer for five minutes." better (margin -2)."""
+        if self.names[:2] != (SPEAK, ACT):
+            return None
+        speak, act = self.scores(logits)[:2]
+        margin = float(act - speak)  # log-odds of acting
+        return None if abs(margin) < SURE else margin > 0
+
     def choose(self, logits: NDArray[np.float32], shapes: Sequence[str]) -> str | None:
         """The shape, among the session's (``model.actions.shape_names``), the request
         asks for: the best tool first, then that tool's best shape (the tool classifier
         generalises better than picking among every shape at once: 0.91 against 0.87 of
         held-out tools). None when a session tool is not one the router knows, or has no
         shape it knows (it cannot weigh that tool, so the model decides)."""
-        known, session = set(self.names), set(shapes)
-        tools = {tool_of(s) for s in shapes}
-        if not tools or not all(
-            t in known and any(tool_of(s) == t for s in session & known) for t in tools
-        ):
+        if not self.knows(shapes):
             return None
+        tools, session = {tool_of(s) for s in shapes}, set(shapes)
         scores = self.scores(logits)
 
         def best(columns: list[int]) -> str:

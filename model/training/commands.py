@@ -156,6 +156,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--out", type=Path, default=Path("model/adapters-tools/router.npz"), help="router file"
     )
     router.add_argument("--l2", type=float, default=3e-3)
+    router.add_argument(
+        "--with-history", type=float, default=0.5, help="share of rows asked after others"
+    )
     router.add_argument("--threads", type=int, default=2)
     router.set_defaults(run=_router)
 
@@ -375,7 +378,9 @@ def _router(args: argparse.Namespace) -> int:
     if args.out.name != ROUTER_FILE:
         print(f"quicksilver router: --out must be named {ROUTER_FILE}", file=sys.stderr)
         return 2
-    options = RouterOptions(model_dir, args.data, l2=args.l2, threads=args.threads)
+    options = RouterOptions(
+        model_dir, args.data, l2=args.l2, threads=args.threads, with_history=args.with_history
+    )
     try:
         router = train_router(options, log=_log)
     except (FileNotFoundError, ValueError) as exc:

@@ -1,22 +1,30 @@
 """``quicksilver router``: fit the tool router (``model/router.py``) for an adapter.
 
-For every training command of ``quicksilver data --actions`` (``train.jsonl``, rows
-``command:<tool>``, labelled with their call's shape, ``model.tools.shape_name``) the
-served int8 graph prefills the prompt a session with the
-default device tools builds, and its last row's logits are kept: exactly what the
-engine reads when it decides to act. The logits become the model's final (normalised)
-hidden state by least squares against the tied embedding (``pinv(E)``, from the GGUF
-the model was built from), and a multinomial logistic regression with an L2 penalty is
-fitted on the standardised states (numpy, full batch, Adam). The projection, the
-standardisation and the regression fold into one ``(V, K)`` matrix and a bias.
+The rows are those of ``quicksilver data --actions`` (``train.jsonl``): the commands
+(``command:<tool>``, labelled with their call's shape, ``model.tools.shape_name``) and
+the chat (held-in questions, hard negatives about timers or music). Each is asked as a
+session with the default device tools asks it, alone for half of them (seeded) and
+after one or two other rows for the rest, those rows' replies kept as a session keeps
+them (a call's text, then its words): a session's history moves the model's state, and
+an adapter trained on single turns acts on 7 of 32 chat turns inside a 20-turn session
+(docs/training.md). The served int8 graph prefills each prompt and its last row's
+logits are kept: exactly what the engine reads when it decides to act.
 
-The held-out commands (``heldout_commands.jsonl``: phrasings and values no training
-command uses) measure it: the shape it names against the expected one, per tool.
+The logits become the model's final (normalised) hidden state by least squares
+against the tied embedding (``pinv(E)``, from the GGUF the model was built from);
+three multinomial logistic regressions with an L2 penalty are fitted on the
+standardised states (numpy, full batch, Adam): act or speak (every row), the tool and
+the shape (the commands). The projection, the standardisation and the regressions
+fold into one ``(V, K)`` matrix and a bias.
+
+The held-out split (``heldout_commands.jsonl``, ``heldout_chat.jsonl``: phrasings and
+values no training row uses) measures it, alone and after held-out history.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,9 +34,14 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from model.actions import call_starts
 from model.diffusion_engine import DiffusionGenerator
-from model.router import ToolRouter, model_adapter_sha256, tool_of
-from model.tools import DEFAULT_TOOLS, shape_name, split_call
+from model.engine import ChatMessage
+from model.router import ACT, SPEAK, ToolRouter, model_adapter_sha256, tool_of
+from model.tokenizer import Tokenizer
+from model.tools import DEFAULT_TOOLS, render_call, shape_name, split_call
+
+CHAT_SOURCES = ("negative", "template", "model", "heldout")
 
 
 @dataclass(frozen=True)
@@ -39,46 +52,72 @@ class RouterOptions:
     steps: int = 1500
     lr: float = 0.05
     threads: int = 2
+    with_history: float = 0.5  # share of rows asked after one or two other rows
+    seed: int = 0
 
 
-def command_rows(path: Path) -> list[tuple[str, str]]:
-    """(what the user said, the shape of its call) of every ``command:<tool>`` row of a
-    split, the call read from the row's reply."""
+@dataclass(frozen=True)
+class Row:
+    text: str  # what the user said
+    shape: str | None  # its call's shape; None: chat, the reply speaks
+    kept: str  # the reply as a session keeps it (a call's text, then its words)
+
+
+def read_rows(path: Path) -> list[Row]:
+    """The command and chat rows of a split, each call read from the row's reply."""
     tools = {t.name: t for t in DEFAULT_TOOLS}
     out = []
     for line in path.read_text().splitlines():
         row = json.loads(line)
-        if not str(row.get("source", "")).startswith("command:"):
-            continue
-        call, _ = split_call(row["reply"])
-        if call is None or call.name not in tools:
-            raise ValueError(f"{path}: a command row without a default tool's call: {row}")
-        out.append((row["question"], shape_name(tools[call.name], call.arguments)))
+        source = str(row.get("source", "")).split(":")[0]
+        call, words = split_call(row["reply"])
+        words = " ".join(words.split())
+        if source == "command":
+            if call is None or call.name not in tools:
+                raise ValueError(f"{path}: a command row without a default tool's call: {row}")
+            tool = tools[call.name]
+            kept = f"{render_call(tool, call.arguments)} {words}".strip()
+            out.append(Row(row["question"], shape_name(tool, call.arguments), kept))
+        elif source in CHAT_SOURCES:
+            out.append(Row(row["question"], None, words))
+    return out
+
+
+def conversations(rows: Sequence[Row], with_history: float, seed: int) -> list[list[ChatMessage]]:
+    """Each row as a session asks it: alone, or (a ``with_history`` share, seeded)
+    after one or two other rows of the same list and their kept replies."""
+    rng = random.Random(seed)
+    out = []
+    for row in rows:
+        convo: list[ChatMessage] = []
+        if len(rows) > 1 and rng.random() < with_history:
+            for earlier in rng.sample([r for r in rows if r is not row], rng.randint(1, 2)):
+                convo += [ChatMessage("user", earlier.text), ChatMessage("assistant", earlier.kept)]
+        out.append([*convo, ChatMessage("user", row.text)])
     return out
 
 
 def prefill_logits(
     gen: DiffusionGenerator,
-    texts: Sequence[str],
+    convos: Sequence[Sequence[ChatMessage]],
     log: Callable[[str], None] = print,
 ) -> NDArray[np.float32]:
-    """The last prompt row's logits ``(N, V)`` for each request, as a session with the
-    default device tools prompts the model."""
+    """The last prompt row's logits ``(N, V)`` for each conversation, as a session with
+    the default device tools prompts the model."""
     from model.backend import last_row
     from model.chat import build_prompt
-    from model.engine import ChatMessage
     from model.tools import tools_system_prompt
 
     tok, opts, backend = gen.tokenizer, gen.options, gen.backend
     system = tools_system_prompt(opts.system_prompt, DEFAULT_TOOLS)
     rows = []
     t0 = time.monotonic()
-    for i, text in enumerate(texts, 1):
-        prompt = build_prompt(tok, [ChatMessage("user", text)], opts.prompt_budget, system)
+    for i, convo in enumerate(convos, 1):
+        prompt = build_prompt(tok, convo, opts.prompt_budget, system, opts.history_window)
         ids = np.asarray(prompt, np.int64)
         rows.append(backend.step(backend.new_cache(), ids, "causal", True, last_row(ids))[-1])
-        if i % 200 == 0 or i == len(texts):
-            log(f"router: prefilled {i}/{len(texts)} ({time.monotonic() - t0:.0f} s)")
+        if i % 400 == 0 or i == len(convos):
+            log(f"router: prefilled {i}/{len(convos)} ({time.monotonic() - t0:.0f} s)")
     return np.stack(rows).astype(np.float32)
 
 
@@ -119,49 +158,75 @@ def hidden_map() -> NDArray[np.float32]:
 
 def fit_router(
     logits: NDArray[np.float32],
-    shapes: Sequence[str],
+    shapes: Sequence[str | None],
     to_hidden: NDArray[np.float32],
     options: RouterOptions,
     adapter_sha256: str,
 ) -> ToolRouter:
-    """The router for these prefill ``logits`` (N, V) and their calls' ``shapes``: a
-    tool classifier and a shape classifier on the same standardised states."""
+    """The router for these prefill ``logits`` (N, V) and their calls' ``shapes`` (None:
+    the reply speaks): act or speak on every row, then the tool and the shape on the
+    commands, on the same standardised states."""
     hidden = logits @ to_hidden.T  # (N, C)
     mu, sd = hidden.mean(0), hidden.std(0) + 1e-6
     x = (hidden - mu) / sd
+    acts = np.array([s is not None for s in shapes])
+    heads = [
+        (x, [ACT if s is not None else SPEAK for s in shapes], [SPEAK, ACT]),
+        (x[acts], [tool_of(s) for s in shapes if s is not None], None),
+        (x[acts], [s for s in shapes if s is not None], None),
+    ]
     names: list[str] = []
     columns = []
-    for labels in ([tool_of(s) for s in shapes], list(shapes)):
-        classes = sorted(set(labels))
+    for rows, labels, order in heads:
+        classes = order or sorted(set(labels))
         y = np.array([classes.index(t) for t in labels], np.int64)
-        w, b = fit_softmax(x, y, len(classes), options.l2, options.steps, options.lr)
+        w, b = fit_softmax(rows, y, len(classes), options.l2, options.steps, options.lr)
         names += classes
         columns.append((w, b))
     w = np.concatenate([c[0] for c in columns], 1)
     b = np.concatenate([c[1] for c in columns])
     weights = to_hidden.T.astype(np.float64) @ (w / sd[:, None])  # (V, K)
     bias = b - (mu / sd) @ w
-    info = {"l2": options.l2, "steps": options.steps, "train_commands": len(shapes)}
+    info = {
+        "l2": options.l2,
+        "steps": options.steps,
+        "train_rows": len(shapes),
+        "train_commands": int(acts.sum()),
+    }
     return ToolRouter(
         tuple(names), weights.astype(np.float32), bias.astype(np.float32), adapter_sha256, info
     )
 
 
 def accuracy(
-    router: ToolRouter, logits: NDArray[np.float32], shapes: Sequence[str]
+    router: ToolRouter,
+    logits: NDArray[np.float32],
+    shapes: Sequence[str | None],
+    tok: Tokenizer | None = None,
 ) -> dict[str, Any]:
-    """How often the router names the expected shape, and the expected tool, overall
-    and per tool."""
-    every = [n for n in router.names if "(" in n]  # all shapes: a session of every tool
-    chosen = [router.choose(row, every) for row in logits]
+    """How often the engine acts on the commands and on the chat (the router where it
+    is sure, else ``tok``'s call token first, echoes aside; without ``tok``: speak),
+    and how often the router names the expected tool and shape of the commands (of all
+    of them: a command not acted on counts as missed), overall and per tool."""
+    every = [n for n in router.names if "(" in n and not n.startswith("(")]  # all shapes
     per: dict[str, list[tuple[bool, bool]]] = {}
-    for got, want in zip(chosen, shapes, strict=True):
+    acted = {"commands": [], "chat": []}  # type: dict[str, list[bool]]
+    for row, want in zip(logits, shapes, strict=True):
+        sure = router.acts(row)  # unsure: the model's first token, as the engine does
+        act = sure if sure is not None else call_starts(tok, row) if tok else False
+        acted["commands" if want is not None else "chat"].append(act)
+        if want is None:
+            continue
+        got = router.choose(row, every) if act else None
         hit = (got == want, got is not None and tool_of(got) == tool_of(want))
         per.setdefault(tool_of(want), []).append(hit)
     hits = [h for v in per.values() for h in v]
     n = max(len(hits), 1)
     return {
-        "n": len(hits),
+        "commands": len(hits),
+        "chat": len(acted["chat"]),
+        "commands_acted": sum(acted["commands"]) / max(len(acted["commands"]), 1),
+        "chat_acted": sum(acted["chat"]) / max(len(acted["chat"]), 1),
         "accuracy": sum(s for s, _ in hits) / n,  # the whole shape
         "tool_accuracy": sum(t for _, t in hits) / n,
         "per_tool": {k: sum(s for s, _ in v) / len(v) for k, v in sorted(per.items())},
@@ -175,19 +240,26 @@ def train_router(options: RouterOptions, log: Callable[[str], None] = print) -> 
     sha = model_adapter_sha256(options.model_dir)
     if sha is None:
         raise ValueError(f"{options.model_dir} merges no adapter: a router reads a tools adapter")
-    train = command_rows(options.data / "train.jsonl")
-    heldout = command_rows(options.data / "heldout_commands.jsonl")
-    if not train:
+    train = read_rows(options.data / "train.jsonl")
+    if not any(r.shape for r in train):
         raise FileNotFoundError(f"{options.data / 'train.jsonl'} has no command rows")
+    heldout = [
+        *read_rows(options.data / "heldout_commands.jsonl"),
+        *read_rows(options.data / "heldout_chat.jsonl"),
+    ]
     gen = load_onnx_diffusion_generator(
         options.model_dir, "int8", RuntimeConfig(threads=options.threads, max_len=1024)
     )
-    log(f"router: {len(train)} training commands through {options.model_dir}")
-    x_train = prefill_logits(gen, [t for t, _ in train], log)
-    router = fit_router(x_train, [n for _, n in train], hidden_map(), options, sha)
-    fitted = accuracy(router, x_train, [n for _, n in train])
-    report: dict[str, Any] = {"train_accuracy": fitted["accuracy"]}
+    log(f"router: {len(train)} training rows through {options.model_dir}")
+    convos = conversations(train, options.with_history, options.seed)
+    x_train = prefill_logits(gen, convos, log)
+    shapes = [r.shape for r in train]
+    router = fit_router(x_train, shapes, hidden_map(), options, sha)
+    tok = gen.tokenizer
+    report: dict[str, Any] = {"train": accuracy(router, x_train, shapes, tok)}
     if heldout:
-        x_held = prefill_logits(gen, [t for t, _ in heldout], log)
-        report["heldout"] = accuracy(router, x_held, [n for _, n in heldout])
+        held = [r.shape for r in heldout]
+        for name, share in (("heldout", 0.0), ("heldout_with_history", 1.0)):
+            x = prefill_logits(gen, conversations(heldout, share, options.seed), log)
+            report[name] = accuracy(router, x, held, tok)
     return ToolRouter(router.names, router.weights, router.bias, sha, {**router.info, **report})

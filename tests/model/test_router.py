@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -13,23 +14,35 @@ from model.actions import decode_call, shape_names, shapes
 from model.diffusion_engine import smollm2_diffusion_config
 from model.engine import ChatMessage, drain
 from model.modeldir import SHIPPED_ADAPTER
-from model.router import ROUTER_FILE, ToolRouter, find_router, tool_of
+from model.nn.backend import TorchBackend
+from model.router import ACT, ROUTER_FILE, SPEAK, ToolRouter, find_router, tool_of
 from model.tools import CALL_OPEN, DEFAULT_TOOLS, ToolCall, shape_name
-from model.training.router import RouterOptions, accuracy, fit_router, fit_softmax
+from model.training.router import (
+    RouterOptions,
+    Row,
+    accuracy,
+    conversations,
+    fit_router,
+    fit_softmax,
+    read_rows,
+)
 
 from .conftest import tiny_tokenizer
 from .test_actions import TOOLS, USER, CallsFirst, prefilled
 from .test_diffusion import tiny_diffusion, tiny_generator
 
 SHAPES = ("lights.set(on=false)", "lights.set(on=true)", "timer.cancel()")
-NAMES = ("lights.set", "timer.cancel", *SHAPES)  # the tool columns, then the shapes
+# act or speak, the tool columns, then the shapes
+NAMES = (SPEAK, ACT, "lights.set", "timer.cancel", *SHAPES)
 
 
-def clusters(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Three Gaussian clusters in 6 dimensions, n points each."""
-    centres = rng.normal(0, 3, (3, 6))
+def clusters(
+    n: int, rng: np.random.Generator, k: int = 3, spread: float = 3.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """k Gaussian clusters in 6 dimensions, n points each."""
+    centres = rng.normal(0, spread, (k, 6))
     x = np.concatenate([c + rng.normal(0, 1, (n, 6)) for c in centres]).astype(np.float32)
-    return x, np.repeat(np.arange(3), n)
+    return x, np.repeat(np.arange(k), n)
 
 
 def test_the_softmax_fit_separates_what_is_separable() -> None:
@@ -41,29 +54,48 @@ def test_the_softmax_fit_separates_what_is_separable() -> None:
 
 
 def test_the_folded_router_scores_the_logits_as_the_fit_scored_the_states() -> None:
-    """Projection, standardisation and regression fold into one (V, K) matrix."""
+    """Projection, standardisation and the three regressions fold into one (V, K)
+    matrix; the tool and shape classifiers learn from the commands alone."""
     rng = np.random.default_rng(1)
     table = rng.normal(size=(50, 6)).astype(np.float32)  # (V, C): a tied head
     to_hidden = np.linalg.pinv(table).astype(np.float32)  # (C, V)
-    states, y = clusters(30, rng)
+    states, y = clusters(30, rng, k=4, spread=6.0)  # the fourth is chat; sure decisions
     logits = states @ table.T  # what the head writes for each state
-    labels = [SHAPES[i] for i in y]
+    labels = [SHAPES[i] if i < 3 else None for i in y]
     router = fit_router(logits, labels, to_hidden, RouterOptions(Path(".")), "sha")
-    assert router.names == NAMES and router.weights.shape == (50, 5)
+    assert router.names == NAMES and router.weights.shape == (50, 7)
     fitted = accuracy(router, logits, labels)
+    assert (fitted["commands"], fitted["chat"]) == (90, 30)
+    assert (fitted["commands_acted"], fitted["chat_acted"]) == (1.0, 0.0)
     assert fitted["accuracy"] == fitted["tool_accuracy"] == 1.0
     assert fitted["per_tool"] == {"lights.set": 1.0, "timer.cancel": 1.0}
     # the same scores as the unfolded pipeline
     hidden = logits @ to_hidden.T
     mu, sd = hidden.mean(0), hidden.std(0) + 1e-6
-    w, b = fit_softmax((hidden - mu) / sd, y, 3, 3e-3, 1500, 0.05)  # the shape classifier
-    assert np.allclose(router.scores(logits[0])[2:], ((hidden[0] - mu) / sd) @ w + b, atol=1e-3)
+    commands = y < 3
+    x = (hidden[commands] - mu) / sd
+    w, b = fit_softmax(x, y[commands], 3, 3e-3, 1500, 0.05)  # the shape classifier
+    assert np.allclose(router.scores(logits[0])[4:], x[0] @ w + b, atol=1e-3)
 
 
-def a_router(favour: str, vocab: int = 8, sha: str = "abc") -> ToolRouter:
-    """A router that favours the shape ``favour`` and its tool, whatever it reads."""
-    bias = np.array([5.0 if n in (favour, tool_of(favour)) else 0.0 for n in NAMES], np.float32)
-    return ToolRouter(NAMES, np.zeros((vocab, len(NAMES)), np.float32), bias, sha, {"n": 1})
+def a_router(
+    favour: str, vocab: int = 8, sha: str = "abc", act: bool = True, names: tuple[str, ...] = NAMES
+) -> ToolRouter:
+    """A router that acts (or speaks) and favours the shape ``favour`` and its tool,
+    whatever it reads."""
+    chosen = (favour, tool_of(favour), ACT if act else SPEAK)
+    bias = np.array([5.0 if n in chosen else 0.0 for n in names], np.float32)
+    return ToolRouter(names, np.zeros((vocab, len(names)), np.float32), bias, sha, {"n": 1})
+
+
+def test_it_tells_acting_from_speaking_when_it_was_fitted_to() -> None:
+    row = np.zeros(8, np.float32)
+    assert a_router("timer.cancel()").acts(row) is True
+    assert a_router("timer.cancel()", act=False).acts(row) is False
+    assert a_router("timer.cancel()", names=NAMES[2:]).acts(row) is None  # no act classifier
+    unsure = a_router("timer.cancel()")
+    unsure.bias[:2] = (0.0, 2.9)  # log-odds 2.9: probability 0.948, under 0.95
+    assert unsure.acts(row) is None  # the model's first token decides
 
 
 def test_it_chooses_among_the_session_s_shapes_and_steps_aside_for_unknown_tools() -> None:
@@ -129,9 +161,11 @@ def test_the_shipped_router_belongs_to_the_shipped_tools_adapter() -> None:
     assert router.adapter_sha256 == weights
     assert router.weights.shape == (49152, len(router.names))
     tools = [t.name for t in DEFAULT_TOOLS]
-    assert set(router.names) <= {*tools, *shape_names(DEFAULT_TOOLS)}
+    assert set(router.names[2:]) <= {*tools, *shape_names(DEFAULT_TOOLS)}
     assert {n for n in router.names if "(" not in n} == set(tools)
-    assert router.info["heldout"]["tool_accuracy"] >= 0.9  # as fitted (docs/actions.md)
+    assert router.names[:2] == (SPEAK, ACT)
+    held = router.info["heldout_with_history"]  # as fitted (docs/actions.md)
+    assert held["tool_accuracy"] >= 0.85 and held["chat_acted"] <= 0.02
 
 
 def test_a_routed_call_is_laid_out_as_routed_whatever_the_model_would_write() -> None:
@@ -146,20 +180,54 @@ def test_a_routed_call_is_laid_out_as_routed_whatever_the_model_would_write() ->
         decode_call(backend, tok, cache, last, TOOLS, USER, config, block=8, shape="doors.lock()")
 
 
-def test_the_engine_asks_its_router_which_tool() -> None:
+def test_the_engine_asks_its_router_whether_to_act_and_which_call() -> None:
     gen, _ = tiny_generator()
     tok = gen.tokenizer
+    gen.backend = gen.prefixes.backend = TorchBackend(tiny_diffusion(4), max_len=1024)
+    convo = [ChatMessage("user", "set a timer for 5 minutes")]
+    names = [SPEAK, ACT, *(t.name for t in TOOLS), *shape_names(TOOLS)]
+    tools = {t.name: t for t in TOOLS}
+    for favour in ("timer.cancel()", "lights.set(on=false)"):
+        gen.router = a_router(favour, gen.backend.vocab_size, names=tuple(names))
+        # the tiny model's first token never opens a call: the router decides
+        items, _ = drain(gen.generate(convo, 32, lambda: False, TOOLS))
+        calls = [i for i in items if isinstance(i, ToolCall)]
+        assert [shape_name(tools[c.name], c.arguments) for c in calls] == [favour]
+    # a router that speaks wins over a model whose first token would call
     backend = CallsFirst(tiny_diffusion(4), max_len=1024)
     backend.open_id = tok.encode_plain(CALL_OPEN)[0]  # type: ignore[attr-defined]
     gen.backend = gen.prefixes.backend = backend
-    convo = [ChatMessage("user", "set a timer for 5 minutes")]
-    names = [t.name for t in TOOLS] + shape_names(TOOLS)
-    for favour in ("timer.cancel()", "lights.set(on=false)"):
-        bias = np.array([5.0 if n in (favour, tool_of(favour)) else 0.0 for n in names], np.float32)
-        gen.router = ToolRouter(
-            tuple(names), np.zeros((backend.vocab_size, len(names)), np.float32), bias, "s", {}
-        )
-        items, _ = drain(gen.generate(convo, 32, lambda: False, TOOLS))
-        calls = [i for i in items if isinstance(i, ToolCall)]
-        tools = {t.name: t for t in TOOLS}
-        assert [shape_name(tools[c.name], c.arguments) for c in calls] == [favour]
+    gen.router = a_router("timer.cancel()", backend.vocab_size, act=False, names=tuple(names))
+    items, _ = drain(gen.generate(convo, 16, lambda: False, TOOLS))
+    assert not any(isinstance(i, ToolCall) for i in items)
+    # a session with a tool it does not know: the model's first token decides again
+    other = [*TOOLS[:1], dataclasses.replace(TOOLS[0], name="doors.lock")]
+    items, _ = drain(gen.generate(convo, 16, lambda: False, other))
+    assert any(isinstance(i, ToolCall) for i in items)
+
+
+def test_rows_are_asked_alone_or_after_others_as_a_session_keeps_them(tmp_path: Path) -> None:
+    lines = [
+        {"question": "timer off", "source": "command:timer.cancel",
+         "reply": '<tool_call>{"name": "timer.cancel", "arguments": {}}</tool_call>Done.'},
+        {"question": "hi", "source": "template", "reply": "Hello  there."},
+        {"question": "how are timers made?", "source": "negative", "reply": "With care."},
+        {"question": "ignored", "source": "elsewhere", "reply": "x"},
+    ]  # fmt: skip
+    path = tmp_path / "train.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines))
+    rows = read_rows(path)
+    assert rows == [
+        Row("timer off", "timer.cancel()", '<tool_call>{"name": "timer.cancel", '
+            '"arguments": {}}</tool_call> Done.'),
+        Row("hi", None, "Hello there."),
+        Row("how are timers made?", None, "With care."),
+    ]  # fmt: skip
+    alone = conversations(rows, 0.0, seed=0)
+    assert [[m.content for m in c] for c in alone] == [[r.text] for r in rows]
+    after = conversations(rows, 1.0, seed=0)
+    for row, convo in zip(rows, after, strict=True):
+        assert convo[-1] == ChatMessage("user", row.text) and len(convo) in (3, 5)
+        earlier = {(r.text, r.kept) for r in rows if r is not row}
+        pairs = zip(convo[:-1:2], convo[1:-1:2], strict=True)
+        assert all((u.content, a.content) in earlier for u, a in pairs)
