@@ -61,13 +61,13 @@ class ToolRouter:
         return out
 
     def knows(self, shapes: Sequence[str]) -> bool:
-        """Every tool of a session's ``shapes`` is one it was fitted on, with a shape it
-        knows: only then can it weigh them all."""
-        known, session = set(self.names), set(shapes)
-        tools = {tool_of(s) for s in shapes}
-        return bool(tools) and all(
-            t in known and any(tool_of(s) == t for s in session & known) for t in tools
-        )
+        """The session's tools are the ones it was fitted on (the same tools, so the
+        same system prompt: a session with other tools, even a part of them, lists
+        them otherwise, and the model's state moves with the prompt), and every shape
+        it knows is one of the session's."""
+        fitted = {n for n in self.names if "(" not in n}
+        known = {n for n in self.names if "(" in n and not n.startswith("(")}
+        return {tool_of(s) for s in shapes} == fitted and known <= set(shapes)
 
     def acts(self, logits: NDArray[np.float32]) -> bool | None:
         """Whether the request asks for an action, when the router is sure either way

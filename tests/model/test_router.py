@@ -98,17 +98,17 @@ def test_it_tells_acting_from_speaking_when_it_was_fitted_to() -> None:
     assert unsure.acts(row) is None  # the model's first token decides
 
 
-def test_it_chooses_among_the_session_s_shapes_and_steps_aside_for_unknown_tools() -> None:
+def test_it_chooses_among_the_session_s_shapes_only_for_the_tools_it_was_fitted_on() -> None:
     router = a_router("lights.set(on=true)")
     row = np.zeros(8, np.float32)
     both = ["lights.set(on=true)", "lights.set(on=false)", "timer.cancel()"]
     assert router.choose(row, both) == "lights.set(on=true)"
-    # the best tool first, then its best shape among the session's
-    assert router.choose(row, ["lights.set(on=false)", "timer.cancel()"]) == "lights.set(on=false)"
-    assert router.choose(row, ["timer.cancel()"]) == "timer.cancel()"
-    # a tool it has no shape of: it cannot weigh that one
+    router = a_router("lights.set(on=false)")
+    assert router.choose(row, both) == "lights.set(on=false)"
+    # other tools, or a part of them, make another prompt: the model decides
     assert router.choose(row, [*both, "doors.lock()"]) is None
-    assert router.choose(row, ["timer.cancel(reason)"]) is None  # a tool of another schema
+    assert router.choose(row, ["lights.set(on=false)", "lights.set(on=true)"]) is None
+    assert router.choose(row, ["timer.cancel(reason)", *both[:2]]) is None  # another schema
     assert router.choose(row, []) is None
 
 
