@@ -94,30 +94,29 @@ def _read_number(words: list[str], i: int) -> tuple[float, int] | None:
     return value, j
 
 
-def spoken_numbers(text: str) -> list[float]:
-    """Every number said in ``text``, in order."""
-    words, out, i = _words(text), [], 0
-    while i < len(words):
-        if (read := _read_number(words, i)) is None:
-            i += 1
-            continue
-        value, i = read
-        out.append(value)
-    return out
-
-
-def _quantities(words: list[str]) -> Iterator[tuple[float, int]]:
-    """(quantity, unit index) for every unit word: the number before it ("two
-    minutes"), "a" / "an" ("an hour"), "half a" / "half an" ("half an hour"), plus
-    "and a half" after it ("a minute and a half")."""
-    starts: dict[int, float] = {}  # index after a number -> the number
+def _numbers(words: list[str]) -> dict[int, float]:
+    """Every number said in ``words``, by the index of the word after it, in order."""
+    found: dict[int, float] = {}
     i = 0
     while i < len(words):
         if (read := _read_number(words, i)) is None:
             i += 1
             continue
         value, i = read
-        starts[i] = value
+        found[i] = value
+    return found
+
+
+def spoken_numbers(text: str) -> list[float]:
+    """Every number said in ``text``, in order."""
+    return list(_numbers(_words(text)).values())
+
+
+def _quantities(words: list[str]) -> Iterator[tuple[float, int]]:
+    """(quantity, unit index) for every unit word: the number before it ("two
+    minutes"), "a" / "an" ("an hour"), "half a" / "half an" ("half an hour"), plus
+    "and a half" after it ("a minute and a half")."""
+    starts = _numbers(words)  # index after a number -> the number
     for u, w in enumerate(words):
         if w not in UNITS:
             continue
