@@ -98,31 +98,46 @@ class _Shape:
         return shape_name(self.tool, present | self.values)
 
 
+def _presences(tool: Tool) -> list[list[Param]]:
+    """The parameters a call of ``tool`` can carry: the required ones with each subset
+    of the optional ones."""
+    optional = [p for p in tool.params if not p.required]
+    return [
+        [p for p in tool.params if p.required or (mask >> optional.index(p)) & 1]
+        for mask in range(1 << len(optional))
+    ]
+
+
+def _fixed_values(p: Param) -> list[Any] | None:
+    """The values a boolean or enum parameter is written with, one program each; None
+    for a free value (a slot)."""
+    if p.type == "boolean":
+        return [True, False]
+    return list(p.enum) if p.enum else None
+
+
 def shape_names(tools: Sequence[Tool]) -> list[str]:
     """The names of every way a call of ``tools`` can be laid out (no tokenizer needed:
-    what the router chooses among)."""
+    what the router chooses among), in the order of :func:`shapes`."""
     out: list[str] = []
     for tool in tools:
-        optional = [p for p in tool.params if not p.required]
-        for mask in range(1 << len(optional)):
-            present = [p for p in tool.params if p.required or (mask >> optional.index(p)) & 1]
+        for present in _presences(tool):
             choices: list[dict[str, Any]] = [{}]
             for p in present:
-                fixed = [True, False] if p.type == "boolean" else list(p.enum or [None])
-                choices = [c | {p.name: v} for c in choices for v in fixed]
+                values = _fixed_values(p) or [None]
+                choices = [c | {p.name: v} for c in choices for v in values]
             out += [shape_name(tool, c) for c in choices]
     return out
 
 
 def shapes(tok: Tokenizer, tools: Sequence[Tool]) -> list[_Shape]:
     """Every way a call of ``tools`` can be written, as token programs."""
-    out: list[_Shape] = []
-    for tool in tools:
-        optional = [p for p in tool.params if not p.required]
-        for mask in range(1 << len(optional)):
-            present = [p for p in tool.params if p.required or (mask >> optional.index(p)) & 1]
-            out += _expand(tok, tool, layout(tool, present))
-    return out
+    return [
+        shape
+        for tool in tools
+        for present in _presences(tool)
+        for shape in _expand(tok, tool, layout(tool, present))
+    ]
 
 
 def _expand(tok: Tokenizer, tool: Tool, items: list[str | Param]) -> list[_Shape]:
@@ -132,8 +147,7 @@ def _expand(tok: Tokenizer, tool: Tool, items: list[str | Param]) -> list[_Shape
         if isinstance(item, str):
             add: list[list[int | Param]] = [[*tok.encode_plain(item)]]
             fixed: list[dict[str, Any]] = [{}]
-        elif item.type == "boolean" or item.enum:
-            options: list[Any] = [True, False] if item.type == "boolean" else list(item.enum)
+        elif (options := _fixed_values(item)) is not None:
             add = [[*tok.encode_plain(value_text(item, v))] for v in options]
             fixed = [{item.name: v} for v in options]
         else:
