@@ -289,6 +289,13 @@ def render_call(tool: Tool, arguments: Mapping[str, Any]) -> str:
     return "".join(text for text, _ in call_pieces(tool, arguments))
 
 
+def kept_reply(call_text: str, words: str) -> str:
+    """A reply as the conversation keeps it: the call it made (``render_call``; "" for
+    none), then the words the user heard. The server keeps replies so, and the session
+    eval and the router's fit (``model/training``) must show the model the same."""
+    return " ".join(x for x in (call_text, words) if x)
+
+
 def call_ids(tok: Encoder, tool: Tool, arguments: Mapping[str, Any]) -> list[int]:
     """Token ids of the call, piece by piece (see the module docstring)."""
     return [i for text, _ in call_pieces(tool, arguments) for i in tok.encode_plain(text)]

@@ -40,7 +40,15 @@ from audio.endpoint import (
 from audio.resample import Quality, StreamResampler, pcm16_to_float32
 from audio.ring import AudioRing
 from model.engine import ChatMessage, GenerationStats
-from model.tools import DEFAULT_TOOLS, Tool, ToolCall, ToolError, parse_tools, render_call
+from model.tools import (
+    DEFAULT_TOOLS,
+    Tool,
+    ToolCall,
+    ToolError,
+    kept_reply,
+    parse_tools,
+    render_call,
+)
 
 from . import protocol as p
 from .resume import ResumeStore
@@ -1082,7 +1090,7 @@ class Session:
     def _remember_reply(self, turn: _Turn, spoken: str) -> None:
         """What the conversation keeps of a reply: the call it made (if the client got
         it), the words the user heard, then the results that came back meanwhile."""
-        said = " ".join(x for x in (turn.action_text if self._acted(turn) else "", spoken) if x)
+        said = kept_reply(turn.action_text if self._acted(turn) else "", spoken)
         if said:
             self._remember(ChatMessage("assistant", said))
         for result in turn.results:

@@ -39,7 +39,7 @@ from model.diffusion_engine import DiffusionGenerator
 from model.engine import ChatMessage
 from model.router import ACT, SPEAK, ToolRouter, model_adapter_sha256, tool_of
 from model.tokenizer import Tokenizer
-from model.tools import DEFAULT_TOOLS, render_call, shape_name, split_call
+from model.tools import DEFAULT_TOOLS, kept_reply, render_call, shape_name, split_call
 
 CHAT_SOURCES = ("negative", "template", "model", "heldout")
 
@@ -76,7 +76,7 @@ def read_rows(path: Path) -> list[Row]:
             if call is None or call.name not in tools:
                 raise ValueError(f"{path}: a command row without a default tool's call: {row}")
             tool = tools[call.name]
-            kept = f"{render_call(tool, call.arguments)} {words}".strip()
+            kept = kept_reply(render_call(tool, call.arguments), words)
             out.append(Row(row["question"], shape_name(tool, call.arguments), kept))
         elif source in CHAT_SOURCES:
             out.append(Row(row["question"], None, words))

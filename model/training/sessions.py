@@ -43,7 +43,14 @@ from typing import TYPE_CHECKING, Any
 from model.chat import build_prompt
 from model.engine import ChatMessage, GenerationStats
 from model.openings import first_sentence as opening_sentence
-from model.tools import DEFAULT_TOOLS, Tool, ToolCall, render_call, tools_system_prompt
+from model.tools import (
+    DEFAULT_TOOLS,
+    Tool,
+    ToolCall,
+    kept_reply,
+    render_call,
+    tools_system_prompt,
+)
 from model.training.data import PROMPTS_DIR
 from model.training.eval import distinct_bigrams, ends_a_sentence, per_token
 
@@ -140,7 +147,7 @@ def run_session(
         out.append(turn)
         call = render_call(by_name[turn.call.name], turn.call.arguments) if turn.call else ""
         # as the session keeps a reply: the call's text, then its sentences
-        if kept := " ".join(x for x in (call, " ".join(turn.reply.split())) if x):
+        if kept := kept_reply(call, " ".join(turn.reply.split())):
             conversation.append(ChatMessage("assistant", kept))
     return out
 
