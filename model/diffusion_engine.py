@@ -160,7 +160,7 @@ class DiffusionGenerator:
         be.truncate(cache, start)
         chunk = np.asarray(prompt[start:], np.int64)
         last = be.step(cache, chunk, "causal", commit=True, rows=last_row(chunk))[-1]
-        shapes = shape_names(tools)
+        shapes = shape_names(tools) if self.router is not None else []
         router = self.router if self.router is not None and self.router.knows(shapes) else None
         acts = router.acts(last) if router is not None else None
         if acts is None:  # no router for these tools, or it is unsure: the model's token

@@ -7,10 +7,10 @@ training it picks wrong for a third of the commands ("let's go to the stadium" -
 ``media.next``), and the same for a call's fixed parts ("make it quieter" ->
 ``volume.set {level: 10}``). The prefill's last row, which the decision already reads,
 holds what the model understood of the request: a multinomial logistic regression on it
-(fitted by ``quicksilver router``, ``model/training/router.py``) names the tool, and a
-second one, on the same features, that tool's call *shape* (``model.tools.shape_name``:
-the parameters present, each boolean or enum value, e.g. ``volume.set(change=down)``);
-the model then writes the free values.
+(fitted by ``quicksilver router``, ``model/training/router.py``) decides whether to act
+where it is sure, a second one on the same features names the tool, and a third that
+tool's call *shape* (``model.tools.shape_name``: the parameters present, each boolean
+or enum value, e.g. ``volume.set(change=down)``); the model then writes the free values.
 
 The probe is fitted on the model's final hidden state, recovered from the logits by
 least squares (the head is the tied embedding, so the logits are a fixed linear map of
@@ -60,14 +60,22 @@ class ToolRouter:
         out: NDArray[np.float32] = logits.astype(np.float32) @ self.weights + self.bias
         return out
 
+    @property
+    def tools(self) -> list[str]:
+        """The tools it tells apart (its tool classifier's columns)."""
+        return [n for n in self.names if "(" not in n]
+
+    @property
+    def shapes(self) -> list[str]:
+        """The call shapes it tells apart (its shape classifier's columns)."""
+        return [n for n in self.names if "(" in n and n not in (SPEAK, ACT)]
+
     def knows(self, shapes: Sequence[str]) -> bool:
         """The session's tools are the ones it was fitted on (the same tools, so the
         same system prompt: a session with other tools, even a part of them, lists
         them otherwise, and the model's state moves with the prompt), and every shape
         it knows is one of the session's."""
-        fitted = {n for n in self.names if "(" not in n}
-        known = {n for n in self.names if "(" in n and not n.startswith("(")}
-        return {tool_of(s) for s in shapes} == fitted and known <= set(shapes)
+        return {tool_of(s) for s in shapes} == set(self.tools) and set(self.shapes) <= set(shapes)
 
     def acts(self, logits: NDArray[np.float32]) -> bool | None:
         """Whether the request asks for an action, when the router is sure either way
@@ -103,7 +111,7 @@ class ToolRouter:
         np.savez_compressed(
             path,
             names=np.array(self.names),
-            weights=self.weights.astype(np.float16),  # 1.2 MB; scores move by < 1e-3
+            weights=self.weights.astype(np.float16),  # 2.7 MB; scores move by < 1e-3
             bias=self.bias.astype(np.float32),
             adapter_sha256=np.array(self.adapter_sha256),
             info=np.array(json.dumps(self.info)),

@@ -208,16 +208,15 @@ def accuracy(
     is sure, else ``tok``'s call token first, echoes aside; without ``tok``: speak),
     and how often the router names the expected tool and shape of the commands (of all
     of them: a command not acted on counts as missed), overall and per tool."""
-    every = [n for n in router.names if "(" in n and not n.startswith("(")]  # all shapes
     per: dict[str, list[tuple[bool, bool]]] = {}
-    acted = {"commands": [], "chat": []}  # type: dict[str, list[bool]]
+    acted: dict[str, list[bool]] = {"commands": [], "chat": []}
     for row, want in zip(logits, shapes, strict=True):
         sure = router.acts(row)  # unsure: the model's first token, as the engine does
         act = sure if sure is not None else call_starts(tok, row) if tok else False
         acted["commands" if want is not None else "chat"].append(act)
         if want is None:
             continue
-        got = router.choose(row, every) if act else None
+        got = router.choose(row, router.shapes) if act else None
         hit = (got == want, got is not None and tool_of(got) == tool_of(want))
         per.setdefault(tool_of(want), []).append(hit)
     hits = [h for v in per.values() for h in v]

@@ -162,7 +162,7 @@ def test_the_shipped_router_belongs_to_the_shipped_tools_adapter() -> None:
     assert router.weights.shape == (49152, len(router.names))
     tools = [t.name for t in DEFAULT_TOOLS]
     assert set(router.names[2:]) <= {*tools, *shape_names(DEFAULT_TOOLS)}
-    assert {n for n in router.names if "(" not in n} == set(tools)
+    assert set(router.tools) == set(tools)
     assert router.names[:2] == (SPEAK, ACT)
     held = router.info["heldout_with_history"]  # as fitted (docs/actions.md)
     assert held["tool_accuracy"] >= 0.85 and held["chat_acted"] <= 0.02
