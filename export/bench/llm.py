@@ -414,7 +414,6 @@ def run_llm_bench(options: BenchOptions) -> dict[str, Any]:
         )
     sentence = first_sentence_tokens(tok)
     llama = _llama_cpp_worker(options.llama_cpp)
-    gguf = llama.gguf.name if llama is not None else None
     if llama is not None:
         decoders[LLAMA_ENGINE] = llama.decoder(tok.stop_ids)
     try:
@@ -425,7 +424,7 @@ def run_llm_bench(options: BenchOptions) -> dict[str, Any]:
     results = _results(rows, options, roofs, dims, manifest, questions)
     results["int8_kernel_peak_flops"] = kernel_peaks
     if llama is not None:
-        results["llama_cpp"] = {**results["llama_cpp"], "version": llama.version, "gguf": gguf}
+        results["llama_cpp"] |= {"version": llama.version, "gguf": llama.gguf.name}
     return results
 
 
@@ -609,7 +608,7 @@ def print_table(results: dict[str, Any]) -> None:
         if len(each := results.get("speedup_per_round") or []) > 1:
             print(f"  per round: {', '.join(f'{v:.2f}' for v in each)}")
     for engine, x in (results.get("speedup_by_engine") or {}).items():
-        if engine not in ("diffusion", LLAMA_ENGINE):
+        if engine != "diffusion":  # llama.cpp is not among them (its runtime is its own)
             print(f"speedup of {engine}: {x:.2f}")
     if llama := results.get("llama_cpp"):
         for engine, x in (llama.get("over_llama_cpp") or {}).items():
