@@ -15,13 +15,13 @@ the keys. Only three kinds of thing are the model's to choose:
   down as said (``model/spoken.py``: "twenty five point five" is 25.5, "half an hour"
   of a ``seconds`` parameter 1800); otherwise a slot of masked positions denoised in
   parallel, each position's vocabulary masked to what the value may hold (digits; for a
-  string, the tokens of the user's own words, which is where a destination, a contact
-  or a message text comes from) plus the token that closes the value, which also picks
-  among programs that differ right after it. A pass commits the longest run of slot
-  positions, from the left, whose chosen token the model itself gives more than the
-  threshold (at least one), so a value is never written around an undecided hole, and a
-  position predicted while its left neighbour was still masked commits only when the
-  model needed no neighbour to know it.
+  string, the tokens of the user's own words, a run of whole words, which is where a
+  destination, a contact or a message text comes from) plus the token that closes the
+  value, which also picks among programs that differ right after it. A pass commits
+  the longest run of slot positions, from the left, whose chosen token the model itself
+  gives more than the threshold (at least one), so a value is never written around an
+  undecided hole, and a position predicted while its left neighbour was still masked
+  commits only when the model needed no neighbour to know it.
 
 Positions are laid out in the reply's blocks exactly as the sampler lays them
 (``model/sampler.py``): a pass runs the current block with its decided tokens and masks
@@ -398,7 +398,8 @@ def _slot(c: _Call, p: Param, vocab: NDArray[np.int64], threshold: float) -> Non
             for t in vocab.tolist()
             if len(value) < cap and _fits(p, text + c.tok.decode([t]), c.user)
         ]
-        allowed = np.array(fits + (closers if value else []), np.int64)
+        ends = bool(value) and (p.type != "string" or _ends_word(text, c.user))
+        allowed = np.array(fits + (closers if ends else []), np.int64)
         if allowed.size == 0:  # an empty value nothing can start (no words to copy)
             c.failed = True
             return
@@ -425,14 +426,34 @@ def _norm(text: str) -> str:
 
 def _fits(p: Param, text: str, user: str) -> bool:
     """``text`` can start a value of ``p``: a number's digits, or for a string a run
-    of the user's own words (case and spacing aside; so a destination, a contact or a
-    message is copied from what was said, never made up)."""
+    of the user's own words from a word's start (case and spacing aside; so a
+    destination, a contact or a message is copied from what was said, never made up).
+    A string value may also end only where a word does (:func:`_slot`)."""
     if p.type != "string":
         return (bool(_NUMBER.match(text)) and not text.startswith("0")) or text == "0"
     if text != text.lstrip() or "  " in text:  # as training writes values: no space first
         return False
-    t = _norm(text)
-    return bool(t) and t in _norm(user)
+    t = _norm(text) + (" " if text[-1:].isspace() else "")  # "m " is no start of "minutes"
+    return bool(t.strip()) and _at_words(t, _norm(user), False)
+
+
+def _ends_word(text: str, user: str) -> bool:
+    """A string value may close here: it is a run of whole words of ``user``."""
+    return text == text.rstrip() and _at_words(_norm(text), _norm(user), True)
+
+
+def _at_words(text: str, user: str, whole: bool) -> bool:
+    """``text`` occurs in ``user`` starting at a word's start (and, when ``whole``,
+    ending at a word's end): "ok" of "okay" is no value, nor "ay"."""
+    i = user.find(text)
+    while i >= 0:
+        j = i + len(text)
+        if (i == 0 or not user[i - 1].isalnum()) and (
+            not whole or j == len(user) or not user[j].isalnum()
+        ):
+            return True
+        i = user.find(text, i + 1)
+    return False
 
 
 def _commit_full_blocks(c: _Call) -> None:

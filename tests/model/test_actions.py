@@ -5,6 +5,7 @@ passes it reports are the passes it ran."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -69,8 +70,10 @@ def test_whatever_the_weights_a_call_fits_its_schema_and_its_ids(seed: int) -> N
     assert backend.cache_length(cache) == _prompt_len(tok) + done.committed
     for p in tool.params:
         value = done.call.arguments.get(p.name)
-        if p.type == "string" and value is not None:
+        if p.type == "string" and not p.enum and value is not None:
             assert value.lower() in USER.lower()  # copied from what was said
+            words = re.search(rf"(?<!\w){re.escape(value.lower())}(?!\w)", USER.lower())
+            assert words, value  # whole words: "ok" of "okay" is no value
 
 
 def _prompt_len(tok: Any) -> int:
