@@ -47,7 +47,7 @@ TOOLS = {t.name: t for t in DEFAULT_TOOLS}
 @dataclass(frozen=True)
 class ActionsConfig:
     seed: int = 2027
-    commands: int = 1600  # training commands (fewer where a tool's phrasings run out)
+    commands: int = 2000  # training commands (fewer where a tool's phrasings run out)
     negatives: int = 400  # hard-negative questions asked (only ended replies are kept)
     heldout_per_tool: int = 20
     heldout_negatives: int = 60  # + the 40 held-out chat questions of data/distill
@@ -342,6 +342,13 @@ DOWN_OK = ("Turning it down.", "Okay, volume down.", "A bit quieter now.")
 TEMPLATES: dict[str, tuple[list[Template], list[Template]]] = {
     "timer.set": (
         [
+            ("a timer for {dur}", {"seconds": "$dur"}, TIMER_OK),
+            ("set a {dur} timer", {"seconds": "$dur"}, TIMER_OK),
+            ("give me a timer for {dur}", {"seconds": "$dur"}, TIMER_OK),
+            ("set the timer to {dur}", {"seconds": "$dur"}, TIMER_OK),
+            ("start the clock for {dur}", {"seconds": "$dur"}, TIMER_OK),
+            ("let me know when {dur} is up", {"seconds": "$dur"}, TIMER_OK),
+            ("begin a countdown of {dur}", {"seconds": "$dur"}, TIMER_OK),
             ("set a timer for {dur}", {"seconds": "$dur"}, TIMER_OK),
             ("timer for {dur}", {"seconds": "$dur"}, TIMER_OK),
             ("start a timer for {dur}", {"seconds": "$dur"}, TIMER_OK),
@@ -357,6 +364,13 @@ TEMPLATES: dict[str, tuple[list[Template], list[Template]]] = {
     ),
     "timer.cancel": (
         [
+            ("stop the countdown", {}, CANCEL_OK),
+            ("cancel the countdown", {}, CANCEL_OK),
+            ("turn the timer off", {}, CANCEL_OK),
+            ("delete the timer", {}, CANCEL_OK),
+            ("clear my timer", {}, CANCEL_OK),
+            ("I don't need the timer anymore", {}, CANCEL_OK),
+            ("end the timer", {}, CANCEL_OK),
             ("cancel the timer", {}, CANCEL_OK),
             ("stop the timer", {}, CANCEL_OK),
             ("turn off the timer", {}, CANCEL_OK),
@@ -367,6 +381,13 @@ TEMPLATES: dict[str, tuple[list[Template], list[Template]]] = {
     ),
     "navigation.start": (
         [
+            ("route me to {place}", {"destination": "$place"}, NAV_OK),
+            ("head to {place}", {"destination": "$place"}, NAV_OK),
+            ("find a route to {place}", {"destination": "$place"}, NAV_OK),
+            ("I want to go to {place}", {"destination": "$place"}, NAV_OK),
+            ("guide me to {place}", {"destination": "$place"}, NAV_OK),
+            ("set the destination to {place}", {"destination": "$place"}, NAV_OK),
+            ("go to {place}", {"destination": "$place"}, NAV_OK),
             ("navigate to {place}", {"destination": "$place"}, NAV_OK),
             ("take me to {place}", {"destination": "$place"}, NAV_OK),
             ("directions to {place}", {"destination": "$place"}, NAV_OK),
@@ -381,6 +402,13 @@ TEMPLATES: dict[str, tuple[list[Template], list[Template]]] = {
     ),
     "media.play": (
         [
+            ("queue up {media}", {"query": "$media"}, PLAY_OK),
+            ("listen to {media}", {"query": "$media"}, PLAY_OK),
+            ("let's listen to {media}", {"query": "$media"}, PLAY_OK),
+            ("turn on {media}", {"query": "$media"}, PLAY_OK),
+            ("stream {media}", {"query": "$media"}, PLAY_OK),
+            ("I'm in the mood for {media}", {"query": "$media"}, PLAY_OK),
+            ("put {media} on", {"query": "$media"}, PLAY_OK),
             ("play {media}", {"query": "$media"}, PLAY_OK),
             ("put on {media}", {"query": "$media"}, PLAY_OK),
             ("I want to listen to {media}", {"query": "$media"}, PLAY_OK),
@@ -394,6 +422,12 @@ TEMPLATES: dict[str, tuple[list[Template], list[Template]]] = {
     ),
     "media.pause": (
         [
+            ("pause it", {}, PAUSE_OK),
+            ("pause the song", {}, PAUSE_OK),
+            ("stop the song", {}, PAUSE_OK),
+            ("hit pause", {}, PAUSE_OK),
+            ("pause for a second", {}, PAUSE_OK),
+            ("stop the podcast", {}, PAUSE_OK),
             ("pause", {}, PAUSE_OK),
             ("pause the music", {}, PAUSE_OK),
             ("stop the music", {}, PAUSE_OK),
@@ -405,6 +439,12 @@ TEMPLATES: dict[str, tuple[list[Template], list[Template]]] = {
     ),
     "media.next": (
         [
+            ("next", {}, NEXT_OK),
+            ("skip it", {}, NEXT_OK),
+            ("play something else", {}, NEXT_OK),
+            ("change the song", {}, NEXT_OK),
+            ("I don't like this song, skip", {}, NEXT_OK),
+            ("move on to the next song", {}, NEXT_OK),
             ("next song", {}, NEXT_OK),
             ("skip this song", {}, NEXT_OK),
             ("skip", {}, NEXT_OK),
@@ -416,6 +456,12 @@ TEMPLATES: dict[str, tuple[list[Template], list[Template]]] = {
     ),
     "message.send": (
         [
+            ("let {name} know {msg}", {"to": "$name", "text": "$msg"}, MSG_OK),
+            ("tell {name} that {msg}", {"to": "$name", "text": "$msg"}, MSG_OK),
+            ("text {name} saying {msg}", {"to": "$name", "text": "$msg"}, MSG_OK),
+            ("send a text to {name} that says {msg}", {"to": "$name", "text": "$msg"}, MSG_OK),
+            ("message {name} that {msg}", {"to": "$name", "text": "$msg"}, MSG_OK),
+            ("drop {name} a text saying {msg}", {"to": "$name", "text": "$msg"}, MSG_OK),
             ("text {name} {msg}", {"to": "$name", "text": "$msg"}, MSG_OK),
             ("send a message to {name} saying {msg}", {"to": "$name", "text": "$msg"}, MSG_OK),
             ("message {name} {msg}", {"to": "$name", "text": "$msg"}, MSG_OK),
@@ -429,6 +475,12 @@ TEMPLATES: dict[str, tuple[list[Template], list[Template]]] = {
     ),
     "call.start": (
         [
+            ("call up {name}", {"contact": "$name"}, CALL_OK),
+            ("ring up {name}", {"contact": "$name"}, CALL_OK),
+            ("start a call with {name}", {"contact": "$name"}, CALL_OK),
+            ("connect me to {name}", {"contact": "$name"}, CALL_OK),
+            ("I want to talk to {name}", {"contact": "$name"}, CALL_OK),
+            ("phone up {name}", {"contact": "$name"}, CALL_OK),
             ("call {name}", {"contact": "$name"}, CALL_OK),
             ("phone {name}", {"contact": "$name"}, CALL_OK),
             ("give {name} a call", {"contact": "$name"}, CALL_OK),
@@ -442,6 +494,13 @@ TEMPLATES: dict[str, tuple[list[Template], list[Template]]] = {
     ),
     "climate.set": (
         [
+            ("set the thermostat to {temp}", {"temperature_c": "$temp"}, TEMP_OK),
+            ("heat it to {temp} degrees", {"temperature_c": "$temp"}, TEMP_OK),
+            ("cool it down to {temp}", {"temperature_c": "$temp"}, TEMP_OK),
+            ("adjust the temperature to {temp}", {"temperature_c": "$temp"}, TEMP_OK),
+            ("warm it up to {temp} degrees", {"temperature_c": "$temp"}, TEMP_OK),
+            ("set the climate to {temp} degrees", {"temperature_c": "$temp"}, TEMP_OK),
+            ("turn the heat up to {temp}", {"temperature_c": "$temp"}, TEMP_OK),
             ("set the temperature to {temp} degrees", {"temperature_c": "$temp"}, TEMP_OK),
             ("make it {temp} degrees in here", {"temperature_c": "$temp"}, TEMP_OK),
             ("set the heat to {temp}", {"temperature_c": "$temp"}, TEMP_OK),
@@ -456,6 +515,12 @@ TEMPLATES: dict[str, tuple[list[Template], list[Template]]] = {
     ),
     "reminder.create": (
         [
+            ("remind me {when} to {task}", {"text": "$task", "when": "$when"}, REM_WHEN_OK),
+            ("I need a reminder to {task}", {"text": "$task"}, REM_OK),
+            ("add a reminder to {task} {when}", {"text": "$task", "when": "$when"}, REM_WHEN_OK),
+            ("reminder to {task}", {"text": "$task"}, REM_OK),
+            ("nudge me to {task} {when}", {"text": "$task", "when": "$when"}, REM_WHEN_OK),
+            ("ping me to {task}", {"text": "$task"}, REM_OK),
             ("remind me to {task} {when}", {"text": "$task", "when": "$when"}, REM_WHEN_OK),
             ("remind me to {task}", {"text": "$task"}, REM_OK),
             ("set a reminder to {task} {when}", {"text": "$task", "when": "$when"}, REM_WHEN_OK),
@@ -474,6 +539,14 @@ TEMPLATES: dict[str, tuple[list[Template], list[Template]]] = {
     ),
     "lights.set": (
         [
+            ("turn the lights on", {"on": True}, ON_OK),
+            ("switch on the lights", {"on": True}, ON_OK),
+            ("turn off the lights", {"on": False}, OFF_OK),
+            ("switch the lights off", {"on": False}, OFF_OK),
+            ("lights out", {"on": False}, OFF_OK),
+            ("it's so dark, lights on", {"on": True}, ON_OK),
+            ("it's too bright, turn off the lights", {"on": False}, OFF_OK),
+            ("turn the light on", {"on": True}, ON_OK),
             ("turn on the lights", {"on": True}, ON_OK),
             ("turn the lights off", {"on": False}, OFF_OK),
             ("lights on", {"on": True}, ON_OK),
@@ -490,6 +563,16 @@ TEMPLATES: dict[str, tuple[list[Template], list[Template]]] = {
     ),
     "volume.set": (
         [
+            ("change the volume to {level}", {"level": "$level"}, LEVEL_OK),
+            ("make the volume {level}", {"level": "$level"}, LEVEL_OK),
+            ("volume level {level}", {"level": "$level"}, LEVEL_OK),
+            ("turn up the volume", {"change": "up"}, UP_OK),
+            ("raise the volume", {"change": "up"}, UP_OK),
+            ("I can't hear it, turn it up", {"change": "up"}, UP_OK),
+            ("lower the volume", {"change": "down"}, DOWN_OK),
+            ("turn down the volume", {"change": "down"}, DOWN_OK),
+            ("too loud, turn it down", {"change": "down"}, DOWN_OK),
+            ("softer", {"change": "down"}, DOWN_OK),
             ("set the volume to {level}", {"level": "$level"}, LEVEL_OK),
             ("volume {level}", {"level": "$level"}, LEVEL_OK),
             ("turn the volume to {level}", {"level": "$level"}, LEVEL_OK),
@@ -552,6 +635,31 @@ VERBS = set(
         "throw",
         "write",
         "shoot",
+        "begin",
+        "delete",
+        "clear",
+        "end",
+        "route",
+        "head",
+        "find",
+        "guide",
+        "queue",
+        "listen",
+        "stream",
+        "hit",
+        "move",
+        "let",
+        "drop",
+        "connect",
+        "heat",
+        "cool",
+        "adjust",
+        "warm",
+        "add",
+        "nudge",
+        "ping",
+        "raise",
+        "lower",
     ]
 )
 
@@ -691,6 +799,21 @@ NEGATIVE_TEMPLATES = (
         "How does a thermostat save energy?",
         "What does a {job} do?",
         "Can you tell me a fun fact about {genre}?",
+        # Small talk around a command: a greeting or a thanks is answered, not acted on.
+        "Hi there!",
+        "Good morning.",
+        "Hey, how are you today?",
+        "Thank you so much.",
+        "Thanks, that's all.",
+        "Great, thanks!",
+        "Goodbye.",
+        "See you later.",
+        "Never mind.",
+        "What's your name?",
+        "You're very helpful.",
+        "Okay, sounds good.",
+        "Can you hear me?",
+        "What can you do?",
     ],
     [
         "What makes a {device} break?",
@@ -768,12 +891,14 @@ def make_actions(
     out: Path,
     data_cfg: DataConfig,
     log: Callable[[str], None] = print,
+    command: str = "quicksilver data --actions",
 ) -> dict[str, Any]:
     """Write the held-out split (heldout_commands.jsonl, heldout_chat.jsonl), the
     training run's held-out loss file (heldout.jsonl), train.jsonl and recipe.json.
 
     ``model`` writes the hard negatives' replies (the AR SmolLM2, as the corpus in
-    ``source``); ``source`` gives the chat examples and the 40 held-out questions."""
+    ``source``); ``source`` gives the chat examples and the 40 held-out questions;
+    ``command``: how the corpus was asked for, kept in the recipe."""
     import torch
 
     out.mkdir(parents=True, exist_ok=True)
@@ -806,6 +931,9 @@ def make_actions(
     loss = _loss_split(held_cmd, cfg) + chat_split[: len(chat_held) + cfg.loss_negatives]
     write_jsonl(out / "heldout.jsonl", loss)
     recipe = {
+        # the adapter's manifest keeps it: a server gives tools only to an adapter
+        # trained on this corpus (model.assemble.trained_for_tools)
+        "command": command,
         "config": asdict(cfg),
         "replies": {
             "commands": "the call (model.tools.call_ids, piece by piece) + a confirmation",

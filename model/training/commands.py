@@ -34,6 +34,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="instead: the exported diffusion model's own replies to --limit training "
         "questions of --source (docs/results/2026-12-certainty-forcing.md)",
     )
+    data.add_argument(
+        "--actions",
+        action="store_true",
+        help="instead: the tool-call corpus (commands with their calls, hard negatives, the "
+        "--source chat), into --out (docs/training.md, 'Tool calls')",
+    )
+    data.add_argument("--commands", type=int, default=2000, help="with --actions")
+    data.add_argument("--negatives", type=int, default=400, help="with --actions")
     data.add_argument("--source", type=Path, default=Path("data/distill"))
     data.add_argument("--limit", type=int, default=500)
     data.set_defaults(run=_data)
@@ -250,6 +258,11 @@ def _data(args: argparse.Namespace) -> int:
     from model.training.data import DataConfig, make_dataset
 
     torch.set_num_threads(args.threads)
+    if args.actions and args.own_replies:
+        print("quicksilver data: --actions and --own-replies are two corpora", file=sys.stderr)
+        return 2
+    if args.actions:
+        return _actions(args)
     if args.own_replies:
         return _own_replies(args)
     f = open_gguf()
@@ -262,6 +275,32 @@ def _data(args: argparse.Namespace) -> int:
         train_dtype=args.train_dtype,
     )
     recipe = make_dataset(load_smollm2(f), Tokenizer(f.tokenizer_data()), cfg, args.out, log=_log)
+    print(json.dumps(recipe, indent=2))
+    return 0
+
+
+def _actions(args: argparse.Namespace) -> int:
+    from model.nn.gguf import load_smollm2, open_gguf
+    from model.tokenizer import Tokenizer
+    from model.training.actions import ActionsConfig, make_actions
+    from model.training.data import DataConfig
+
+    f = open_gguf()
+    cfg = ActionsConfig(seed=args.seed, commands=args.commands, negatives=args.negatives)
+    data_cfg = DataConfig(
+        seed=args.seed,
+        max_reply_tokens=args.max_reply_tokens,
+        batch=args.batch,
+        train_dtype=args.train_dtype,
+    )
+    tok = Tokenizer(f.tokenizer_data())
+    command = (
+        f"quicksilver data --actions --seed {args.seed} --commands {args.commands} "
+        f"--negatives {args.negatives} --batch {args.batch} --train-dtype {args.train_dtype} "
+        f"--source {args.source} --out {args.out}"
+    )
+    model = load_smollm2(f)
+    recipe = make_actions(model, tok, cfg, args.source, args.out, data_cfg, _log, command)
     print(json.dumps(recipe, indent=2))
     return 0
 

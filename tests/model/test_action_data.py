@@ -3,6 +3,7 @@ held-out call check (quicksilver eval calls)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import re
@@ -10,6 +11,7 @@ from dataclasses import replace
 
 import pytest
 
+from model.assemble import trained_for_tools
 from model.tools import DEFAULT_TOOLS, call_ids, split_call, validate
 from model.training.actions import (
     TEMPLATES,
@@ -108,6 +110,12 @@ def test_same_seed_same_files_and_no_held_out_text_is_trained(tmp_path):
     assert len(held) == CFG.heldout_per_tool * len(TEMPLATES)
     assert not {_norm(e.question) for e in train} & {_norm(e.question) for e in held + chat}
     assert recipe["train_chat"] == 5 and recipe["train_commands"] == CFG.commands
+    # an adapter trained on it says so in its manifest (model.training.train writes
+    # {"command": "quicksilver data", **recipe}), so a server gives it the default tools
+    (tmp_path / "adapter").mkdir(exist_ok=True)
+    manifest = {"data": {"command": "quicksilver data", **recipe}}
+    (tmp_path / "adapter" / "manifest.json").write_text(json.dumps(manifest))
+    assert trained_for_tools(tmp_path / "adapter")
     assert all(e.system == TOOLS_SYSTEM_PROMPT for e in train + held + chat)
     # the chat split: the source's held-out questions, then the held-out negatives
     assert [e.question for e in chat[:2]] == ["Held 0?", "Held 1?"]
@@ -161,3 +169,52 @@ def test_eval_llm_with_tools_asks_the_diffusion_model_only_under_the_tools_promp
     assert ar == [prompt_ids(tok, "Hi?")]  # the reference and the scorer: spoken prompt
     assert asked == [prompt_ids(tok, "Hi?", system=TOOLS_SYSTEM_PROMPT)]
     assert eval_prompts(tok, ["Hi?"], EvalOptions()) == (ar, ar)
+
+
+def _carrier(template: str) -> tuple[str, ...]:
+    """A template's words with its slots and punctuation taken out."""
+    return tuple(w.strip(",.?!") for w in template.lower().split() if not w.startswith("{"))
+
+
+def test_no_held_out_phrasing_is_trained():
+    """The held-out commands test phrasings never trained on: no training template of a
+    tool opens with a held-out one's first two words or has its words."""
+    for name, (train_t, held_t) in TEMPLATES.items():
+        for held, _, _ in held_t:
+            h = _carrier(held)
+            for train, _, _ in train_t:
+                t = _carrier(train)
+                assert t != h, (name, train)
+                assert held.lower().split()[:2] != train.lower().split()[:2], (name, train)
+
+
+def test_the_held_out_commands_stay_fixed():
+    """Training templates and asks may grow; the held-out split's 240 commands (its own
+    templates, its own draws) stay the ones every eval in docs/actions.md measured."""
+    cfg = ActionsConfig()
+    rng = random.Random(cfg.seed + 1)
+    held = commands(tiny_tokenizer(), rng, cfg.heldout_per_tool, True, set())
+    digest = hashlib.sha256("\n".join(e.question for e in held).encode()).hexdigest()
+    assert digest == "86500d2ce3cc5b16e12c9141f595eacf406534dad03d467bf54e98940fe262b6"
+
+
+def test_data_actions_command_writes_the_tool_corpus(tmp_path, monkeypatch, capsys):
+    """``quicksilver data --actions`` (docs/training.md) reaches make_actions with its
+    counts; asking for two corpora at once is refused."""
+    from server.cli import main
+
+    seen = {}
+
+    def fake(model, tok, cfg, source, out, data_cfg, log, command):
+        seen.update(cfg=cfg, source=source, out=out, data_cfg=data_cfg, command=command)
+        return {"train": 0}
+
+    monkeypatch.setattr("model.training.actions.make_actions", fake)
+    monkeypatch.setattr("model.nn.gguf.load_smollm2", lambda f: None)
+    argv = ["data", "--actions", "--seed", "7", "--commands", "24", "--out", str(tmp_path)]
+    assert main([*argv, "--negatives", "3", "--batch", "4"]) == 0
+    assert seen["cfg"] == ActionsConfig(seed=7, commands=24, negatives=3)
+    assert (seen["out"], seen["data_cfg"].batch) == (tmp_path, 4)
+    assert seen["command"].startswith("quicksilver data --actions --seed 7 --commands 24 ")
+    assert main([*argv, "--own-replies", str(tmp_path)]) == 2
+    assert "two corpora" in capsys.readouterr().err
