@@ -256,8 +256,11 @@ def _data(args: argparse.Namespace) -> int:
     from model.nn.gguf import load_smollm2, open_gguf
     from model.tokenizer import Tokenizer
     from model.training.data import DataConfig, make_dataset
+    from model.training.precision import working_dtype
 
     torch.set_num_threads(args.threads)
+    # before the recipe is written: it names the dtype the replies were written in
+    args.train_dtype = working_dtype(args.train_dtype, log=_log)
     if args.actions and args.own_replies:
         print("quicksilver data: --actions and --own-replies are two corpora", file=sys.stderr)
         return 2

@@ -40,6 +40,7 @@ from model.openings import Opening
 from model.sampler import SamplerSettings, schedule_label
 from model.tokenizer import Tokenizer
 from model.training.data import decode_batch, prompt_ids, read_heldout, read_jsonl
+from model.training.precision import working_dtype
 
 if TYPE_CHECKING:
     from model.backend import StepBackend
@@ -315,6 +316,7 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
     ar = Llama.from_state_dict(config, f.state_dict(config), torch.float32)
     B = opts.block_size or SamplerSettings().block_size  # the engines' default
     widest = max([B, *(n for first in opts.schedules for n in first)])  # the cache's overshoot
+    opts = dataclasses.replace(opts, dtype=working_dtype(opts.dtype, log=log))
     dtype = getattr(torch, opts.dtype)
     if opts.onnx:  # the adapter is already merged into the exported graph
         from model.modeldir import read_manifest

@@ -355,6 +355,7 @@ def load_scorer(opts: SessionOptions, questions: list[str]) -> Scorer:
     from model.tokenizer import Tokenizer
     from model.training.data import prompt_ids
     from model.training.eval import EvalOptions, ar_replies, load_embedder
+    from model.training.precision import working_dtype
 
     f = GGUFFile(find_smollm2_gguf())
     tok = Tokenizer(f.tokenizer_data())
@@ -366,7 +367,7 @@ def load_scorer(opts: SessionOptions, questions: list[str]) -> Scorer:
     greedy = ar_replies(model, tok, [prompt_ids(tok, q) for q in new], ev, 0.0)
     refs = {q: tok.decode(y).strip() for q, y in zip(new, greedy.ids, strict=True)}
     refs.update({q: old[q] for q in questions if q in old})
-    return Scorer(model.to(getattr(torch, opts.dtype)), tok, load_embedder(), refs)
+    return Scorer(model.to(getattr(torch, working_dtype(opts.dtype))), tok, load_embedder(), refs)
 
 
 def run_sessions(opts: SessionOptions, log: Callable[[str], None] = print) -> dict[str, Any]:

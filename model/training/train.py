@@ -79,7 +79,8 @@ class TrainConfig:
     # loop, batches and seeds on either; only the tensors move
     device: str = "cpu"
     # frozen base in bf16 (LoRA and mask row stay fp32): faster than fp32 and than
-    # autocast, which re-casts every frozen weight on every call (docs/training.md)
+    # autocast, which re-casts every frozen weight on every call (docs/training.md);
+    # fp32 on a CPU without AVX512_BF16/AMX, where bf16 is slower (model.training.precision)
     bf16: bool = True
     resume: bool = True
     # voice sessions are conversations: each training prompt gets 0..history earlier
@@ -553,7 +554,10 @@ def run_training(cfg: TrainConfig, ship: Path | None = None) -> dict[str, Any]:
     """`quicksilver train`: load SmolLM2 with the mask row, train, save the adapter."""
     from model.nn.diffusion import load_smollm2_diffusion
     from model.nn.gguf import gguf_tokenizer
+    from model.training.precision import working_dtype
 
+    if cfg.bf16 and working_dtype("bfloat16", train_device(cfg.device)) == "float32":
+        cfg = dataclasses.replace(cfg, bf16=False)  # so the run's record says what ran
     tok = gguf_tokenizer()
     model = load_smollm2_diffusion()
     data = Path(cfg.data)
