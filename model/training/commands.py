@@ -255,20 +255,20 @@ def _data(args: argparse.Namespace) -> int:
 
     from model.nn.gguf import load_smollm2, open_gguf
     from model.tokenizer import Tokenizer
+    from model.training.actions import ActionsConfig, make_actions
     from model.training.data import DataConfig, make_dataset
     from model.training.precision import working_dtype
 
     torch.set_num_threads(args.threads)
-    # before the recipe is written: it names the dtype the replies were written in
-    args.train_dtype = working_dtype(args.train_dtype, log=_log)
     if args.actions and args.own_replies:
         print("quicksilver data: --actions and --own-replies are two corpora", file=sys.stderr)
         return 2
-    if args.actions:
-        return _actions(args)
     if args.own_replies:
         return _own_replies(args)
+    # before the recipe is written: it names the dtype the replies were written in
+    args.train_dtype = working_dtype(args.train_dtype, log=_log)
     f = open_gguf()
+    model, tok = load_smollm2(f), Tokenizer(f.tokenizer_data())
     cfg = DataConfig(
         seed=args.seed,
         n=args.n,
@@ -277,33 +277,16 @@ def _data(args: argparse.Namespace) -> int:
         batch=args.batch,
         train_dtype=args.train_dtype,
     )
-    recipe = make_dataset(load_smollm2(f), Tokenizer(f.tokenizer_data()), cfg, args.out, log=_log)
-    print(json.dumps(recipe, indent=2))
-    return 0
-
-
-def _actions(args: argparse.Namespace) -> int:
-    from model.nn.gguf import load_smollm2, open_gguf
-    from model.tokenizer import Tokenizer
-    from model.training.actions import ActionsConfig, make_actions
-    from model.training.data import DataConfig
-
-    f = open_gguf()
-    cfg = ActionsConfig(seed=args.seed, commands=args.commands, negatives=args.negatives)
-    data_cfg = DataConfig(
-        seed=args.seed,
-        max_reply_tokens=args.max_reply_tokens,
-        batch=args.batch,
-        train_dtype=args.train_dtype,
-    )
-    tok = Tokenizer(f.tokenizer_data())
-    command = (
-        f"quicksilver data --actions --seed {args.seed} --commands {args.commands} "
-        f"--negatives {args.negatives} --batch {args.batch} --train-dtype {args.train_dtype} "
-        f"--source {args.source} --out {args.out}"
-    )
-    model = load_smollm2(f)
-    recipe = make_actions(model, tok, cfg, args.source, args.out, data_cfg, _log, command)
+    if args.actions:
+        actions = ActionsConfig(seed=args.seed, commands=args.commands, negatives=args.negatives)
+        command = (
+            f"quicksilver data --actions --seed {args.seed} --commands {args.commands} "
+            f"--negatives {args.negatives} --batch {args.batch} --train-dtype {args.train_dtype} "
+            f"--source {args.source} --out {args.out}"
+        )
+        recipe = make_actions(model, tok, actions, args.source, args.out, cfg, _log, command)
+    else:
+        recipe = make_dataset(model, tok, cfg, args.out, log=_log)
     print(json.dumps(recipe, indent=2))
     return 0
 
