@@ -16,8 +16,8 @@ code is recorded per connection; 1011 (internal error) or any code the server ha
 reason to send is a failure.
 
 Meanwhile a well-behaved session on its own connection asks text questions and checks
-each answer: a ``reply_done`` whose text holds the expected word ("blue" for the
-colour of the sky). Every ``--witness-turns`` questions it starts a fresh session, one
+each answer: a ``reply_done`` whose text holds the expected word ("Tokyo" for the
+capital of Japan). Every ``--witness-turns`` questions it starts a fresh session, one
 at a time. With ``--pid`` the server's RSS, open fds and threads are sampled from /proc.
 
 Exits non-zero on a 1011 or unexpected close, a wrong or missing answer, a server
@@ -82,9 +82,12 @@ EXPECTED_CLOSES = {
 }
 REFUSALS = (1008, 1013)  # the connection was refused: wait a moment before the next
 # Questions the served reply model answers right in a fresh session and still after
-# many turns of them (it answers the capital of France with "Le Grand Jardin").
+# many turns of them (it answers the capital of France with "Le Grand Jardin"), on
+# AVX-512 and AVX2 CPUs alike: "What color is the sky?" is a near-tie that the CPU's
+# float rounding decides ("The sky is a deep, mysterious ... canvas" on an AVX2 EPYC,
+# fp32 and int8 graphs both).
 WITNESS_QUESTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("What color is the sky?", ("blue",)),
+    ("What is the capital of Japan?", ("Tokyo",)),
     ("Say hello.", ("hello",)),
     ("How many days are in a week?", ("7", "seven")),
 )
@@ -893,7 +896,7 @@ class Fuzz:
         w.reply_ms.append(ms)
         w.replies[reply] += 1
         w.answers.append({"session": w.sessions, "question": question, "reply": reply, "ms": ms})
-        if reply.strip() and any(word in reply.lower() for word in expect):
+        if reply.strip() and any(word.lower() in reply.lower() for word in expect):
             w.ok += 1
         else:
             w.failures.append({"question": question, "reply": reply, "error": f"no {expect!r}"})

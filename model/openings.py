@@ -40,13 +40,26 @@ def reply_openings(
     focused. 2. ..."; an earlier reply shorter than that: all of it). Empty when ``n``
     is 0. A reply that acted is kept with its call first (``server/session.py``): its
     opening is that of its words, as a call's ``<`` as an opening would keep every later
-    reply of the window from acting."""
+    reply of the window from acting. The replies to an earlier message with the latest
+    one's words are left out: asked "What is the capital of Japan?" again, the right
+    answer opens as before (banned, the model wrote "The capital of China is Beijing.")."""
     if n <= 0:
         return ()
-    texts = [split_call(m.content)[1] for m in conversation if m.role == "assistant"]
     users = [m.content for m in conversation if m.role == "user"]
+    asked = _words(users[-1]) if users else ""
+    texts, question = [], None
+    for m in conversation:
+        if m.role == "user":
+            question = _words(m.content)
+        elif m.role == "assistant" and not (asked and question == asked):
+            texts.append(split_call(m.content)[1])
     found = {tuple(tok.encode_plain(first_sentence(t))[:n]) for t in texts + users[-1:]}
     return tuple(sorted(o for o in found if o))
+
+
+def _words(text: str) -> str:
+    """``text`` lowercased, its words only: the same question asked again matches."""
+    return " ".join(re.findall(r"[^\W_]+", text.lower()))
 
 
 def first_sentence(text: str) -> str:

@@ -30,6 +30,23 @@ def test_reply_openings_are_the_first_tokens_of_replies_and_the_latest_user_word
     assert reply_openings(tok, conversation, 0) == ()
 
 
+def test_the_same_question_asked_again_may_get_the_same_answer() -> None:
+    tok = tiny_tokenizer()
+    conversation = [
+        ChatMessage("user", "What is the capital of Japan?"),
+        ChatMessage("assistant", "The capital of Japan is Tokyo."),
+        ChatMessage("user", "Say hello."),
+        ChatMessage("assistant", "Hello."),
+        ChatMessage("user", "what is the capital of japan"),  # as Whisper may write it
+    ]
+    got = set(reply_openings(tok, conversation, 4))
+    tokyo = tuple(tok.encode_plain("The capital of Japan is Tokyo.")[:4])
+    assert tokyo not in got and tuple(tok.encode_plain("Hello.")[:4]) in got
+    # another question: that answer is banned again
+    other = [*conversation[:-1], ChatMessage("user", "And of France?")]
+    assert tokyo in reply_openings(tok, other, 4)
+
+
 def test_a_reply_that_acted_opens_with_its_words_not_its_call() -> None:
     tok = tiny_tokenizer()
     acted = '<tool_call>{"name": "timer.set", "arguments": {"seconds": 300}}</tool_call> Timer set.'
