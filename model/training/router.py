@@ -103,21 +103,38 @@ def prefill_logits(
     log: Callable[[str], None] = print,
 ) -> NDArray[np.float32]:
     """The last prompt row's logits ``(N, V)`` for each conversation, as a session with
-    the default device tools prompts the model."""
+    the default device tools prompts the model.
+
+    Every prompt opens with the same system prompt (the tool list, ~100 tokens), so it
+    is prefilled once and each conversation prefills only what follows it, as a session
+    does from its prefix cache: ~3x fewer positions (a 140-token int8 prefill took 0.9 s
+    on an AVX2 CPU without VNNI, and a refit prefills ~5,000 prompts)."""
     from model.backend import last_row
     from model.chat import build_prompt
+    from model.prefix import common_prefix
     from model.tools import tools_system_prompt
 
     tok, opts, backend = gen.tokenizer, gen.options, gen.backend
     system = tools_system_prompt(opts.system_prompt, DEFAULT_TOOLS)
+    prompts = [
+        np.asarray(build_prompt(tok, c, opts.prompt_budget, system, opts.history_window), np.int64)
+        for c in convos
+    ]
+    if not prompts:
+        raise ValueError("no conversations to prefill")
+    # the shared head, less one token so that every prompt has something to prefill
+    shared = min(common_prefix(prompts[0], p) for p in prompts) - 1
+    cache = backend.new_cache()
+    if shared > 0:
+        backend.step(cache, prompts[0][:shared], "causal", True, last_row(prompts[0][:shared]))
     rows = []
     t0 = time.monotonic()
-    for i, convo in enumerate(convos, 1):
-        prompt = build_prompt(tok, convo, opts.prompt_budget, system, opts.history_window)
-        ids = np.asarray(prompt, np.int64)
-        rows.append(backend.step(backend.new_cache(), ids, "causal", True, last_row(ids))[-1])
-        if i % 400 == 0 or i == len(convos):
-            log(f"router: prefilled {i}/{len(convos)} ({time.monotonic() - t0:.0f} s)")
+    for i, ids in enumerate(prompts, 1):
+        backend.truncate(cache, max(shared, 0))
+        tail = ids[max(shared, 0) :]
+        rows.append(backend.step(cache, tail, "causal", True, last_row(tail))[-1])
+        if i % 400 == 0 or i == len(prompts):
+            log(f"router: prefilled {i}/{len(prompts)} ({time.monotonic() - t0:.0f} s)")
     return np.stack(rows).astype(np.float32)
 
 

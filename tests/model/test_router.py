@@ -231,3 +231,27 @@ def test_rows_are_asked_alone_or_after_others_as_a_session_keeps_them(tmp_path: 
         earlier = {(r.text, r.kept) for r in rows if r is not row}
         pairs = zip(convo[:-1:2], convo[1:-1:2], strict=True)
         assert all((u.content, a.content) in earlier for u, a in pairs)
+
+
+def test_prefills_after_the_shared_system_prompt_give_each_prompt_s_own_logits() -> None:
+    from model.backend import last_row
+    from model.chat import build_prompt
+    from model.tools import tools_system_prompt
+    from model.training.router import prefill_logits
+
+    gen, _ = tiny_generator()
+    gen.backend = TorchBackend(tiny_diffusion(4), max_len=1024)
+    convos = [
+        [ChatMessage("user", "set a timer for 5 minutes")],
+        [ChatMessage("user", "hi"), ChatMessage("assistant", "Hello."), ChatMessage("user", "x")],
+        [ChatMessage("user", "lights off please")],
+    ]
+    got = prefill_logits(gen, convos, log=lambda _: None)
+    system = tools_system_prompt(gen.options.system_prompt, DEFAULT_TOOLS)
+    b = gen.backend
+    for row, convo in zip(got, convos, strict=True):
+        opts = gen.options
+        prompt = build_prompt(gen.tokenizer, convo, opts.prompt_budget, system, opts.history_window)
+        ids = np.asarray(prompt, np.int64)
+        alone = b.step(b.new_cache(), ids, "causal", True, last_row(ids))[-1]
+        np.testing.assert_allclose(row, alone, atol=1e-4)
