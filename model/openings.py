@@ -46,20 +46,21 @@ def reply_openings(
     if n <= 0:
         return ()
     users = [m.content for m in conversation if m.role == "user"]
-    asked = _words(users[-1]) if users else ""
+    asked = " ".join(words(users[-1])) if users else ""
     texts, question = [], None
     for m in conversation:
         if m.role == "user":
-            question = _words(m.content)
+            question = " ".join(words(m.content))
         elif m.role == "assistant" and not (asked and question == asked):
             texts.append(split_call(m.content)[1])
     found = {tuple(tok.encode_plain(first_sentence(t))[:n]) for t in texts + users[-1:]}
     return tuple(sorted(o for o in found if o))
 
 
-def _words(text: str) -> str:
-    """``text`` lowercased, its words only: the same question asked again matches."""
-    return " ".join(re.findall(r"[^\W_]+", text.lower()))
+def words(text: str) -> list[str]:
+    """Lower-case words, punctuation and apostrophes dropped ("I'm" -> "im"): the same
+    question asked again matches, and the session eval compares replies by them."""
+    return re.findall(r"[a-z0-9]+", re.sub(r"['\u2019]", "", text.lower()))
 
 
 def first_sentence(text: str) -> str:

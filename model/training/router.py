@@ -123,15 +123,15 @@ def prefill_logits(
     if not prompts:
         raise ValueError("no conversations to prefill")
     # the shared head, less one token so that every prompt has something to prefill
-    shared = min(common_prefix(prompts[0], p) for p in prompts) - 1
+    shared = max(min(common_prefix(prompts[0], p) for p in prompts) - 1, 0)
     cache = backend.new_cache()
-    if shared > 0:
+    if shared:
         backend.step(cache, prompts[0][:shared], "causal", True, last_row(prompts[0][:shared]))
     rows = []
     t0 = time.monotonic()
     for i, ids in enumerate(prompts, 1):
-        backend.truncate(cache, max(shared, 0))
-        tail = ids[max(shared, 0) :]
+        backend.truncate(cache, shared)
+        tail = ids[shared:]
         rows.append(backend.step(cache, tail, "causal", True, last_row(tail))[-1])
         if i % 400 == 0 or i == len(prompts):
             log(f"router: prefilled {i}/{len(prompts)} ({time.monotonic() - t0:.0f} s)")

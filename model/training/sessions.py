@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from model.chat import build_prompt
 from model.engine import ChatMessage, GenerationStats
 from model.openings import first_sentence as opening_sentence
+from model.openings import words
 from model.tools import (
     DEFAULT_TOOLS,
     Tool,
@@ -67,11 +68,6 @@ ECHO_NEW_WORDS = 10  # an echo may add one word in this many
 
 
 # ---------------------------------------------------------------- detectors
-
-
-def words(text: str) -> list[str]:
-    """Lower-case words, punctuation and apostrophes dropped ("I'm" -> "im")."""
-    return re.findall(r"[a-z0-9]+", re.sub(r"['\u2019]", "", text.lower()))
 
 
 def first_sentence(text: str) -> str:
