@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -230,6 +230,7 @@ def decode_call(
     should_stop: Callable[[], bool] = lambda: False,
     prior: Prior | None = None,
     shape: str | None = None,
+    pointed: Mapping[str, str] | None = None,
 ) -> DecodedCall | None:
     """Write a call after the prompt held by ``cache`` (``last``: its last row's logits).
 
@@ -239,6 +240,8 @@ def decode_call(
     most exceeds its content-free one (:class:`ContentFree`). ``shape``: the call is laid
     out so (``model.tools.shape_name``: the router's choice, ``model/router.py``), so its
     tool, parameters and fixed values cost no pass and the model writes the free values.
+    ``pointed``: string values by parameter name, spans of the user's words the span
+    pointers chose (``model/spans.py``), laid down as said instead of written.
     """
     programs = [(s, 0) for s in shapes(tok, tools) if shape is None or s.name == shape]
     if not programs:
@@ -256,7 +259,10 @@ def decode_call(
             _branch(c, sorted(n for n in nexts if isinstance(n, int)))
         else:
             (p,) = {n.name: n for n in nexts if isinstance(n, Param)}.values()
-            if (said := slot_value(p, user_text)) is not None:
+            said = slot_value(p, user_text)
+            if said is None and p.type == "string":
+                said = (pointed or {}).get(p.name)
+            if said:
                 _lay_value(c, p, said)
             else:
                 _slot(c, p, vocab[p.name], settings.threshold)
@@ -374,8 +380,9 @@ def _take(c: _Call, token: int) -> None:
 
 
 def _lay_value(c: _Call, p: Param, text: str) -> None:
-    """Lay down the number the user said (``model.spoken.slot_value``) as ``p``'s value,
-    tokenized apart as training writes values (``model.tools.call_ids``): no pass."""
+    """Lay down the number the user said (``model.spoken.slot_value``) or the span of
+    their words pointed at as ``p``'s value, tokenized apart as training writes values
+    (``model.tools.call_ids``): no pass."""
     value = c.values.setdefault(p.name, [])
     for token in c.tok.encode_plain(text):
         c.ids.append(token)

@@ -36,6 +36,7 @@ from model.modeldir import (
 from model.openai_chat import ChatServerOptions, OpenAIChatGenerator
 from model.router import find_router
 from model.runtime import Device, OrtBackend, RuntimeConfig, choose_providers
+from model.spans import find_spans
 
 EngineName = Literal["diffusion-onnx", "diffusion", "smollm2-ar-onnx", "smollm2-ar", "openai-chat"]
 ENGINES: tuple[EngineName, ...] = get_args(EngineName)
@@ -133,6 +134,7 @@ def load_onnx_diffusion_generator(
     model = smollm2_diffusion_config(tok)
     gen = DiffusionGenerator(backend, tok, model, options, name="diffusion-onnx")
     gen.router = find_router(model_dir, vocab=backend.vocab_size)
+    gen.spans = find_spans(model_dir, vocab=backend.vocab_size)
     return gen
 
 

@@ -25,8 +25,9 @@ from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt
 from model.engine import ChatMessage, GenerationStats
 from model.openings import Opening, reply_openings
 from model.prefix import PrefixCache
-from model.router import ToolRouter
+from model.router import ToolRouter, tool_of
 from model.sampler import DiffusionConfig, SamplerSettings, sample
+from model.spans import SpanPointer, UserTokens, boundary_rows, span_text, user_tokens, words
 from model.tokenizer import Tokenizer, decoded
 from model.tools import CALL_OPEN, Tool, ToolCall, tools_system_prompt
 
@@ -89,6 +90,8 @@ class DiffusionGenerator:
         self._calibrations: dict[str, ContentFree] = {}  # by system prompt
         # names the tool of a call from the prefill (model/router.py); None: the model does
         self.router: ToolRouter | None = None
+        # points at a routed call's string values in the user's words (model/spans.py)
+        self.spans: SpanPointer | None = None
 
     def generate(
         self,
@@ -156,12 +159,19 @@ class DiffusionGenerator:
         when the call could not be written (cancelled, or nothing valid in its passes:
         the sampler would only write the call's text again)."""
         be, cache = self.backend, prefix.cache
-        start = min(prefix.length, len(prompt) - 1)  # as the sampler: >= 1 new token
-        be.truncate(cache, start)
-        chunk = np.asarray(prompt[start:], np.int64)
-        last = be.step(cache, chunk, "causal", commit=True, rows=last_row(chunk))[-1]
         shapes = shape_names(tools) if self.router is not None else []
         router = self.router if self.router is not None and self.router.knows(shapes) else None
+        where = None
+        if router is not None and self.spans is not None:
+            where = user_tokens(self.tokenizer, prompt, user_text)
+        start = min(prefix.length, len(prompt) - 1)  # as the sampler: >= 1 new token
+        if where is not None:  # the pointers read the user's rows: prefilled now
+            start = min(start, int(where.rows[0]))
+        be.truncate(cache, start)
+        chunk = np.asarray(prompt[start:], np.int64)
+        rows = last_row(chunk) if where is None else np.append(where.rows - start, len(chunk) - 1)
+        logits = be.step(cache, chunk, "causal", commit=True, rows=rows)
+        last = logits[-1]
         acts = router.acts(last) if router is not None else None
         if acts is None:  # no router for these tools, or it is unsure: the model's token
             acts = call_starts(self.tokenizer, last, {o[0] for o in avoid})
@@ -170,9 +180,12 @@ class DiffusionGenerator:
         block = self.options.sampler.block_size
         prior = self._content_free(tools) if self.options.actions.calibrate else None
         routed = router.choose(last, shapes) if router is not None else None
+        pointed = None
+        if routed is not None and where is not None:
+            pointed = self._point(logits[:-1], where, user_text, tool_of(routed))
         done = decode_call(
             be, self.tokenizer, cache, last, tools, user_text, self.model, block,
-            self.options.actions, should_stop, prior, routed,
+            self.options.actions, should_stop, prior, routed, pointed,
         )  # fmt: skip
         if done is None:
             be.truncate(cache, len(prompt))
@@ -180,6 +193,26 @@ class DiffusionGenerator:
         yield done.call
         head = [*prompt, *done.ids[: done.committed]]
         return head, done.ids[done.committed :], 1 + done.call.passes, done.last
+
+    def _point(
+        self, rows: NDArray[np.float32], where: UserTokens, text: str, tool: str
+    ) -> dict[str, str]:
+        """The string values of a call of ``tool``, spans of the user's words chosen by
+        the span pointers (``model/spans.py``) from the user's prefill ``rows``. A span
+        that cannot sit in a JSON string as is (a quote, a backslash) is left to the
+        model's slot."""
+        assert self.spans is not None
+        spans = words(text)
+        scores = self.spans.scores(rows, boundary_rows(where.offsets, spans))
+        out = {}
+        for name in self.spans.params:
+            owner, param = name.rsplit(".", 1)
+            if owner != tool:
+                continue
+            value = span_text(text, spans, *self.spans.best(scores, tool, param))
+            if value and not {'"', "\\"} & set(value):
+                out[param] = value
+        return out
 
     def _content_free(self, tools: Sequence[Tool]) -> ContentFree:
         """The calibration of ``tools``' branches (kept for the last few tool sets)."""

@@ -100,6 +100,11 @@ class Tokenizer:
         """Token ids with no control tokens: ``<|im_end|>`` in text stays text."""
         return self._plain.encode(text, add_special_tokens=False).ids
 
+    def encode_plain_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """:meth:`encode_plain` with each token's character span in ``text``."""
+        enc = self._plain.encode(text, add_special_tokens=False)
+        return enc.ids, [(int(a), int(b)) for a, b in enc.offsets]
+
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
         return self._tk.decode(ids, skip_special_tokens=skip_special)
 

@@ -113,7 +113,8 @@ def test_wheel_ships_the_adapter(install: Install) -> None:
         adapter.with_name("adapters-tools"),
         SHIPPED_ADAPTER.with_name("adapters-tools"),
     )
-    for name in ("adapter.safetensors", "manifest.json", "router.npz"):  # model/router.py
+    # model/router.py, model/spans.py
+    for name in ("adapter.safetensors", "manifest.json", "router.npz", "spans.npz"):
         assert _sha256(tools / name) == _sha256(shipped_tools / name), name
 
 

@@ -170,6 +170,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     router.add_argument("--threads", type=int, default=2)
     router.set_defaults(run=_router)
 
+    spans = sub.add_parser(
+        "spans", help="fit the span pointers of a tools adapter's string values (model/spans.py)"
+    )
+    spans.add_argument(
+        "--onnx",
+        type=Path,
+        default=None,
+        help="the exported model it reads (default: model/adapters-tools' directory, "
+        "built on first use)",
+    )
+    spans.add_argument("--data", type=Path, default=Path("data/actions"))
+    spans.add_argument(
+        "--out", type=Path, default=Path("model/adapters-tools/spans.npz"), help="pointers file"
+    )
+    spans.add_argument(
+        "--with-history", type=float, default=0.5, help="share of rows asked after others"
+    )
+    spans.add_argument("--threads", type=int, default=2)
+    spans.set_defaults(run=_spans)
+
 
 def _held_out_parser(
     ev_sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, help: str
@@ -391,15 +411,42 @@ def _eval_sessions(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tools_model_dir(given: Path | None) -> Path:
+    """``--onnx``, or the directory of model/adapters-tools (built on first use)."""
+    if given is not None:
+        return given
+    from export.build import ensure_model_dir
+
+    return ensure_model_dir(None, "int8", Path("model/adapters-tools"))
+
+
+def _spans(args: argparse.Namespace) -> int:
+    from model.spans import SPANS_FILE
+    from model.training.spans import SpanOptions, train_spans
+
+    if args.out.name != SPANS_FILE:
+        print(f"quicksilver spans: --out must be named {SPANS_FILE}", file=sys.stderr)
+        return 2
+    options = SpanOptions(
+        _tools_model_dir(args.onnx), args.data, threads=args.threads, with_history=args.with_history
+    )
+    try:
+        pointer = train_spans(options, log=_log)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"quicksilver spans: {exc}", file=sys.stderr)
+        return 2
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    pointer.save(args.out)
+    print(json.dumps(pointer.info, indent=2))
+    print(f"wrote {args.out}")
+    return 0
+
+
 def _router(args: argparse.Namespace) -> int:
     from model.router import ROUTER_FILE
     from model.training.router import RouterOptions, train_router
 
-    model_dir = args.onnx
-    if model_dir is None:
-        from export.build import ensure_model_dir
-
-        model_dir = ensure_model_dir(None, "int8", Path("model/adapters-tools"))
+    model_dir = _tools_model_dir(args.onnx)
     if args.out.name != ROUTER_FILE:
         print(f"quicksilver router: --out must be named {ROUTER_FILE}", file=sys.stderr)
         return 2

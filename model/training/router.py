@@ -103,7 +103,20 @@ def prefill_logits(
     log: Callable[[str], None] = print,
 ) -> NDArray[np.float32]:
     """The last prompt row's logits ``(N, V)`` for each conversation, as a session with
-    the default device tools prompts the model.
+    the default device tools prompts the model."""
+    rows = prefill_rows(gen, convos, lambda _, ids: np.array([len(ids) - 1]), log)
+    return np.stack([r[-1] for r in rows]).astype(np.float32)
+
+
+def prefill_rows(
+    gen: DiffusionGenerator,
+    convos: Sequence[Sequence[ChatMessage]],
+    pick: Callable[[int, list[int]], NDArray[np.int64]],
+    log: Callable[[str], None] = print,
+) -> list[NDArray[np.float32]]:
+    """The logits of the prompt rows ``pick(i, prompt)`` (ascending positions after the
+    system prompt) for each conversation ``i``, as a session with the default device tools
+    prompts the model.
 
     Every prompt opens with the same system prompt (the tool list, ~100 tokens), so it
     is prefilled once and each conversation prefills only what follows it, as a session
@@ -117,25 +130,28 @@ def prefill_logits(
     tok, opts, backend = gen.tokenizer, gen.options, gen.backend
     system = tools_system_prompt(opts.system_prompt, DEFAULT_TOOLS)
     prompts = [
-        np.asarray(build_prompt(tok, c, opts.prompt_budget, system, opts.history_window), np.int64)
-        for c in convos
+        build_prompt(tok, c, opts.prompt_budget, system, opts.history_window) for c in convos
     ]
     if not prompts:
         raise ValueError("no conversations to prefill")
+    wanted = [pick(i, p) for i, p in enumerate(prompts)]
     # the shared head, less one token so that every prompt has something to prefill
-    shared = max(min(common_prefix(prompts[0], p) for p in prompts) - 1, 0)
+    arrays = [np.asarray(p, np.int64) for p in prompts]
+    shared = min(common_prefix(arrays[0], a) for a in arrays) - 1
+    shared = max(min([shared, *(int(w[0]) for w in wanted)]), 0)
     cache = backend.new_cache()
+    head = arrays[0][:shared]
     if shared:
-        backend.step(cache, prompts[0][:shared], "causal", True, last_row(prompts[0][:shared]))
-    rows = []
+        backend.step(cache, head, "causal", True, last_row(head))
+    out = []
     t0 = time.monotonic()
-    for i, ids in enumerate(prompts, 1):
+    for i, (ids, rows) in enumerate(zip(arrays, wanted, strict=True), 1):
         backend.truncate(cache, shared)
         tail = ids[shared:]
-        rows.append(backend.step(cache, tail, "causal", True, last_row(tail))[-1])
+        out.append(backend.step(cache, tail, "causal", True, rows - shared).astype(np.float32))
         if i % 400 == 0 or i == len(prompts):
-            log(f"router: prefilled {i}/{len(prompts)} ({time.monotonic() - t0:.0f} s)")
-    return np.stack(rows).astype(np.float32)
+            log(f"prefilled {i}/{len(prompts)} ({time.monotonic() - t0:.0f} s)")
+    return out
 
 
 def fit_softmax(
