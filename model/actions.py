@@ -21,7 +21,9 @@ the keys. Only three kinds of thing are the model's to choose:
   the longest run of slot positions, from the left, whose chosen token the model itself
   gives more than the threshold (at least one), so a value is never written around an
   undecided hole, and a position predicted while its left neighbour was still masked
-  commits only when the model needed no neighbour to know it.
+  commits only when the model needed no neighbour to know it. Where the span
+  pointers chose a string (``model/spans.py``: they do better than this walk, which
+  copies carrier words along or drops one), it is laid down as said instead.
 
 Positions are laid out in the reply's blocks exactly as the sampler lays them
 (``model/sampler.py``): a pass runs the current block with its decided tokens and masks
@@ -119,14 +121,40 @@ def _fixed_values(p: Param) -> list[Any] | None:
 def shape_names(tools: Sequence[Tool]) -> list[str]:
     """The names of every way a call of ``tools`` can be laid out (no tokenizer needed:
     what the router chooses among), in the order of :func:`shapes`."""
+    return [name for tool in tools for name in _names(tool, _presences(tool))]
+
+
+def _names(tool: Tool, presences: list[list[Param]]) -> list[str]:
+    """The shape names of ``tool``'s calls with these parameters present."""
+    out: list[str] = []
+    for present in presences:
+        choices: list[dict[str, Any]] = [{}]
+        for p in present:
+            values = _fixed_values(p) or [None]
+            choices = [c | {p.name: v} for c in choices for v in values]
+        out += [shape_name(tool, c) for c in choices]
+    return out
+
+
+def said_shapes(tools: Sequence[Tool], user_text: str) -> list[str]:
+    """The names of the call shapes that fit the numbers the user said: an optional
+    integer or number parameter is present exactly when its value was said
+    (``model.spoken.slot_value``). "Put the volume at 8" is ``volume.set(level)``, not
+    a ``change`` that drops the 8; "a little louder" is no shape with a ``level`` the
+    call would have to make up. A tool with no shape that fits keeps all of its own."""
     out: list[str] = []
     for tool in tools:
-        for present in _presences(tool):
-            choices: list[dict[str, Any]] = [{}]
-            for p in present:
-                values = _fixed_values(p) or [None]
-                choices = [c | {p.name: v} for c in choices for v in values]
-            out += [shape_name(tool, c) for c in choices]
+        numbers = [
+            p
+            for p in tool.params
+            if not p.required and p.type in ("integer", "number") and _fixed_values(p) is None
+        ]
+        fitting = [
+            present
+            for present in _presences(tool)
+            if all((p in present) == (slot_value(p, user_text) is not None) for p in numbers)
+        ]
+        out += _names(tool, fitting or _presences(tool))
     return out
 
 

@@ -19,7 +19,14 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from model.actions import ActionSettings, ContentFree, call_starts, decode_call, shape_names
+from model.actions import (
+    ActionSettings,
+    ContentFree,
+    call_starts,
+    decode_call,
+    said_shapes,
+    shape_names,
+)
 from model.backend import Prefix, StepBackend, last_row
 from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt
 from model.engine import ChatMessage, GenerationStats
@@ -179,7 +186,8 @@ class DiffusionGenerator:
             return prompt, [], 1, last
         block = self.options.sampler.block_size
         prior = self._content_free(tools) if self.options.actions.calibrate else None
-        routed = router.choose(last, shapes) if router is not None else None
+        fits = said_shapes(tools, user_text)
+        routed = router.choose(last, shapes, fits) if router is not None else None
         pointed = None
         if routed is not None and where is not None:
             pointed = self._point(logits[:-1], where, user_text, tool_of(routed))

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,12 +90,19 @@ class ToolRouter:
         margin = float(act - speak)  # log-odds of acting
         return None if abs(margin) < SURE else margin > 0
 
-    def choose(self, logits: NDArray[np.float32], shapes: Sequence[str]) -> str | None:
+    def choose(
+        self,
+        logits: NDArray[np.float32],
+        shapes: Sequence[str],
+        fits: Collection[str] | None = None,
+    ) -> str | None:
         """The shape, among the session's (``model.actions.shape_names``), the request
         asks for: the best tool first, then that tool's best shape (the tool classifier
         generalises better than picking among every shape at once: 0.91 against 0.87 of
         held-out tools). None when a session tool is not one the router knows, or has no
-        shape it knows (it cannot weigh that tool, so the model decides)."""
+        shape it knows (it cannot weigh that tool, so the model decides). ``fits``: the
+        shapes that fit what the user said (``model.actions.said_shapes``): the tool's
+        best shape among them, when it has any there."""
         if not self.knows(shapes):
             return None
         tools, session = {tool_of(s) for s in shapes}, set(shapes)
@@ -105,7 +112,9 @@ class ToolRouter:
             return self.names[max(columns, key=lambda i: float(scores[i]))]
 
         tool = best([i for i, n in enumerate(self.names) if n in tools])
-        return best([i for i, n in enumerate(self.names) if n in session and tool_of(n) == tool])
+        own = [i for i, n in enumerate(self.names) if n in session and tool_of(n) == tool]
+        fitting = [i for i in own if fits is None or self.names[i] in fits]
+        return best(fitting or own)
 
     def save(self, path: Path) -> None:
         np.savez_compressed(

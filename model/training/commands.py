@@ -137,6 +137,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=False,
         help="divide the call's branches by their content-free odds (docs/actions.md)",
     )
+    acts.add_argument(
+        "--spans",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="string values from the adapter's span pointers where it has them "
+        "(model/spans.py); --no-spans: the model writes them",
+    )
     acts.set_defaults(run=_eval_actions)
 
     calls = _held_out_parser(
@@ -477,6 +484,7 @@ def _eval_actions(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         threads=args.threads,
         calibrate=args.calibrate,
+        spans=args.spans,
     )
     try:
         report = run_actions_eval(opts, log=_log)

@@ -44,6 +44,7 @@ class ActionsEvalOptions:
     max_tokens: int = 64
     threads: int = 2
     calibrate: bool = False  # the call's branches calibrated (model.actions.ContentFree)
+    spans: bool = True  # string values pointed at (model/spans.py) where the adapter has pointers
 
 
 @dataclass(frozen=True)
@@ -164,9 +165,12 @@ def run_actions_eval(
     gen = load_onnx_diffusion_generator(model_dir, opts.onnx_variant, config)  # type: ignore[arg-type]
     actions = dataclasses.replace(gen.options.actions, calibrate=opts.calibrate)
     gen.options = dataclasses.replace(gen.options, actions=actions)
+    if not opts.spans:
+        gen.spans = None
     log(
         f"eval actions: {model_dir} ({opts.onnx_variant}), tools: the default device set, "
-        f"branches {'calibrated' if opts.calibrate else 'as the model ranks them'}"
+        f"branches {'calibrated' if opts.calibrate else 'as the model ranks them'}, "
+        f"string values {'pointed at' if gen.spans is not None else 'written by the model'}"
     )
     commands = read_cases(opts.data / "heldout_commands.jsonl", opts.per_tool)
     chat = read_cases(opts.data / "heldout_chat.jsonl")[: opts.chat_limit]
@@ -181,6 +185,8 @@ def run_actions_eval(
     return {
         "model_dir": str(model_dir),
         "variant": opts.onnx_variant,
+        "router": gen.router is not None,
+        "spans": gen.spans is not None,
         "summary": summarize(rows["commands"], rows["chat"]),
         **rows,
     }

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from model.actions import decode_call, shape_names, shapes
+from model.actions import decode_call, said_shapes, shape_names, shapes
 from model.diffusion_engine import smollm2_diffusion_config
 from model.engine import ChatMessage, drain
 from model.modeldir import SHIPPED_ADAPTER
@@ -110,6 +110,27 @@ def test_it_chooses_among_the_session_s_shapes_only_for_the_tools_it_was_fitted_
     assert router.choose(row, ["lights.set(on=false)", "lights.set(on=true)"]) is None
     assert router.choose(row, ["timer.cancel(reason)", *both[:2]]) is None  # another schema
     assert router.choose(row, []) is None
+
+
+def test_a_number_said_decides_whether_an_optional_number_is_in_the_call() -> None:
+    (volume,) = [t for t in DEFAULT_TOOLS if t.name == "volume.set"]
+    with_level = {
+        "volume.set(level)",
+        "volume.set(level,change=up)",
+        "volume.set(level,change=down)",
+    }
+    assert set(said_shapes([volume], "Uh put the volume at 8, please.")) == with_level
+    rest = set(shape_names([volume])) - with_level
+    assert set(said_shapes([volume], "a little louder")) == rest  # no level to make up
+    assert set(said_shapes([volume], "volume at 42")) == rest  # 42 is no level (0-10)
+    timer = [t for t in DEFAULT_TOOLS if t.name == "timer.set"]
+    assert said_shapes(timer, "a timer please") == shape_names(timer)  # a required number
+    # the router picks the tool, then its best shape among the fitting ones
+    router = a_router("lights.set(on=true)")
+    row = np.zeros(8, np.float32)
+    both = ["lights.set(on=true)", "lights.set(on=false)", "timer.cancel()"]
+    assert router.choose(row, both, fits=["lights.set(on=false)"]) == "lights.set(on=false)"
+    assert router.choose(row, both, fits=["timer.cancel()"]) == "lights.set(on=true)"
 
 
 def test_every_way_to_lay_out_a_call_has_one_name() -> None:
