@@ -8,7 +8,7 @@ import asyncio
 
 import numpy as np
 import pytest
-from websockets.asyncio.client import connect
+from websockets.asyncio.client import ClientConnection, connect
 
 from audio.asr import Transcriber
 from audio.resample import float32_to_int16, int16_to_float32
@@ -49,3 +49,36 @@ async def test_a_spoken_command_sets_a_timer_and_says_so(
     assert heard.strip(), "the confirmation is spoken"
     metrics = next(m for m in result.events if isinstance(m, p.Metrics) and m.turn_id == turn)
     assert metrics.action == "timer.set" and metrics.action_passes > 0
+
+
+async def test_typed_commands_carry_the_user_s_own_words(acting_server: ServerProcess) -> None:
+    """String arguments are spans of what was said (model/spans.py): the contact, the
+    message and the destination as the user put them, no carrier words around them."""
+    want = {
+        "Send a message to Anna saying I am running late.": (
+            "message.send",
+            {"to": "Anna", "text": "I am running late"},
+        ),
+        "Navigate to the nearest gas station, please.": (
+            "navigation.start",
+            {"destination": "the nearest gas station"},
+        ),
+    }
+    async with connect(acting_server.url) as ws:
+        await start_session(ws, 16000, "test")
+        for text, (name, arguments) in want.items():
+            await ws.send(p.encode(p.Text(text)))
+            events: list[p.ServerMessage] = []
+            async with asyncio.timeout(120):
+                while not isinstance(event := await _next_event(ws), p.ReplyDone):
+                    assert not isinstance(event, p.ReplyCancelled | p.Error), event
+                    events.append(event)
+            actions = [(a.name, a.arguments) for a in events if isinstance(a, p.Action)]
+            assert actions == [(name, arguments)], text
+
+
+async def _next_event(ws: ClientConnection) -> p.ServerMessage:
+    """The next JSON event, skipping audio frames."""
+    while isinstance(frame := await ws.recv(), bytes):
+        pass
+    return p.decode_server(frame)
