@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -150,25 +150,51 @@ def model_adapter_sha256(model_dir: Path) -> str | None:
     return str(sha) if sha else None
 
 
+class _Fitted(Protocol):
+    """What is fitted for one adapter and read over its logits (a router, pointers)."""
+
+    @property
+    def adapter_sha256(self) -> str: ...
+
+    @property
+    def weights(self) -> NDArray[np.float32]: ...
+
+
+Fitted = TypeVar("Fitted", bound=_Fitted)
+
+
+def find_fitted(
+    model_dir: Path,
+    file: str,
+    load: Callable[[Path], Fitted],
+    places: Sequence[Path] = ADAPTER_DIRS,
+    vocab: int | None = None,
+) -> Fitted | None:
+    """The first ``file`` in ``places`` fitted for the adapter merged into
+    ``model_dir`` (it names that adapter's weights digest); None when there is none.
+    ``vocab``: the logits' width, checked."""
+    sha = model_adapter_sha256(model_dir)
+    if sha is None:
+        return None
+    for place in places:
+        path = place / file
+        if not path.is_file():
+            continue
+        found = load(path)
+        if found.adapter_sha256 != sha:
+            log.info("%s is for another adapter (%s); not used", path, sha[:12])
+            continue
+        if vocab is not None and found.weights.shape[0] != vocab:
+            width = found.weights.shape[0]
+            raise ValueError(f"{path} reads {width} logits; the model writes {vocab}")
+        return found
+    return None
+
+
 def find_router(
     model_dir: Path, places: Sequence[Path] = ADAPTER_DIRS, vocab: int | None = None
 ) -> ToolRouter | None:
     """The router fitted for the adapter merged into ``model_dir``: the first
     ``router.npz`` in ``places`` that names that adapter's weights; None when there is
     none (the model then names the tool itself). ``vocab``: the logits' width, checked."""
-    sha = model_adapter_sha256(model_dir)
-    if sha is None:
-        return None
-    for place in places:
-        path = place / ROUTER_FILE
-        if not path.is_file():
-            continue
-        router = ToolRouter.load(path)
-        if router.adapter_sha256 != sha:
-            log.info("router %s is for another adapter (%s); not used", path, sha[:12])
-            continue
-        if vocab is not None and router.weights.shape[0] != vocab:
-            width = router.weights.shape[0]
-            raise ValueError(f"{path} reads {width} logits; the model writes {vocab}")
-        return router
-    return None
+    return find_fitted(model_dir, ROUTER_FILE, ToolRouter.load, places, vocab)

@@ -27,7 +27,6 @@ adapter, as the router's does.
 from __future__ import annotations
 
 import json
-import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,10 +36,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from model.router import ADAPTER_DIRS, model_adapter_sha256
+from model.router import ADAPTER_DIRS, find_fitted
 from model.tokenizer import Tokenizer
-
-log = logging.getLogger("quicksilver")
 
 SPANS_FILE = "spans.npz"
 MAX_WORDS = 12  # the longest span pointed at (the longest value in the data: 9 words)
@@ -196,19 +193,4 @@ def find_spans(
     """The span pointer fitted for the adapter merged into ``model_dir`` (the first
     ``spans.npz`` in ``places`` that names its weights); None when there is none (the
     model then writes string values itself)."""
-    sha = model_adapter_sha256(model_dir)
-    if sha is None:
-        return None
-    for place in places:
-        path = place / SPANS_FILE
-        if not path.is_file():
-            continue
-        pointer = SpanPointer.load(path)
-        if pointer.adapter_sha256 != sha:
-            log.info("span pointer %s is for another adapter (%s); not used", path, sha[:12])
-            continue
-        if vocab is not None and pointer.weights.shape[0] != vocab:
-            width = pointer.weights.shape[0]
-            raise ValueError(f"{path} reads {width} logits; the model writes {vocab}")
-        return pointer
-    return None
+    return find_fitted(model_dir, SPANS_FILE, SpanPointer.load, places, vocab)

@@ -156,46 +156,37 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     _register_sessions(ev_sub)
 
-    router = sub.add_parser(
-        "router", help="fit the tool router of a tools adapter (model/router.py)"
-    )
-    router.add_argument(
-        "--onnx",
-        type=Path,
-        default=None,
-        help="the exported model it reads (default: model/adapters-tools' directory, "
-        "built on first use)",
-    )
-    router.add_argument("--data", type=Path, default=Path("data/actions"))
-    router.add_argument(
-        "--out", type=Path, default=Path("model/adapters-tools/router.npz"), help="router file"
-    )
+    router = _fit_parser(sub, "router", "fit the tool router of a tools adapter (model/router.py)")
     router.add_argument("--l2", type=float, default=3e-3)
-    router.add_argument(
-        "--with-history", type=float, default=0.5, help="share of rows asked after others"
-    )
-    router.add_argument("--threads", type=int, default=2)
     router.set_defaults(run=_router)
-
-    spans = sub.add_parser(
-        "spans", help="fit the span pointers of a tools adapter's string values (model/spans.py)"
+    spans = _fit_parser(
+        sub, "spans", "fit the span pointers of a tools adapter's string values (model/spans.py)"
     )
-    spans.add_argument(
+    spans.set_defaults(run=_spans)
+
+
+def _fit_parser(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, help: str
+) -> argparse.ArgumentParser:
+    """A command that fits something over a tools adapter's prefills, to
+    ``model/adapters-tools/<name>.npz``."""
+    fit = sub.add_parser(name, help=help)
+    fit.add_argument(
         "--onnx",
         type=Path,
         default=None,
         help="the exported model it reads (default: model/adapters-tools' directory, "
         "built on first use)",
     )
-    spans.add_argument("--data", type=Path, default=Path("data/actions"))
-    spans.add_argument(
-        "--out", type=Path, default=Path("model/adapters-tools/spans.npz"), help="pointers file"
+    fit.add_argument("--data", type=Path, default=Path("data/actions"))
+    fit.add_argument(
+        "--out", type=Path, default=Path(f"model/adapters-tools/{name}.npz"), help="the file"
     )
-    spans.add_argument(
+    fit.add_argument(
         "--with-history", type=float, default=0.5, help="share of rows asked after others"
     )
-    spans.add_argument("--threads", type=int, default=2)
-    spans.set_defaults(run=_spans)
+    fit.add_argument("--threads", type=int, default=2)
+    return fit
 
 
 def _held_out_parser(
