@@ -186,8 +186,9 @@ class DiffusionGenerator:
             return prompt, [], 1, last
         block = self.options.sampler.block_size
         prior = self._content_free(tools) if self.options.actions.calibrate else None
-        fits = said_shapes(tools, user_text)
-        routed = router.choose(last, shapes, fits) if router is not None else None
+        routed = None
+        if router is not None:
+            routed = router.choose(last, shapes, said_shapes(tools, user_text))
         pointed = None
         if routed is not None and where is not None:
             pointed = self._point(logits[:-1], where, user_text, tool_of(routed))

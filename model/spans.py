@@ -147,9 +147,8 @@ class SpanPointer:
         ``(R, V)`` of the text's tokens with one row before and one after (row 0 is the
         token before the text) and the boundaries' ``pairs`` (:func:`boundary_rows`)."""
         per_row = rows.astype(np.float32) @ self.weights  # (R, 4P)
-        per_row = per_row.reshape(
-            len(rows), len(self.params), 2, 2
-        )  # (R, P, start|end, before|after)
+        # (R, P, start|end, before|after)
+        per_row = per_row.reshape(len(rows), len(self.params), 2, 2)
         before, after = per_row[pairs[:, 0] + 1, :, :, 0], per_row[pairs[:, 1] + 1, :, :, 1]
         out: NDArray[np.float32] = np.moveaxis(before + after, 0, -1)  # (P, 2, B)
         return out
@@ -158,12 +157,11 @@ class SpanPointer:
         """The span ``(i, j)`` of words ``i .. j - 1`` whose start + end score is highest
         (at least one word, at most :data:`MAX_WORDS`)."""
         start, end = scores[self.params.index(f"{tool}.{param}")]
-        n = len(start) - 1
+        if len(start) < 2:
+            raise ValueError("no words to point at")
         total = start[:, None] + end[None, :]  # (B, B): start at i, end at j
         i, j = np.indices(total.shape)
         total = np.where((j > i) & (j - i <= MAX_WORDS), total, -np.inf)
-        if n < 1:
-            raise ValueError("no words to point at")
         i_best, j_best = np.unravel_index(int(np.argmax(total)), total.shape)
         return int(i_best), int(j_best)
 

@@ -10,10 +10,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from export.commands import block_schedule
+
+if TYPE_CHECKING:
+    from model.router import ToolRouter
+    from model.spans import SpanPointer
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -422,43 +427,48 @@ def _spans(args: argparse.Namespace) -> int:
     from model.spans import SPANS_FILE
     from model.training.spans import SpanOptions, train_spans
 
-    if args.out.name != SPANS_FILE:
-        print(f"quicksilver spans: --out must be named {SPANS_FILE}", file=sys.stderr)
-        return 2
-    options = SpanOptions(
-        _tools_model_dir(args.onnx), args.data, threads=args.threads, with_history=args.with_history
-    )
-    try:
-        pointer = train_spans(options, log=_log)
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"quicksilver spans: {exc}", file=sys.stderr)
-        return 2
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    pointer.save(args.out)
-    print(json.dumps(pointer.info, indent=2))
-    print(f"wrote {args.out}")
-    return 0
+    def train(model_dir: Path) -> SpanPointer:
+        options = SpanOptions(
+            model_dir, args.data, threads=args.threads, with_history=args.with_history
+        )
+        return train_spans(options, log=_log)
+
+    return _fit(args, "spans", SPANS_FILE, train)
 
 
 def _router(args: argparse.Namespace) -> int:
     from model.router import ROUTER_FILE
     from model.training.router import RouterOptions, train_router
 
-    model_dir = _tools_model_dir(args.onnx)
-    if args.out.name != ROUTER_FILE:
-        print(f"quicksilver router: --out must be named {ROUTER_FILE}", file=sys.stderr)
+    def train(model_dir: Path) -> ToolRouter:
+        options = RouterOptions(
+            model_dir, args.data, l2=args.l2, threads=args.threads, with_history=args.with_history
+        )
+        return train_router(options, log=_log)
+
+    return _fit(args, "router", ROUTER_FILE, train)
+
+
+def _fit(
+    args: argparse.Namespace,
+    command: str,
+    file: str,
+    train: Callable[[Path], ToolRouter | SpanPointer],
+) -> int:
+    """Fit over the tools adapter's model directory (``--onnx``) and write ``--out``,
+    which must be named ``file`` (the name the engine looks for)."""
+    if args.out.name != file:
+        print(f"quicksilver {command}: --out must be named {file}", file=sys.stderr)
         return 2
-    options = RouterOptions(
-        model_dir, args.data, l2=args.l2, threads=args.threads, with_history=args.with_history
-    )
+    model_dir = _tools_model_dir(args.onnx)
     try:
-        router = train_router(options, log=_log)
+        fitted = train(model_dir)
     except (FileNotFoundError, ValueError) as exc:
-        print(f"quicksilver router: {exc}", file=sys.stderr)
+        print(f"quicksilver {command}: {exc}", file=sys.stderr)
         return 2
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    router.save(args.out)
-    print(json.dumps(router.info, indent=2))
+    fitted.save(args.out)
+    print(json.dumps(fitted.info, indent=2))
     print(f"wrote {args.out}")
     return 0
 

@@ -87,14 +87,19 @@ def conversations(rows: Sequence[Row], with_history: float, seed: int) -> list[l
     """Each row as a session asks it: alone, or (a ``with_history`` share, seeded)
     after one or two other rows of the same list and their kept replies."""
     rng = random.Random(seed)
-    out = []
-    for row in rows:
-        convo: list[ChatMessage] = []
-        if len(rows) > 1 and rng.random() < with_history:
-            for earlier in rng.sample([r for r in rows if r is not row], rng.randint(1, 2)):
-                convo += [ChatMessage("user", earlier.text), ChatMessage("assistant", earlier.kept)]
-        out.append([*convo, ChatMessage("user", row.text)])
-    return out
+    return [ask(row.text, [r for r in rows if r is not row], with_history, rng) for row in rows]
+
+
+def ask(
+    text: str, others: Sequence[Row], with_history: float, rng: random.Random
+) -> list[ChatMessage]:
+    """``text`` as a session asks it: alone, or (with probability ``with_history``)
+    after one or two of ``others`` and their replies as a session keeps them."""
+    convo: list[ChatMessage] = []
+    if others and rng.random() < with_history:
+        for earlier in rng.sample(list(others), rng.randint(1, 2)):
+            convo += [ChatMessage("user", earlier.text), ChatMessage("assistant", earlier.kept)]
+    return [*convo, ChatMessage("user", text)]
 
 
 def prefill_logits(

@@ -33,7 +33,7 @@ from model.engine import ChatMessage
 from model.router import model_adapter_sha256
 from model.spans import SpanPointer, boundary_rows, find_span, span_text, user_tokens, words
 from model.tools import DEFAULT_TOOLS, split_call
-from model.training.router import Row, hidden_map, prefill_rows, read_rows
+from model.training.router import Row, ask, hidden_map, prefill_rows, read_rows
 
 L2_GRID = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
 
@@ -95,14 +95,9 @@ def asked(
     """Each example as a session asks it: alone, or (a ``with_history`` share, seeded)
     after one or two rows of ``pool`` and their kept replies."""
     rng = random.Random(seed)
-    out = []
-    for ex in examples:
-        convo: list[ChatMessage] = []
-        if rng.random() < with_history:
-            for earlier in rng.sample([r for r in pool if r.text != ex.text], rng.randint(1, 2)):
-                convo += [ChatMessage("user", earlier.text), ChatMessage("assistant", earlier.kept)]
-        out.append([*convo, ChatMessage("user", ex.text)])
-    return out
+    return [
+        ask(ex.text, [r for r in pool if r.text != ex.text], with_history, rng) for ex in examples
+    ]
 
 
 def features(
