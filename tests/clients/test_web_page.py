@@ -135,6 +135,10 @@ WATCH = """() => {
   });
 }"""
 
+QUEUED = """() => qsLog.some(
+  (e) => e.what === "report" && e.received - e.played >= 3 && e.bufferedMs >= 300)
+  || qsLog.filter((e) => e.what === "post audio").length >= 8"""
+
 CUT_AND_ANSWERED = """() => {
   const cut = qsLog.find((e) => e.what === "reply_cancelled");
   return cut !== undefined && qsLog.some((e) => e.what === "metrics" && e.turn > cut.turn);
@@ -155,7 +159,9 @@ async def test_barge_in_in_the_browser_stops_the_cancelled_reply(
         await page.wait_for_function("window.qsStats.state === 'listening'")
         await page.evaluate(WATCH)
         await say(page, question)
-        await page.wait_for_function("qsLog.some((e) => e.what === 'post audio')", timeout=150_000)
+        # Speak once the worklet has audio queued ahead of what it plays (the server
+        # paces a reply 500 ms ahead of real time while its synthesis keeps up).
+        await page.wait_for_function(QUEUED, timeout=150_000)
         await say(page, interruption)  # as the reply starts to play
         await page.wait_for_function(CUT_AND_ANSWERED, timeout=150_000)
         log: list[dict[str, Any]] = await page.evaluate("qsLog")
@@ -176,14 +182,21 @@ async def test_barge_in_in_the_browser_stops_the_cancelled_reply(
     assert log[at - 1] == {"what": "post cancel", "turn": cut}, log  # ... the page cut it
     assert {"what": "post audio", "turn": cut} not in after, "late audio passed on"
     assert {"what": "reply_done", "turn": cut} not in log
-    # Up to the next turn's audio the worklet plays nothing: what was queued of the cut
-    # turn is thrown away, not played out (frames are 100 ms; the server runs 500 ms
-    # ahead of real time, so some were queued), and every frame it was given is gone.
+    # Up to the next turn's audio the worklet plays nothing: every frame it was given
+    # is played or gone, and what was still queued of the cut turn is thrown away, not
+    # played out. Whether frames were queued at the cut depends on the machine (on a
+    # loaded one the synthesis falls behind and the worklet runs dry), so that is
+    # asserted when the worklet's last report before the cut held at least two frames
+    # not yet started (it reports every 100 ms; a frame is 100 ms). The worklet's drop
+    # is tested on its own in test_the_playback_worklet_drops_a_cancelled_turn.
     given = sum(e == {"what": "post audio", "turn": cut} for e in before)
     quiet = after[: next((i for i, e in enumerate(after) if e["what"] == "post audio"), None)]
     last = [e for e in quiet if e["what"] == "report"][-1]
-    assert last["dropped"] > 0 and last["played"] + last["dropped"] >= given, (given, last)
+    assert last["played"] + last["dropped"] >= given, (given, last)
     assert last["bufferedMs"] == 0 and not last["playing"], last
+    then = [e for e in before if e["what"] == "report"][-1]
+    if then["received"] - then["played"] >= 2:
+        assert last["dropped"] > 0, (then, last)
     # The page shows it: the cut turn interrupted, the interruption heard and answered.
     views = {t["turn"]: t for t in turns}
     assert views[cut]["cancelled"] and "interrupted (barge-in)" in views[cut]["status"]
@@ -191,6 +204,57 @@ async def test_barge_in_in_the_browser_stops_the_cancelled_reply(
     [next_turn] = [t for t in turns if t["turn"] > cut]
     assert word_error_rate(INTERRUPTION, next_turn["you"]) <= 0.34, next_turn
     assert next_turn["bot"].strip() and not next_turn["cancelled"], next_turn
+
+
+# The page's playback worklet alone, on a context of its own: one second of a turn's
+# audio queued, a cancel 200 ms in, a late frame of that turn, then the next turn.
+WORKLET = """async () => {
+  const ctx = new AudioContext();
+  await ctx.audioWorklet.addModule("/web/playback-worklet.js");
+  const node = new AudioWorkletNode(ctx, "qs-playback", {
+    outputChannelCount: [1], processorOptions: {inputRate: 16000, jitterMs: 60}});
+  node.connect(ctx.destination);
+  await ctx.resume();
+  const log = [];
+  node.port.onmessage = (e) => log.push({what: "report", ...e.data});
+  const post = (msg, transfer) => { log.push({what: msg.type, turn: msg.turn});
+    node.port.postMessage(msg, transfer); };
+  const frame = (turn) => { const pcm = new Int16Array(1600).fill(3000);
+    post({type: "audio", turn, pcm: pcm.buffer}, [pcm.buffer]); };
+  const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+  for (let i = 0; i < 10; i++) frame(1);
+  await sleep(200);
+  post({type: "cancel", turn: 1});
+  await sleep(50);
+  frame(1);
+  for (let i = 0; i < 3; i++) frame(2);
+  post({type: "complete", turn: 2});
+  await sleep(800);
+  await ctx.close();
+  return log;
+}"""
+
+
+async def test_the_playback_worklet_drops_a_cancelled_turn(
+    server: ServerProcess, chromium: Path
+) -> None:
+    """A cancel throws the turn's queued frames away at once and ignores its late ones;
+    the next turn then plays."""
+    args = ["--no-sandbox", "--disable-gpu", "--autoplay-policy=no-user-gesture-required"]
+    async with browser_page(chromium, args) as (page, errors):
+        await page.goto(f"{server.http}/")
+        log: list[dict[str, Any]] = await page.evaluate(WORKLET)
+    assert not errors, errors
+    at = log.index({"what": "cancel", "turn": 1})
+    before = [e for e in log[:at] if e["what"] == "report"]
+    assert before and before[-1]["played"] >= 1, log  # it was playing ...
+    cut = log[at + 1]  # ... and reports at once what the cancel threw away
+    assert cut["what"] == "report" and cut["received"] == 10, log
+    assert cut["dropped"] >= 5 and cut["played"] + cut["dropped"] >= 10, cut
+    assert cut["bufferedMs"] == 0 and not cut["playing"], cut
+    last = [e for e in log if e["what"] == "report"][-1]
+    assert last["received"] == 14 and last["dropped"] == cut["dropped"] + 1, last  # late one
+    assert last["played"] == cut["played"] + 3 and last["bufferedMs"] == 0, (cut, last)
 
 
 async def say(page: Any, audio: np.ndarray) -> None:
