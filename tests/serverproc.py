@@ -18,7 +18,12 @@ import threading
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from websockets.asyncio.client import ClientConnection
+
+    from server import protocol as p
 
 ROOT = Path(__file__).resolve().parents[1]
 _URL = re.compile(r"listening on (ws://\S+)")
@@ -88,3 +93,13 @@ def start_server(log: Path, *args: str, timeout: float = 600) -> ServerProcess:
         reader.join()
         raise RuntimeError(f"server did not start; its log:\n{log.read_text()[-4000:]}")
     return ServerProcess(proc, found[0], log, reader)
+
+
+async def next_event(ws: ClientConnection, timeout_s: float = 60) -> p.ServerMessage:
+    """The server's next JSON event, skipping reply audio frames."""
+    from server import protocol as p
+
+    async with asyncio.timeout(timeout_s):
+        while isinstance(frame := await ws.recv(), bytes):
+            pass
+    return p.decode_server(frame)

@@ -35,6 +35,10 @@ LONG = AUSTEN.text
 INTERRUPTION = "Stop. What time is it?"
 
 
+# A page that plays audio without a click, its microphone (if any) given by the test.
+PLAYING = ["--no-sandbox", "--disable-gpu", "--autoplay-policy=no-user-gesture-required"]
+
+
 def browser_args(wav: Path) -> list[str]:
     return [
         "--no-sandbox",
@@ -151,8 +155,7 @@ async def test_barge_in_in_the_browser_stops_the_cancelled_reply(
     """Talk over the reply once the page plays it: the page drops that turn's audio."""
     question = speech.piper(LONG, lead_s=0.3, trail_s=1.0)
     interruption = speech.piper(INTERRUPTION, lead_s=0.1, trail_s=1.0)
-    args = ["--no-sandbox", "--disable-gpu", "--autoplay-policy=no-user-gesture-required"]
-    async with browser_page(chromium, args) as (page, errors):
+    async with browser_page(chromium, PLAYING) as (page, errors):
         await page.add_init_script(MICROPHONE)
         await page.goto(f"{server.http}/")
         await page.click("#toggle")
@@ -240,8 +243,7 @@ async def test_the_playback_worklet_drops_a_cancelled_turn(
 ) -> None:
     """A cancel throws the turn's queued frames away at once and ignores its late ones;
     the next turn then plays."""
-    args = ["--no-sandbox", "--disable-gpu", "--autoplay-policy=no-user-gesture-required"]
-    async with browser_page(chromium, args) as (page, errors):
+    async with browser_page(chromium, PLAYING) as (page, errors):
         await page.goto(f"{server.http}/")
         log: list[dict[str, Any]] = await page.evaluate(WORKLET)
     assert not errors, errors

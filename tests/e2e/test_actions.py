@@ -8,7 +8,7 @@ import asyncio
 
 import numpy as np
 import pytest
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import connect
 
 from audio.asr import Transcriber
 from audio.resample import float32_to_int16, int16_to_float32
@@ -16,7 +16,7 @@ from audio.speech import SpeechFactory
 from clients.common import Pcm
 from clients.glasses import first_turn, start_session, stream_audio
 from server import protocol as p
-from tests.serverproc import ServerProcess
+from tests.serverproc import ServerProcess, next_event
 
 pytestmark = [pytest.mark.e2e, pytest.mark.models]
 
@@ -70,15 +70,8 @@ async def test_typed_commands_carry_the_user_s_own_words(acting_server: ServerPr
             await ws.send(p.encode(p.Text(text)))
             events: list[p.ServerMessage] = []
             async with asyncio.timeout(120):
-                while not isinstance(event := await _next_event(ws), p.ReplyDone):
+                while not isinstance(event := await next_event(ws, 120), p.ReplyDone):
                     assert not isinstance(event, p.ReplyCancelled | p.Error), event
                     events.append(event)
             actions = [(a.name, a.arguments) for a in events if isinstance(a, p.Action)]
             assert actions == [(name, arguments)], text
-
-
-async def _next_event(ws: ClientConnection) -> p.ServerMessage:
-    """The next JSON event, skipping audio frames."""
-    while isinstance(frame := await ws.recv(), bytes):
-        pass
-    return p.decode_server(frame)

@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from server import protocol as p
-from tests.serverproc import ServerProcess
+from tests.serverproc import ServerProcess, next_event
 from tests.speech import GERMANY
 
 pytestmark = [pytest.mark.e2e, pytest.mark.models]
-
-
-async def next_event(ws: ClientConnection) -> p.ServerMessage:
-    """The next JSON event, skipping audio frames."""
-    async with asyncio.timeout(60):
-        while isinstance(frame := await ws.recv(), bytes):
-            pass
-    return p.decode_server(frame)
 
 
 async def expect_error(ws: ClientConnection, code: str) -> None:

@@ -3,13 +3,11 @@ the reply model still has the earlier turns (docs/protocol.md, Resumption)."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 from server import protocol as p
-from tests.serverproc import ServerProcess
+from tests.serverproc import ServerProcess, next_event
 from tests.speech import Question
 
 pytestmark = [pytest.mark.e2e, pytest.mark.models]
@@ -21,22 +19,14 @@ FACT = "I live in Toronto."
 RECALL = Question("Where do I live?", ("Toronto",))
 
 
-async def next_event(ws: ClientConnection) -> p.ServerMessage:
-    """The next JSON event, skipping audio frames."""
-    async with asyncio.timeout(120):
-        while isinstance(frame := await ws.recv(), bytes):
-            pass
-    return p.decode_server(frame)
-
-
 async def start(ws: ClientConnection, token: str | None = None) -> p.ServerMessage:
     await ws.send(p.encode(p.Start(sample_rate=16000, client="test", resume_token=token)))
-    return await next_event(ws)
+    return await next_event(ws, 120)
 
 
 async def reply_to(ws: ClientConnection, text: str) -> str:
     await ws.send(p.encode(p.Text(text)))
-    while not isinstance(event := await next_event(ws), p.ReplyDone):
+    while not isinstance(event := await next_event(ws, 120), p.ReplyDone):
         assert not isinstance(event, p.ReplyCancelled | p.Error), event
     return event.text
 
