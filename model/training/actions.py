@@ -16,7 +16,9 @@ is trained under the system prompt a session with the default tools gets,
   by the AR model as the corpus is (``model.training.data.answer_all``).
 
 The held-out split uses its own templates (and slot values the training set never
-sees), so no held-out command text is trained on; it is fixed by the seed.
+sees), so no held-out command text is trained on; it is fixed by the seed. A
+development split has phrasings of its own too: fits (the router's L2) are chosen on
+it, so that the held-out split stays a measurement.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ class ActionsConfig:
     negatives: int = 400  # hard-negative questions asked (only ended replies are kept)
     heldout_per_tool: int = 20
     heldout_negatives: int = 60  # + the 40 held-out chat questions of data/distill
+    dev_per_tool: int = 16  # the development split: its own phrasings (DEV_TEMPLATES)
+    dev_negatives: int = 48
     loss_per_tool: int = 4  # held-out commands in the training run's held-out loss
     loss_negatives: int = 16
 
@@ -356,6 +360,11 @@ TEMPLATES: dict[str, tuple[list[Template], list[Template]]] = {
             ("count down {dur}", {"seconds": "$dur"}, TIMER_OK),
             ("put a timer on for {dur}", {"seconds": "$dur"}, TIMER_OK),
             ("time {dur} for me", {"seconds": "$dur"}, TIMER_OK),
+            ("{dur} on the timer", {"seconds": "$dur"}, TIMER_OK),
+            ("time me for {dur}", {"seconds": "$dur"}, TIMER_OK),
+            ("countdown {dur}", {"seconds": "$dur"}, TIMER_OK),
+            ("let's do a {dur} timer", {"seconds": "$dur"}, TIMER_OK),
+            ("I'm cooking, {dur} timer", {"seconds": "$dur"}, TIMER_OK),
         ],
         [
             ("I need a timer for {dur}", {"seconds": "$dur"}, TIMER_OK),
@@ -376,6 +385,11 @@ TEMPLATES: dict[str, tuple[list[Template], list[Template]]] = {
             ("turn off the timer", {}, CANCEL_OK),
             ("cancel my timer", {}, CANCEL_OK),
             ("never mind the timer", {}, CANCEL_OK),
+            ("stop counting down", {}, CANCEL_OK),
+            ("abort the timer", {}, CANCEL_OK),
+            ("no more timer", {}, CANCEL_OK),
+            ("switch off the timer", {}, CANCEL_OK),
+            ("the timer can go", {}, CANCEL_OK),
         ],
         [("get rid of the timer", {}, CANCEL_OK), ("kill the timer", {}, CANCEL_OK)],
     ),
@@ -394,6 +408,11 @@ TEMPLATES: dict[str, tuple[list[Template], list[Template]]] = {
             ("drive to {place}", {"destination": "$place"}, NAV_OK),
             ("start navigation to {place}", {"destination": "$place"}, NAV_OK),
             ("get me to {place}", {"destination": "$place"}, NAV_OK),
+            ("I need directions to {place}", {"destination": "$place"}, NAV_OK),
+            ("plan a route to {place}", {"destination": "$place"}, NAV_OK),
+            ("we're going to {place}", {"destination": "$place"}, NAV_OK),
+            ("I need to get to {place}", {"destination": "$place"}, NAV_OK),
+            ("fastest way to {place}", {"destination": "$place"}, NAV_OK),
         ],
         [
             ("show me the way to {place}", {"destination": "$place"}, NAV_OK),
@@ -414,6 +433,11 @@ TEMPLATES: dict[str, tuple[list[Template], list[Template]]] = {
             ("I want to listen to {media}", {"query": "$media"}, PLAY_OK),
             ("start playing {media}", {"query": "$media"}, PLAY_OK),
             ("play me {media}", {"query": "$media"}, PLAY_OK),
+            ("blast {media}", {"query": "$media"}, PLAY_OK),
+            ("give me {media}", {"query": "$media"}, PLAY_OK),
+            ("find {media} and play it", {"query": "$media"}, PLAY_OK),
+            ("pull up {media}", {"query": "$media"}, PLAY_OK),
+            ("I'd like to listen to {media}", {"query": "$media"}, PLAY_OK),
         ],
         [
             ("can I hear {media}", {"query": "$media"}, PLAY_OK),
@@ -434,6 +458,11 @@ TEMPLATES: dict[str, tuple[list[Template], list[Template]]] = {
             ("pause this", {}, PAUSE_OK),
             ("pause the podcast", {}, PAUSE_OK),
             ("hold the music", {}, PAUSE_OK),
+            ("wait, stop the music", {}, PAUSE_OK),
+            ("pause the track", {}, PAUSE_OK),
+            ("stop the audio", {}, PAUSE_OK),
+            ("pause what's playing", {}, PAUSE_OK),
+            ("put it on pause", {}, PAUSE_OK),
         ],
         [("pause playback", {}, PAUSE_OK), ("stop playing", {}, PAUSE_OK)],
     ),
@@ -451,6 +480,11 @@ TEMPLATES: dict[str, tuple[list[Template], list[Template]]] = {
             ("play the next song", {}, NEXT_OK),
             ("next track", {}, NEXT_OK),
             ("skip this track", {}, NEXT_OK),
+            ("next one please", {}, NEXT_OK),
+            ("skip this", {}, NEXT_OK),
+            ("play the next track", {}, NEXT_OK),
+            ("not this song, next", {}, NEXT_OK),
+            ("another song please", {}, NEXT_OK),
         ],
         [("go to the next one", {}, NEXT_OK), ("skip ahead to the next track", {}, NEXT_OK)],
     ),
@@ -467,6 +501,11 @@ TEMPLATES: dict[str, tuple[list[Template], list[Template]]] = {
             ("message {name} {msg}", {"to": "$name", "text": "$msg"}, MSG_OK),
             ("send {name} a text that says {msg}", {"to": "$name", "text": "$msg"}, MSG_OK),
             ("tell {name} {msg}", {"to": "$name", "text": "$msg"}, MSG_OK),
+            ("send {name} a message saying {msg}", {"to": "$name", "text": "$msg"}, MSG_OK),
+            ("text to {name}, {msg}", {"to": "$name", "text": "$msg"}, MSG_OK),
+            ("reply to {name} {msg}", {"to": "$name", "text": "$msg"}, MSG_OK),
+            ("send this to {name}, {msg}", {"to": "$name", "text": "$msg"}, MSG_OK),
+            ("can you text {name} that {msg}", {"to": "$name", "text": "$msg"}, MSG_OK),
         ],
         [
             ("shoot {name} a message saying {msg}", {"to": "$name", "text": "$msg"}, MSG_OK),
@@ -486,6 +525,11 @@ TEMPLATES: dict[str, tuple[list[Template], list[Template]]] = {
             ("give {name} a call", {"contact": "$name"}, CALL_OK),
             ("dial {name}", {"contact": "$name"}, CALL_OK),
             ("ring {name}", {"contact": "$name"}, CALL_OK),
+            ("video call {name}", {"contact": "$name"}, CALL_OK),
+            ("try calling {name}", {"contact": "$name"}, CALL_OK),
+            ("I need to call {name}", {"contact": "$name"}, CALL_OK),
+            ("hit up {name}", {"contact": "$name"}, CALL_OK),
+            ("can you ring {name}", {"contact": "$name"}, CALL_OK),
         ],
         [
             ("get {name} on the phone", {"contact": "$name"}, CALL_OK),
@@ -507,6 +551,11 @@ TEMPLATES: dict[str, tuple[list[Template], list[Template]]] = {
             ("set the AC to {temp} degrees", {"temperature_c": "$temp"}, TEMP_OK),
             ("change the temperature to {temp}", {"temperature_c": "$temp"}, TEMP_OK),
             ("{temp} degrees in the cabin", {"temperature_c": "$temp"}, TEMP_OK),
+            ("I'm cold, set it to {temp}", {"temperature_c": "$temp"}, TEMP_OK),
+            ("it's hot in here, {temp} degrees", {"temperature_c": "$temp"}, TEMP_OK),
+            ("temperature {temp}", {"temperature_c": "$temp"}, TEMP_OK),
+            ("drop the temperature to {temp}", {"temperature_c": "$temp"}, TEMP_OK),
+            ("hold the temperature at {temp} degrees", {"temperature_c": "$temp"}, TEMP_OK),
         ],
         [
             ("I'd like it at {temp} degrees", {"temperature_c": "$temp"}, TEMP_OK),
@@ -527,6 +576,15 @@ TEMPLATES: dict[str, tuple[list[Template], list[Template]]] = {
             ("set a reminder to {task}", {"text": "$task"}, REM_OK),
             ("{when} remind me to {task}", {"text": "$task", "when": "$when"}, REM_WHEN_OK),
             ("create a reminder to {task}", {"text": "$task"}, REM_OK),
+            ("can you remind me to {task} {when}", {"text": "$task", "when": "$when"}, REM_WHEN_OK),
+            ("put in a reminder to {task}", {"text": "$task"}, REM_OK),
+            ("I should {task} {when}, remind me", {"text": "$task", "when": "$when"}, REM_WHEN_OK),
+            (
+                "schedule a reminder to {task} {when}",
+                {"text": "$task", "when": "$when"},
+                REM_WHEN_OK,
+            ),
+            ("give me a reminder to {task}", {"text": "$task"}, REM_OK),
         ],
         [
             (
@@ -555,6 +613,12 @@ TEMPLATES: dict[str, tuple[list[Template], list[Template]]] = {
             ("switch the lights on", {"on": True}, ON_OK),
             ("it's too dark, turn on the lights", {"on": True}, ON_OK),
             ("kill the lights", {"on": False}, OFF_OK),
+            ("flip on the lights", {"on": True}, ON_OK),
+            ("flip the lights off", {"on": False}, OFF_OK),
+            ("power on the lights", {"on": True}, ON_OK),
+            ("power off the lights", {"on": False}, OFF_OK),
+            ("it's dark in here", {"on": True}, ON_OK),
+            ("no lights please", {"on": False}, OFF_OK),
         ],
         [
             ("can we get some light in here", {"on": True}, ON_OK),
@@ -582,6 +646,13 @@ TEMPLATES: dict[str, tuple[list[Template], list[Template]]] = {
             ("turn the volume down", {"change": "down"}, DOWN_OK),
             ("volume down", {"change": "down"}, DOWN_OK),
             ("turn it down", {"change": "down"}, DOWN_OK),
+            ("pump up the volume", {"change": "up"}, UP_OK),
+            ("crank it up", {"change": "up"}, UP_OK),
+            ("bring the volume up", {"change": "up"}, UP_OK),
+            ("it's too loud", {"change": "down"}, DOWN_OK),
+            ("bring it down a notch", {"change": "down"}, DOWN_OK),
+            ("reduce the volume", {"change": "down"}, DOWN_OK),
+            ("I want the volume on {level}", {"level": "$level"}, LEVEL_OK),
         ],
         [
             ("put the volume at {level}", {"level": "$level"}, LEVEL_OK),
@@ -589,6 +660,55 @@ TEMPLATES: dict[str, tuple[list[Template], list[Template]]] = {
             ("a little louder", {"change": "up"}, UP_OK),
         ],
     ),
+}
+
+# A third set of phrasings, in neither list above: the development split
+# (dev_commands.jsonl) that fits choose their settings by, so that the held-out split
+# stays a measurement. Held-out slot values, as the held-out split draws them.
+DEV_TEMPLATES: dict[str, list[Template]] = {
+    "timer.set": [
+        ("alert me in {dur}", {"seconds": "$dur"}, TIMER_OK),
+        ("put {dur} on the clock", {"seconds": "$dur"}, TIMER_OK),
+    ],
+    "timer.cancel": [("scrap the timer", {}, CANCEL_OK), ("forget the timer", {}, CANCEL_OK)],
+    "navigation.start": [
+        ("plot a course to {place}", {"destination": "$place"}, NAV_OK),
+        ("how do I get to {place}", {"destination": "$place"}, NAV_OK),
+    ],
+    "media.play": [
+        ("I feel like listening to {media}", {"query": "$media"}, PLAY_OK),
+        ("spin {media}", {"query": "$media"}, PLAY_OK),
+    ],
+    "media.pause": [("freeze the music", {}, PAUSE_OK), ("hold playback", {}, PAUSE_OK)],
+    "media.next": [
+        ("I'm tired of this one, next", {}, NEXT_OK),
+        ("forward to the next song", {}, NEXT_OK),
+    ],
+    "message.send": [
+        ("send word to {name} that {msg}", {"to": "$name", "text": "$msg"}, MSG_OK),
+        ("pass a message to {name} saying {msg}", {"to": "$name", "text": "$msg"}, MSG_OK),
+    ],
+    "call.start": [
+        ("I would like to speak with {name}", {"contact": "$name"}, CALL_OK),
+        ("reach {name} by phone", {"contact": "$name"}, CALL_OK),
+    ],
+    "climate.set": [
+        ("crank the heat to {temp}", {"temperature_c": "$temp"}, TEMP_OK),
+        ("put the temperature at {temp} degrees", {"temperature_c": "$temp"}, TEMP_OK),
+    ],
+    "reminder.create": [
+        ("jot down a reminder to {task}", {"text": "$task"}, REM_OK),
+        ("alert me {when} to {task}", {"text": "$task", "when": "$when"}, REM_WHEN_OK),
+    ],
+    "lights.set": [
+        ("I can't see a thing, lights please", {"on": True}, ON_OK),
+        ("cut the lights", {"on": False}, OFF_OK),
+    ],
+    "volume.set": [
+        ("bump the volume to {level}", {"level": "$level"}, LEVEL_OK),
+        ("I can barely hear this", {"change": "up"}, UP_OK),
+        ("tone it down", {"change": "down"}, DOWN_OK),
+    ],
 }
 
 FILLERS = ["", "", "", "", "um, ", "uh, ", "hey, ", "okay, ", "so ", "uh "]
@@ -660,6 +780,31 @@ VERBS = set(
         "ping",
         "raise",
         "lower",
+        "abort",
+        "plan",
+        "blast",
+        "pull",
+        "reply",
+        "try",
+        "schedule",
+        "flip",
+        "power",
+        "pump",
+        "crank",
+        "reduce",
+        "scrap",
+        "forget",
+        "plot",
+        "spin",
+        "freeze",
+        "forward",
+        "pass",
+        "reach",
+        "jot",
+        "alert",
+        "cut",
+        "bump",
+        "tone",
     ]
 )
 
@@ -739,18 +884,25 @@ def command_example(
 
 
 def commands(
-    tok: Tokenizer, rng: random.Random, per_tool: int, held: bool, exclude: set[str]
+    tok: Tokenizer,
+    rng: random.Random,
+    per_tool: int,
+    held: bool,
+    exclude: set[str],
+    dev: bool = False,
 ) -> list[Example]:
-    """Up to ``per_tool`` distinct commands per tool (training or held-out templates);
-    texts equal to one in ``exclude`` (case and end marks aside) are skipped."""
+    """Up to ``per_tool`` distinct commands per tool (training, held-out or, with ``dev``,
+    development templates, the last two with held-out slot values); texts equal to one in
+    ``exclude`` (case and end marks aside) are skipped."""
     out: list[Example] = []
     for name, (train_t, held_t) in TEMPLATES.items():
-        tool, templates = TOOLS[name], held_t if held else train_t
+        tool = TOOLS[name]
+        templates = DEV_TEMPLATES[name] if dev else held_t if held else train_t
         seen: set[str] = set()
         for _ in range(per_tool * 40):
             if len(seen) >= per_tool:
                 break
-            text, args, confirm = command(rng, tool, rng.choice(templates), held)
+            text, args, confirm = command(rng, tool, rng.choice(templates), held or dev)
             key = _norm(text)
             if key in seen or key in exclude:
                 continue
@@ -826,6 +978,15 @@ NEGATIVE_TEMPLATES = (
         "What did people use before the {device}?",
     ],
 )
+# The development split's questions (dev_chat.jsonl), in neither list above.
+DEV_NEGATIVE_TEMPLATES = [
+    "Where does {genre} come from?",
+    "How do I fix a broken {device}?",
+    "What should I see in {city}?",
+    "How much does a {device} cost?",
+    "Who is the most famous person from {city}?",
+    "Why does {work} sound so sad?",
+]
 NEGATIVE_SLOTS: dict[str, list[str]] = {
     "device": [
         "kitchen timer",
@@ -863,13 +1024,15 @@ NEGATIVE_SLOTS: dict[str, list[str]] = {
 }
 
 
-def negative_questions(rng: random.Random, n: int, held: bool, exclude: set[str]) -> list[str]:
+def negative_questions(
+    rng: random.Random, n: int, held: bool, exclude: set[str], dev: bool = False
+) -> list[str]:
     train_t, held_t = NEGATIVE_TEMPLATES
     out: dict[str, None] = {}
     for _ in range(n * 50):
         if len(out) >= n:
             break
-        t = rng.choice(held_t if held else train_t)
+        t = rng.choice(DEV_NEGATIVE_TEMPLATES if dev else held_t if held else train_t)
         q = t.format(**{k: rng.choice(v) for k, v in NEGATIVE_SLOTS.items()})
         if _norm(q) not in exclude:
             out.setdefault(q, None)
@@ -894,7 +1057,9 @@ def make_actions(
     command: str = "quicksilver data --actions",
 ) -> dict[str, Any]:
     """Write the held-out split (heldout_commands.jsonl, heldout_chat.jsonl), the
-    training run's held-out loss file (heldout.jsonl), train.jsonl and recipe.json.
+    development split (dev_commands.jsonl, dev_chat.jsonl: what fits choose their
+    settings by), the training run's held-out loss file (heldout.jsonl), train.jsonl and
+    recipe.json.
 
     ``model`` writes the hard negatives' replies (the AR SmolLM2, as the corpus in
     ``source``); ``source`` gives the chat examples and the 40 held-out questions;
@@ -909,25 +1074,35 @@ def make_actions(
     chat_held = read_jsonl(source / "heldout.jsonl")
     excluded = held_keys | {_norm(e.question) for e in chat_held}
     held_q = negative_questions(held_rng, cfg.heldout_negatives, True, excluded)
-    train_cmd = commands(tok, rng, -(-cfg.commands // len(TEMPLATES)), False, held_keys)
-    excluded |= {_norm(q) for q in held_q}
+    dev_rng = random.Random(cfg.seed + 2)  # so has the development split
+    dev_cmd = commands(tok, dev_rng, cfg.dev_per_tool, True, held_keys, dev=True)
+    dev_keys = {_norm(e.question) for e in dev_cmd}
+    excluded |= {_norm(q) for q in held_q} | dev_keys
+    dev_q = negative_questions(dev_rng, cfg.dev_negatives, False, excluded, dev=True)
+    excluded |= {_norm(q) for q in dev_q}
+    train_cmd = commands(tok, rng, -(-cfg.commands // len(TEMPLATES)), False, excluded)
     neg_q = negative_questions(rng, cfg.negatives, False, excluded)
-    log(f"{len(train_cmd)} commands, {len(held_cmd)} held out; answering negatives")
+    log(f"{len(train_cmd)} commands, {len(held_cmd)} held out, {len(dev_cmd)} development")
+    log("answering negatives")
 
     def answer(questions: list[str], source_name: str) -> list[Example]:
         pairs = [(q, source_name) for q in questions]
         return [e for e in answer_all(model, tok, pairs, data_cfg, log) if e.ended]
 
     model = model.to(getattr(torch, data_cfg.train_dtype))
-    held_neg = answer(held_q, "negative")
+    frozen = _frozen_chat(out, held_cmd, chat_held)
+    held_neg = frozen[len(chat_held) :] if frozen else answer(held_q, "negative")
+    dev_neg = answer(dev_q, "negative")
     neg = answer(neg_q, "negative")
     chat = read_jsonl(source / "train.jsonl")
     train = with_tools([*train_cmd, *neg, *chat])
     random.Random(cfg.seed).shuffle(train)
     write_jsonl(out / "train.jsonl", train)
     write_jsonl(out / "heldout_commands.jsonl", held_cmd)
-    chat_split = with_tools([*chat_held, *held_neg])
+    chat_split = frozen or with_tools([*chat_held, *held_neg])
     write_jsonl(out / "heldout_chat.jsonl", chat_split)
+    write_jsonl(out / "dev_commands.jsonl", dev_cmd)
+    write_jsonl(out / "dev_chat.jsonl", with_tools(dev_neg))
     loss = _loss_split(held_cmd, cfg) + chat_split[: len(chat_held) + cfg.loss_negatives]
     write_jsonl(out / "heldout.jsonl", loss)
     recipe = {
@@ -953,9 +1128,29 @@ def make_actions(
         "heldout_chat": len(chat_split),
         "heldout_negatives": len(held_neg),
         "heldout_loss_examples": len(loss),
+        "dev_commands": len(dev_cmd),
+        "dev_chat": len(dev_neg),
     }
     (out / "recipe.json").write_text(json.dumps(recipe, indent=2) + "\n")
     return recipe
+
+
+def _frozen_chat(
+    out: Path, held_cmd: list[Example], chat_held: list[Example]
+) -> list[Example] | None:
+    """The held-out chat split already in ``out``, when its held-out commands and the
+    source's held-out questions are these: the split every eval measured stays byte for
+    byte (its negatives' replies come from the teacher's greedy decoding, which a CPU's
+    number formats can change)."""
+    commands, chat = out / "heldout_commands.jsonl", out / "heldout_chat.jsonl"
+    if not (commands.exists() and chat.exists()):
+        return None
+    if [e.question for e in read_jsonl(commands)] != [e.question for e in held_cmd]:
+        return None
+    kept = read_jsonl(chat)
+    if [e.question for e in kept[: len(chat_held)]] != [e.question for e in chat_held]:
+        return None
+    return kept
 
 
 def _loss_split(held_cmd: list[Example], cfg: ActionsConfig) -> list[Example]:

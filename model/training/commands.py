@@ -162,7 +162,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _register_sessions(ev_sub)
 
     router = _fit_parser(sub, "router", "fit the tool router of a tools adapter (model/router.py)")
-    router.add_argument("--l2", type=float, default=3e-3)
+    router.add_argument(
+        "--l2",
+        type=float,
+        default=None,
+        help="one L2 for every classifier (default: each chosen on the development split)",
+    )
     router.set_defaults(run=_router)
     spans = _fit_parser(
         sub, "spans", "fit the span pointers of a tools adapter's string values (model/spans.py)"

@@ -48,7 +48,9 @@ CHAT_SOURCES = ("negative", "template", "model", "heldout")
 class RouterOptions:
     model_dir: Path  # the exported model whose prefill the router reads
     data: Path = Path("data/actions")
-    l2: float = 3e-3  # on the mean cross-entropy; ~ scikit-learn's C = 0.1 at 1608 rows
+    # on the mean cross-entropy (3e-3 ~ scikit-learn's C = 0.1 at 1608 rows); None: each
+    # classifier's chosen on the development split
+    l2: float | None = None
     steps: int = 1500
     lr: float = 0.05
     threads: int = 2
@@ -194,31 +196,48 @@ def hidden_map() -> NDArray[np.float32]:
     return np.linalg.pinv(table.astype(np.float64)).astype(np.float32)
 
 
+HEADS = ("act", "tool", "shape")
+DEFAULT_L2 = 3e-3
+L2_GRID = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2)
+
+
+def _heads(
+    x: NDArray[np.float32], shapes: Sequence[str | None]
+) -> list[tuple[str, NDArray[np.float32], list[str], list[str]]]:
+    """Each classifier's rows, labels and classes: act or speak on every row, the tool
+    and the shape on the commands."""
+    acts = np.array([s is not None for s in shapes])
+    commands = [s for s in shapes if s is not None]
+    tools = [tool_of(s) for s in commands]
+    return [
+        ("act", x, [ACT if s is not None else SPEAK for s in shapes], [SPEAK, ACT]),
+        ("tool", x[acts], tools, sorted(set(tools))),
+        ("shape", x[acts], commands, sorted(set(commands))),
+    ]
+
+
 def fit_router(
     logits: NDArray[np.float32],
     shapes: Sequence[str | None],
     to_hidden: NDArray[np.float32],
     options: RouterOptions,
     adapter_sha256: str,
+    l2: dict[str, float] | None = None,
 ) -> ToolRouter:
     """The router for these prefill ``logits`` (N, V) and their calls' ``shapes`` (None:
     the reply speaks): act or speak on every row, then the tool and the shape on the
-    commands, on the same standardised states."""
+    commands, on the same standardised states. ``l2``: per classifier (default: all
+    ``options.l2``, or ``DEFAULT_L2``)."""
     hidden = logits @ to_hidden.T  # (N, C)
     mu, sd = hidden.mean(0), hidden.std(0) + 1e-6
     x = (hidden - mu) / sd
-    acts = np.array([s is not None for s in shapes])
-    heads = [
-        (x, [ACT if s is not None else SPEAK for s in shapes], [SPEAK, ACT]),
-        (x[acts], [tool_of(s) for s in shapes if s is not None], None),
-        (x[acts], [s for s in shapes if s is not None], None),
-    ]
+    base = DEFAULT_L2 if options.l2 is None else options.l2
+    penalty = {h: base for h in HEADS} | (l2 or {})
     names: list[str] = []
     columns = []
-    for rows, labels, order in heads:
-        classes = order or sorted(set(labels))
+    for head, rows, labels, classes in _heads(x, shapes):
         y = np.array([classes.index(t) for t in labels], np.int64)
-        w, b = fit_softmax(rows, y, len(classes), options.l2, options.steps, options.lr)
+        w, b = fit_softmax(rows, y, len(classes), penalty[head], options.steps, options.lr)
         names += classes
         columns.append((w, b))
     w = np.concatenate([c[0] for c in columns], 1)
@@ -226,14 +245,58 @@ def fit_router(
     weights = to_hidden.T.astype(np.float64) @ (w / sd[:, None])  # (V, K)
     bias = b - (mu / sd) @ w
     info = {
-        "l2": options.l2,
+        "l2": penalty,
         "steps": options.steps,
         "train_rows": len(shapes),
-        "train_commands": int(acts.sum()),
+        "train_commands": sum(s is not None for s in shapes),
     }
     return ToolRouter(
         tuple(names), weights.astype(np.float32), bias.astype(np.float32), adapter_sha256, info
     )
+
+
+def choose_l2(
+    logits: NDArray[np.float32],
+    shapes: Sequence[str | None],
+    dev_logits: NDArray[np.float32],
+    dev_shapes: Sequence[str | None],
+    to_hidden: NDArray[np.float32],
+    options: RouterOptions,
+    grid: Sequence[float] = L2_GRID,
+) -> tuple[dict[str, float], dict[str, dict[str, list[float]]]]:
+    """Each classifier's L2, chosen on the development split (phrasings neither the
+    training rows nor the held-out split have): the most dev rows right (for the shape,
+    among the right tool's shapes, as the engine asks it once the tool is named), ties to
+    the lower mean cross-entropy; act or speak, which the engine only takes where it is
+    sure, by the cross-entropy alone. Returns the choice and, per classifier and L2,
+    [accuracy, cross-entropy]."""
+    hidden = logits @ to_hidden.T
+    mu, sd = hidden.mean(0), hidden.std(0) + 1e-6
+    train = _heads((hidden - mu) / sd, shapes)
+    dev = _heads((dev_logits @ to_hidden.T - mu) / sd, dev_shapes)
+    chosen: dict[str, float] = {}
+    tried: dict[str, dict[str, list[float]]] = {}
+    for (head, rows, labels, classes), (_, dev_rows, dev_labels, _) in zip(train, dev, strict=True):
+        y = np.array([classes.index(t) for t in labels], np.int64)
+        known = [k for k, t in enumerate(dev_labels) if t in classes]
+        dy = np.array([classes.index(dev_labels[k]) for k in known], np.int64)
+        # the shape is chosen among its tool's shapes; the others classify among all
+        allowed = np.ones((len(known), len(classes)), bool)
+        if head == "shape":
+            allowed = np.array(
+                [[tool_of(c) == tool_of(dev_labels[k]) for c in classes] for k in known]
+            )
+        scores = {}
+        for l2 in grid:
+            w, b = fit_softmax(rows, y, len(classes), l2, options.steps, options.lr)
+            z = np.where(allowed, dev_rows[known] @ w + b, -np.inf)
+            logp = z - np.logaddexp.reduce(z, axis=1, keepdims=True)
+            acc = float((z.argmax(1) == dy).mean())
+            xent = float(-logp[np.arange(len(dy)), dy].mean())
+            scores[l2] = (acc if head != "act" else 0.0, -xent)
+            tried.setdefault(head, {})[str(l2)] = [round(acc, 4), round(xent, 4)]
+        chosen[head] = max(grid, key=lambda v: scores[v])
+    return chosen, tried
 
 
 def accuracy(
@@ -271,6 +334,11 @@ def accuracy(
 
 
 def train_router(options: RouterOptions, log: Callable[[str], None] = print) -> ToolRouter:
+    """Fit the router over ``options.model_dir``'s prefills of ``options.data``'s
+    training rows; with ``options.l2`` None, each classifier's L2 is chosen on the
+    development split (``dev_commands.jsonl``, ``dev_chat.jsonl``), asked alone and after
+    other turns as the training rows are. The record has the development and held-out
+    figures, alone and after 1-2 earlier turns."""
     from model.assemble import load_onnx_diffusion_generator
     from model.runtime import RuntimeConfig
 
@@ -280,23 +348,38 @@ def train_router(options: RouterOptions, log: Callable[[str], None] = print) -> 
     train = read_rows(options.data / "train.jsonl")
     if not any(r.shape for r in train):
         raise FileNotFoundError(f"{options.data / 'train.jsonl'} has no command rows")
-    heldout = [
-        *read_rows(options.data / "heldout_commands.jsonl"),
-        *read_rows(options.data / "heldout_chat.jsonl"),
-    ]
+    splits = {
+        name: [*read_rows(options.data / f"{name}_commands.jsonl"), *read_rows(chat)]
+        for name in ("dev", "heldout")
+        if (chat := options.data / f"{name}_chat.jsonl").exists()
+    }
+    if options.l2 is None and "dev" not in splits:
+        raise FileNotFoundError(
+            f"{options.data} has no development split to choose the L2 on "
+            "(regenerate it with quicksilver data --actions, or give --l2)"
+        )
     gen = load_onnx_diffusion_generator(
         options.model_dir, "int8", RuntimeConfig(threads=options.threads, max_len=1024)
     )
     log(f"router: {len(train)} training rows through {options.model_dir}")
-    convos = conversations(train, options.with_history, options.seed)
-    x_train = prefill_logits(gen, convos, log)
+    x_train = prefill_logits(gen, conversations(train, options.with_history, options.seed), log)
     shapes = [r.shape for r in train]
-    router = fit_router(x_train, shapes, hidden_map(), options, sha)
+    asked: dict[str, tuple[NDArray[np.float32], list[str | None]]] = {}
+    for name, rows in splits.items():
+        for suffix, share in (("", 0.0), ("_with_history", 1.0)):
+            x = prefill_logits(gen, conversations(rows, share, options.seed), log)
+            asked[name + suffix] = (x, [r.shape for r in rows])
+    to_hidden = hidden_map()
+    l2 = None
+    report: dict[str, Any] = {}
+    if options.l2 is None:
+        dev_x = np.concatenate([asked["dev"][0], asked["dev_with_history"][0]])
+        dev_shapes = asked["dev"][1] * 2
+        l2, report["l2_tried"] = choose_l2(x_train, shapes, dev_x, dev_shapes, to_hidden, options)
+        log(f"router: l2 {l2} (development split)")
+    router = fit_router(x_train, shapes, to_hidden, options, sha, l2)
     tok = gen.tokenizer
-    report: dict[str, Any] = {"train": accuracy(router, x_train, shapes, tok)}
-    if heldout:
-        held = [r.shape for r in heldout]
-        for name, share in (("heldout", 0.0), ("heldout_with_history", 1.0)):
-            x = prefill_logits(gen, conversations(heldout, share, options.seed), log)
-            report[name] = accuracy(router, x, held, tok)
+    report["train"] = accuracy(router, x_train, shapes, tok)
+    for name, (x, held) in asked.items():
+        report[name] = accuracy(router, x, held, tok)
     return ToolRouter(router.names, router.weights, router.bias, sha, {**router.info, **report})

@@ -14,6 +14,7 @@ import pytest
 from model.assemble import trained_for_tools
 from model.tools import DEFAULT_TOOLS, call_ids, split_call, validate
 from model.training.actions import (
+    DEV_TEMPLATES,
     TEMPLATES,
     TOOLS,
     TOOLS_SYSTEM_PROMPT,
@@ -32,7 +33,14 @@ from tests.model.conftest import tiny_tokenizer
 from tests.model.test_data import ending_model
 
 CFG = ActionsConfig(
-    seed=5, commands=36, negatives=6, heldout_per_tool=2, heldout_negatives=3, loss_per_tool=1
+    seed=5,
+    commands=36,
+    negatives=6,
+    heldout_per_tool=2,
+    heldout_negatives=3,
+    loss_per_tool=1,
+    dev_per_tool=2,
+    dev_negatives=3,
 )
 DATA = DataConfig(max_reply_tokens=8, batch=4)
 
@@ -102,13 +110,19 @@ def test_same_seed_same_files_and_no_held_out_text_is_trained(tmp_path):
     a, recipe = make(tmp_path, "a")
     b, _ = make(tmp_path, "b")
     files = ("train.jsonl", "heldout.jsonl", "heldout_commands.jsonl", "heldout_chat.jsonl")
-    for f in (*files, "recipe.json"):
+    for f in (*files, "dev_commands.jsonl", "dev_chat.jsonl", "recipe.json"):
         assert (a / f).read_bytes() == (b / f).read_bytes(), f
     train = read_jsonl(a / "train.jsonl")
     held = read_jsonl(a / "heldout_commands.jsonl")
     chat = read_jsonl(a / "heldout_chat.jsonl")
+    dev = read_jsonl(a / "dev_commands.jsonl") + read_jsonl(a / "dev_chat.jsonl")
     assert len(held) == CFG.heldout_per_tool * len(TEMPLATES)
-    assert not {_norm(e.question) for e in train} & {_norm(e.question) for e in held + chat}
+    assert recipe["dev_commands"] == CFG.dev_per_tool * len(TEMPLATES) and recipe["dev_chat"]
+    trained = {_norm(e.question) for e in train}
+    assert not trained & {_norm(e.question) for e in held + chat}
+    assert not trained & {_norm(e.question) for e in dev}
+    assert not {_norm(e.question) for e in dev} & {_norm(e.question) for e in held + chat}
+    assert {e.source for e in dev} == {*(f"command:{t}" for t in TEMPLATES), "negative"}
     assert recipe["train_chat"] == 5 and recipe["train_commands"] == CFG.commands
     # an adapter trained on it says so in its manifest (model.training.train writes
     # {"command": "quicksilver data", **recipe}), so a server gives it the default tools
@@ -122,6 +136,26 @@ def test_same_seed_same_files_and_no_held_out_text_is_trained(tmp_path):
     assert all(split_call(e.reply)[0] is None for e in chat)
     loss = read_jsonl(a / "heldout.jsonl")
     assert len(loss) == len(TEMPLATES) * CFG.loss_per_tool + 2 + recipe["heldout_negatives"]
+
+
+def test_regenerating_keeps_the_held_out_chat_that_evals_measured(tmp_path):
+    """The held-out negatives' replies are the teacher's greedy words, which another
+    CPU's number formats can change: a corpus regenerated over an existing one keeps
+    its held-out chat split (same held-out commands), and writes everything else anew."""
+    a, _ = make(tmp_path, "a")
+    chat = (a / "heldout_chat.jsonl").read_text()
+    earlier = chat.replace('"reply": "', '"reply": "Well, ', 1)  # another machine's words
+    assert earlier != chat
+    (a / "heldout_chat.jsonl").write_text(earlier)
+    (a / "train.jsonl").write_text("")
+    make(tmp_path, "a")
+    assert (a / "heldout_chat.jsonl").read_text() == earlier
+    assert read_jsonl(a / "train.jsonl")  # the rest is written again
+    held = read_jsonl(a / "heldout_commands.jsonl")
+    (a / "heldout_commands.jsonl").write_text("")  # other held-out commands: a new split
+    write_jsonl(a / "heldout_commands.jsonl", held[1:])
+    make(tmp_path, "a")
+    assert (a / "heldout_chat.jsonl").read_text() == chat
 
 
 def test_training_prompts_carry_the_example_system_prompt(tmp_path):
@@ -176,16 +210,17 @@ def _carrier(template: str) -> tuple[str, ...]:
     return tuple(w.strip(",.?!") for w in template.lower().split() if not w.startswith("{"))
 
 
-def test_no_held_out_phrasing_is_trained():
-    """The held-out commands test phrasings never trained on: no training template of a
-    tool opens with a held-out one's first two words or has its words."""
+def test_no_held_out_or_development_phrasing_is_trained():
+    """The held-out and development commands test phrasings never trained on (and not
+    each other's): no template of a tool in one list opens with another list's first two
+    words or has its words."""
     for name, (train_t, held_t) in TEMPLATES.items():
-        for held, _, _ in held_t:
-            h = _carrier(held)
-            for train, _, _ in train_t:
-                t = _carrier(train)
-                assert t != h, (name, train)
-                assert held.lower().split()[:2] != train.lower().split()[:2], (name, train)
+        lists = [train_t, held_t, DEV_TEMPLATES[name]]
+        for i, j in ((0, 1), (0, 2), (1, 2)):
+            for one, _, _ in lists[i]:
+                for other, _, _ in lists[j]:
+                    assert _carrier(one) != _carrier(other), (name, one, other)
+                    assert one.lower().split()[:2] != other.lower().split()[:2], (name, one)
 
 
 def test_the_held_out_commands_stay_fixed():
