@@ -28,7 +28,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from model.chat import SPOKEN_SYSTEM_PROMPT
 from model.tokenizer import Tokenizer
@@ -309,6 +309,7 @@ WHENS = (
 # literals are fixed values. Each list: training templates, then held-out ones.
 
 Template = tuple[str, dict[str, Any], Sequence[str]]
+Split = Literal["train", "heldout", "dev"]
 
 TIMER_OK = ("Timer set for {dur}.", "Okay, counting down {dur}.", "Your timer is set for {dur}.")
 CANCEL_OK = ("Timer cancelled.", "Okay, I cancelled the timer.", "The timer is off.")
@@ -884,25 +885,21 @@ def command_example(
 
 
 def commands(
-    tok: Tokenizer,
-    rng: random.Random,
-    per_tool: int,
-    held: bool,
-    exclude: set[str],
-    dev: bool = False,
+    tok: Tokenizer, rng: random.Random, per_tool: int, split: Split, exclude: set[str]
 ) -> list[Example]:
-    """Up to ``per_tool`` distinct commands per tool (training, held-out or, with ``dev``,
-    development templates, the last two with held-out slot values); texts equal to one in
+    """Up to ``per_tool`` distinct commands per tool from ``split``'s templates (the
+    held-out and development splits with held-out slot values); texts equal to one in
     ``exclude`` (case and end marks aside) are skipped."""
     out: list[Example] = []
+    held_values = split != "train"
     for name, (train_t, held_t) in TEMPLATES.items():
         tool = TOOLS[name]
-        templates = DEV_TEMPLATES[name] if dev else held_t if held else train_t
+        templates = {"train": train_t, "heldout": held_t, "dev": DEV_TEMPLATES[name]}[split]
         seen: set[str] = set()
         for _ in range(per_tool * 40):
             if len(seen) >= per_tool:
                 break
-            text, args, confirm = command(rng, tool, rng.choice(templates), held or dev)
+            text, args, confirm = command(rng, tool, rng.choice(templates), held_values)
             key = _norm(text)
             if key in seen or key in exclude:
                 continue
@@ -1024,15 +1021,14 @@ NEGATIVE_SLOTS: dict[str, list[str]] = {
 }
 
 
-def negative_questions(
-    rng: random.Random, n: int, held: bool, exclude: set[str], dev: bool = False
-) -> list[str]:
+def negative_questions(rng: random.Random, n: int, split: Split, exclude: set[str]) -> list[str]:
     train_t, held_t = NEGATIVE_TEMPLATES
+    templates = {"train": train_t, "heldout": held_t, "dev": DEV_NEGATIVE_TEMPLATES}[split]
     out: dict[str, None] = {}
     for _ in range(n * 50):
         if len(out) >= n:
             break
-        t = rng.choice(DEV_NEGATIVE_TEMPLATES if dev else held_t if held else train_t)
+        t = rng.choice(templates)
         q = t.format(**{k: rng.choice(v) for k, v in NEGATIVE_SLOTS.items()})
         if _norm(q) not in exclude:
             out.setdefault(q, None)
@@ -1069,19 +1065,19 @@ def make_actions(
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(cfg.seed)
     held_rng = random.Random(cfg.seed + 1)  # the held-out split has its own draws
-    held_cmd = commands(tok, held_rng, cfg.heldout_per_tool, True, set())
+    held_cmd = commands(tok, held_rng, cfg.heldout_per_tool, "heldout", set())
     held_keys = {_norm(e.question) for e in held_cmd}
     chat_held = read_jsonl(source / "heldout.jsonl")
     excluded = held_keys | {_norm(e.question) for e in chat_held}
-    held_q = negative_questions(held_rng, cfg.heldout_negatives, True, excluded)
+    held_q = negative_questions(held_rng, cfg.heldout_negatives, "heldout", excluded)
     dev_rng = random.Random(cfg.seed + 2)  # so has the development split
-    dev_cmd = commands(tok, dev_rng, cfg.dev_per_tool, True, held_keys, dev=True)
+    dev_cmd = commands(tok, dev_rng, cfg.dev_per_tool, "dev", held_keys)
     dev_keys = {_norm(e.question) for e in dev_cmd}
     excluded |= {_norm(q) for q in held_q} | dev_keys
-    dev_q = negative_questions(dev_rng, cfg.dev_negatives, False, excluded, dev=True)
+    dev_q = negative_questions(dev_rng, cfg.dev_negatives, "dev", excluded)
     excluded |= {_norm(q) for q in dev_q}
-    train_cmd = commands(tok, rng, -(-cfg.commands // len(TEMPLATES)), False, excluded)
-    neg_q = negative_questions(rng, cfg.negatives, False, excluded)
+    train_cmd = commands(tok, rng, -(-cfg.commands // len(TEMPLATES)), "train", excluded)
+    neg_q = negative_questions(rng, cfg.negatives, "train", excluded)
     log(f"{len(train_cmd)} commands, {len(held_cmd)} held out, {len(dev_cmd)} development")
     log("answering negatives")
 

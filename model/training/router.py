@@ -216,6 +216,16 @@ def _heads(
     ]
 
 
+def _standardised(
+    logits: NDArray[np.float32], to_hidden: NDArray[np.float32]
+) -> tuple[NDArray[np.float32], NDArray[np.float32], NDArray[np.float32]]:
+    """The training rows' hidden states (logits mapped back), standardised, with the
+    mean and deviation that other rows are standardised by."""
+    hidden = logits @ to_hidden.T  # (N, C)
+    mu, sd = hidden.mean(0), hidden.std(0) + 1e-6
+    return (hidden - mu) / sd, mu, sd
+
+
 def fit_router(
     logits: NDArray[np.float32],
     shapes: Sequence[str | None],
@@ -228,9 +238,7 @@ def fit_router(
     the reply speaks): act or speak on every row, then the tool and the shape on the
     commands, on the same standardised states. ``l2``: per classifier (default: all
     ``options.l2``, or ``DEFAULT_L2``)."""
-    hidden = logits @ to_hidden.T  # (N, C)
-    mu, sd = hidden.mean(0), hidden.std(0) + 1e-6
-    x = (hidden - mu) / sd
+    x, mu, sd = _standardised(logits, to_hidden)
     base = DEFAULT_L2 if options.l2 is None else options.l2
     penalty = {h: base for h in HEADS} | (l2 or {})
     names: list[str] = []
@@ -270,9 +278,8 @@ def choose_l2(
     the lower mean cross-entropy; act or speak, which the engine only takes where it is
     sure, by the cross-entropy alone. Returns the choice and, per classifier and L2,
     [accuracy, cross-entropy]."""
-    hidden = logits @ to_hidden.T
-    mu, sd = hidden.mean(0), hidden.std(0) + 1e-6
-    train = _heads((hidden - mu) / sd, shapes)
+    x, mu, sd = _standardised(logits, to_hidden)
+    train = _heads(x, shapes)
     dev = _heads((dev_logits @ to_hidden.T - mu) / sd, dev_shapes)
     chosen: dict[str, float] = {}
     tried: dict[str, dict[str, list[float]]] = {}

@@ -67,7 +67,7 @@ def test_numbers_and_durations_as_spoken():
 
 def test_every_tool_gets_commands_whose_call_is_right():
     tok = tiny_tokenizer()
-    ex = commands(tok, random.Random(1), 8, False, set())
+    ex = commands(tok, random.Random(1), 8, "train", set())
     assert {e.source for e in ex} == {f"command:{t.name}" for t in DEFAULT_TOOLS}
     for e in ex:
         call, spoken = split_call(e.reply)
@@ -85,7 +85,7 @@ def test_every_tool_gets_commands_whose_call_is_right():
 
 def test_numbers_reach_the_call():
     tok = tiny_tokenizer()
-    ex = commands(tok, random.Random(2), 60, False, set())
+    ex = commands(tok, random.Random(2), 60, "train", set())
     timers = {e.question: split_call(e.reply)[0] for e in ex if e.source == "command:timer.set"}
     for q, call in timers.items():
         assert call is not None
@@ -228,7 +228,7 @@ def test_the_held_out_commands_stay_fixed():
     templates, its own draws) stay the ones every eval in docs/actions.md measured."""
     cfg = ActionsConfig()
     rng = random.Random(cfg.seed + 1)
-    held = commands(tiny_tokenizer(), rng, cfg.heldout_per_tool, True, set())
+    held = commands(tiny_tokenizer(), rng, cfg.heldout_per_tool, "heldout", set())
     digest = hashlib.sha256("\n".join(e.question for e in held).encode()).hexdigest()
     assert digest == "86500d2ce3cc5b16e12c9141f595eacf406534dad03d467bf54e98940fe262b6"
 
