@@ -188,7 +188,7 @@ class DiffusionGenerator:
         prior = self._content_free(tools) if self.options.actions.calibrate else None
         routed = None
         if router is not None:
-            routed = router.choose(last, shapes, said_shapes(tools, user_text))
+            routed = router.choose(last, shapes, said_shapes(tools, user_text), user_text)
         pointed = None
         if routed is not None and where is not None:
             pointed = self._point(logits[:-1], where, user_text, tool_of(routed))

@@ -18,14 +18,24 @@ it); the map and the standardisation are folded into one matrix over the logits,
 routing is one product of the ``(V,)`` row with a ``(V, K)`` matrix (~0.3 ms) and no
 extra pass. The file belongs to one adapter: it records the adapter's weights digest,
 and a model directory built from another adapter gets no router (:func:`find_router`).
+
+Beside the probe, a *word expert* (:class:`WordExpert`) reads the user's words
+themselves: a bag-of-words logistic regression for the tool and the shape, its scores
+added to the probe's (a product of the two experts). The two fail on different
+requests: the state of a 135M model blurs phrasings unlike its training ("bring the
+cabin to 23 degrees" -> ``navigation.start``) where one word says the tool, and the
+words miss what only the sentence says ("go to the next one" is not a destination). It
+reads only the request, so it is the same after earlier turns, where the state drifts.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -44,6 +54,35 @@ SURE = 3.0  # log-odds: the act classifier decides above probability 0.95 either
 ADAPTER_DIRS = (SHIPPED_ADAPTER, SHIPPED_ADAPTER.with_name("adapters-tools"))
 
 
+_WORD = re.compile(r"[a-z']+")
+
+
+def word_set(text: str) -> set[str]:
+    """The words of a request as the word expert reads them: lower case, letters and
+    apostrophes (numbers are read by ``model/spoken.py``, not here), each once."""
+    return set(_WORD.findall(text.lower()))
+
+
+@dataclass(frozen=True)
+class WordExpert:
+    """Scores over the router's columns from which words a request has: a linear model
+    on their presence (zero on act or speak, which the state decides alone), scaled by
+    the weight it was chosen to have beside the state probe."""
+
+    words: tuple[str, ...]
+    weights: NDArray[np.float32]  # (W, K): one row per word, the router's columns
+    bias: NDArray[np.float32]  # (K,)
+
+    @cached_property
+    def _index(self) -> dict[str, int]:
+        return {w: i for i, w in enumerate(self.words)}
+
+    def scores(self, text: str) -> NDArray[np.float32]:
+        rows = [self._index[w] for w in word_set(text) if w in self._index]
+        out: NDArray[np.float32] = self.bias + self.weights[rows].sum(0)
+        return out
+
+
 @dataclass(frozen=True)
 class ToolRouter:
     # one per column: act or speak (``(speak)``, ``(act)``), each tool it tells apart
@@ -54,10 +93,14 @@ class ToolRouter:
     bias: NDArray[np.float32]  # (K,)
     adapter_sha256: str  # the adapter whose model it reads
     info: dict[str, Any]  # how it was fitted and how well it did (held-out accuracy)
+    words: WordExpert | None = field(default=None, compare=False)  # reads the request
 
-    def scores(self, logits: NDArray[np.float32]) -> NDArray[np.float32]:
-        """One score per column for a prefill's last-row logits ``(V,)``."""
+    def scores(self, logits: NDArray[np.float32], text: str | None = None) -> NDArray[np.float32]:
+        """One score per column for a prefill's last-row logits ``(V,)``; with the
+        request's ``text``, the word expert's scores added, where the router has one."""
         out: NDArray[np.float32] = logits.astype(np.float32) @ self.weights + self.bias
+        if text is not None and self.words is not None:
+            out = out + self.words.scores(text)
         return out
 
     @property
@@ -95,6 +138,7 @@ class ToolRouter:
         logits: NDArray[np.float32],
         shapes: Sequence[str],
         fits: Collection[str] | None = None,
+        text: str | None = None,
     ) -> str | None:
         """The shape, among the session's (``model.actions.shape_names``), the request
         asks for: the best tool first, then that tool's best shape (the tool classifier
@@ -102,11 +146,12 @@ class ToolRouter:
         held-out tools). None when a session tool is not one the router knows, or has no
         shape it knows (it cannot weigh that tool, so the model decides). ``fits``: the
         shapes that fit what the user said (``model.actions.said_shapes``): the tool's
-        best shape among them, when it has any there."""
+        best shape among them, when it has any there. ``text``: the request, which the
+        word expert reads with the state."""
         if not self.knows(shapes):
             return None
         tools, session = {tool_of(s) for s in shapes}, set(shapes)
-        scores = self.scores(logits)
+        scores = self.scores(logits, text)
 
         def best(columns: list[int]) -> str:
             return self.names[max(columns, key=lambda i: float(scores[i]))]
@@ -117,24 +162,36 @@ class ToolRouter:
         return best(fitting or own)
 
     def save(self, path: Path) -> None:
-        np.savez_compressed(
-            path,
-            names=np.array(self.names),
-            weights=self.weights.astype(np.float16),  # 2.7 MB; scores move by < 1e-3
-            bias=self.bias.astype(np.float32),
-            adapter_sha256=np.array(self.adapter_sha256),
-            info=np.array(json.dumps(self.info)),
-        )
+        arrays: dict[str, Any] = {
+            "names": np.array(self.names),
+            "weights": self.weights.astype(np.float16),  # 2.7 MB; scores move by < 1e-3
+            "bias": self.bias.astype(np.float32),
+            "adapter_sha256": np.array(self.adapter_sha256),
+            "info": np.array(json.dumps(self.info)),
+        }
+        if self.words is not None:
+            arrays["words"] = np.array(self.words.words)
+            arrays["word_weights"] = self.words.weights.astype(np.float32)
+            arrays["word_bias"] = self.words.bias.astype(np.float32)
+        np.savez_compressed(path, **arrays)
 
     @classmethod
     def load(cls, path: Path) -> ToolRouter:
         with np.load(path, allow_pickle=False) as z:
+            words = None
+            if "words" in z.files:
+                words = WordExpert(
+                    tuple(str(w) for w in z["words"]),
+                    z["word_weights"].astype(np.float32),
+                    z["word_bias"].astype(np.float32),
+                )
             return cls(
                 names=tuple(str(n) for n in z["names"]),
                 weights=z["weights"].astype(np.float32),
                 bias=z["bias"].astype(np.float32),
                 adapter_sha256=str(z["adapter_sha256"]),
                 info=json.loads(str(z["info"])),
+                words=words,
             )
 
 

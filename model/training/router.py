@@ -17,6 +17,11 @@ standardised states (numpy, full batch, Adam): act or speak (every row), the too
 the shape (the commands). The projection, the standardisation and the regressions
 fold into one ``(V, K)`` matrix and a bias.
 
+The word expert (``model.router.WordExpert``) is fitted on the training commands' words
+alone: two logistic regressions on which words a request has (the tool, the shape), its
+L2 and its weight beside the state chosen on the development split, where a weight of
+zero (no expert) is one of the choices.
+
 The held-out split (``heldout_commands.jsonl``, ``heldout_chat.jsonl``: phrasings and
 values no training row uses) measures it, alone and after held-out history.
 """
@@ -27,7 +32,7 @@ import json
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +42,15 @@ from numpy.typing import NDArray
 from model.actions import call_starts
 from model.diffusion_engine import DiffusionGenerator
 from model.engine import ChatMessage
-from model.router import ACT, SPEAK, ToolRouter, model_adapter_sha256, tool_of
+from model.router import (
+    ACT,
+    SPEAK,
+    ToolRouter,
+    WordExpert,
+    model_adapter_sha256,
+    tool_of,
+    word_set,
+)
 from model.tokenizer import Tokenizer
 from model.tools import DEFAULT_TOOLS, kept_reply, render_call, shape_name, split_call
 
@@ -56,6 +69,8 @@ class RouterOptions:
     threads: int = 2
     with_history: float = 0.5  # share of rows asked after one or two other rows
     seed: int = 0
+    # a router file whose state classifiers are kept (only its word expert is fitted)
+    keep: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -306,25 +321,95 @@ def choose_l2(
     return chosen, tried
 
 
+WORD_L2_GRID = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3)
+WORD_WEIGHT_GRID = (0.0, 0.5, 1.0, 2.0, 4.0)  # 0: no word expert
+
+
+def bag_of_words(words: Sequence[str], texts: Sequence[str]) -> NDArray[np.float32]:
+    """``(N, W)``: 1 where text n has word w."""
+    index = {w: i for i, w in enumerate(words)}
+    out = np.zeros((len(texts), len(words)), np.float32)
+    for n, text in enumerate(texts):
+        out[n, [index[w] for w in word_set(text) if w in index]] = 1.0
+    return out
+
+
+def fit_words(
+    router: ToolRouter,
+    texts: Sequence[str],
+    shapes: Sequence[str | None],
+    dev: tuple[NDArray[np.float32], Sequence[str | None], Sequence[str]],
+    options: RouterOptions,
+    l2_grid: Sequence[float] = WORD_L2_GRID,
+    weight_grid: Sequence[float] = WORD_WEIGHT_GRID,
+) -> tuple[ToolRouter, dict[str, Any]]:
+    """``router`` with a word expert fitted on the training commands' ``texts`` (its
+    tool and shape columns; ``shapes`` None rows are chat, not read): the L2 and the
+    weight beside the state that name the most development rows' shapes right (``dev``:
+    logits, shapes, texts; ties: the most tools, then the lighter weight), the weight 0
+    (the router as it was) among them. Returns it and every try, per L2 and weight,
+    [shape accuracy, tool accuracy] on the development commands."""
+    commands = [(t, s) for t, s in zip(texts, shapes, strict=True) if s is not None]
+    words = tuple(sorted({w for t, _ in commands for w in word_set(t)}))
+    x = bag_of_words(words, [t for t, _ in commands])
+    columns = {n: k for k, n in enumerate(router.names)}
+    dev_logits, dev_shapes, dev_texts = dev
+    # the state's scores are linear in the logits: read them once, and let each
+    # candidate read those scores through an identity map
+    dev_scores = dev_logits @ router.weights + router.bias
+    k = len(router.names)
+    reads_scores = replace(
+        router, weights=np.eye(k, dtype=np.float32), bias=np.zeros(k, np.float32)
+    )
+    best: tuple[tuple[float, float, float], ToolRouter] | None = None
+    tried: dict[str, list[float]] = {}
+    for l2 in l2_grid:
+        weights = np.zeros((len(words), len(router.names)))
+        bias = np.zeros(len(router.names))
+        for classes, label in ((router.tools, tool_of), (router.shapes, lambda s: s)):
+            y = np.array([classes.index(label(s)) for _, s in commands], np.int64)
+            w, b = fit_softmax(x, y, len(classes), l2, options.steps, options.lr)
+            cols = [columns[c] for c in classes]
+            weights[:, cols], bias[cols] = w, b
+        for weight in weight_grid:
+            expert = WordExpert(
+                words, (weight * weights).astype(np.float32), (weight * bias).astype(np.float32)
+            )
+            got = accuracy(
+                replace(reads_scores, words=expert), dev_scores, dev_shapes, texts=dev_texts
+            )
+            shape_right, tool_right = got["accuracy"], got["tool_accuracy"]
+            tried[f"{l2:g} x {weight:g}"] = [round(shape_right, 4), round(tool_right, 4)]
+            key = (shape_right, tool_right, -weight)
+            if best is None or key > best[0]:
+                info = {**router.info, "words": {"l2": l2, "weight": weight, "words": len(words)}}
+                best = (key, replace(router, words=expert if weight else None, info=info))
+    assert best is not None, "an empty grid"
+    return best[1], tried
+
+
 def accuracy(
     router: ToolRouter,
     logits: NDArray[np.float32],
     shapes: Sequence[str | None],
     tok: Tokenizer | None = None,
+    texts: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """How often the engine acts on the commands and on the chat (the router where it
     is sure, else ``tok``'s call token first, echoes aside; without ``tok``: speak),
     and how often the router names the expected tool and shape of the commands (of all
-    of them: a command not acted on counts as missed), overall and per tool."""
+    of them: a command not acted on counts as missed), overall and per tool. ``texts``:
+    the requests, for the router's word expert (without them it reads the state alone)."""
     per: dict[str, list[tuple[bool, bool]]] = {}
     acted: dict[str, list[bool]] = {"commands": [], "chat": []}
-    for row, want in zip(logits, shapes, strict=True):
+    said: Sequence[str | None] = texts if texts is not None else [None] * len(shapes)
+    for row, want, text in zip(logits, shapes, said, strict=True):
         sure = router.acts(row)  # unsure: the model's first token, as the engine does
         act = sure if sure is not None else call_starts(tok, row) if tok else False
         acted["commands" if want is not None else "chat"].append(act)
         if want is None:
             continue
-        got = router.choose(row, router.shapes) if act else None
+        got = router.choose(row, router.shapes, text=text) if act else None
         hit = (got == want, got is not None and tool_of(got) == tool_of(want))
         per.setdefault(tool_of(want), []).append(hit)
     hits = [h for v in per.values() for h in v]
@@ -344,8 +429,10 @@ def train_router(options: RouterOptions, log: Callable[[str], None] = print) -> 
     """Fit the router over ``options.model_dir``'s prefills of ``options.data``'s
     training rows; with ``options.l2`` None, each classifier's L2 is chosen on the
     development split (``dev_commands.jsonl``, ``dev_chat.jsonl``), asked alone and after
-    other turns as the training rows are. The record has the development and held-out
-    figures, alone and after 1-2 earlier turns."""
+    other turns as the training rows are, and so is its word expert's. With
+    ``options.keep`` the state classifiers are that router file's, and only the word
+    expert is fitted. The record has the development and held-out figures, alone and
+    after 1-2 earlier turns, with the word expert and (``state_alone``) without."""
     from model.assemble import load_onnx_diffusion_generator
     from model.runtime import RuntimeConfig
 
@@ -355,12 +442,15 @@ def train_router(options: RouterOptions, log: Callable[[str], None] = print) -> 
     train = read_rows(options.data / "train.jsonl")
     if not any(r.shape for r in train):
         raise FileNotFoundError(f"{options.data / 'train.jsonl'} has no command rows")
+    kept = ToolRouter.load(options.keep) if options.keep is not None else None
+    if kept is not None and kept.adapter_sha256 != sha:
+        raise ValueError(f"{options.keep} reads another adapter than {options.model_dir}'s")
     splits = {
         name: [*read_rows(options.data / f"{name}_commands.jsonl"), *read_rows(chat)]
         for name in ("dev", "heldout")
         if (chat := options.data / f"{name}_chat.jsonl").exists()
     }
-    if options.l2 is None and "dev" not in splits:
+    if (options.l2 is None or kept is not None) and "dev" not in splits:
         raise FileNotFoundError(
             f"{options.data} has no development split to choose the L2 on "
             "(regenerate it with quicksilver data --actions, or give --l2)"
@@ -368,25 +458,46 @@ def train_router(options: RouterOptions, log: Callable[[str], None] = print) -> 
     gen = load_onnx_diffusion_generator(
         options.model_dir, "int8", RuntimeConfig(threads=options.threads, max_len=1024)
     )
-    log(f"router: {len(train)} training rows through {options.model_dir}")
-    x_train = prefill_logits(gen, conversations(train, options.with_history, options.seed), log)
-    shapes = [r.shape for r in train]
-    asked: dict[str, tuple[NDArray[np.float32], list[str | None]]] = {}
+    tok = gen.tokenizer
+    asked: dict[str, tuple[NDArray[np.float32], list[str | None], list[str]]] = {}
     for name, rows in splits.items():
         for suffix, share in (("", 0.0), ("_with_history", 1.0)):
             x = prefill_logits(gen, conversations(rows, share, options.seed), log)
-            asked[name + suffix] = (x, [r.shape for r in rows])
-    to_hidden = hidden_map()
-    l2 = None
+            asked[name + suffix] = (x, [r.shape for r in rows], [r.text for r in rows])
     report: dict[str, Any] = {}
-    if options.l2 is None:
-        dev_x = np.concatenate([asked["dev"][0], asked["dev_with_history"][0]])
-        dev_shapes = asked["dev"][1] * 2
-        l2, report["l2_tried"] = choose_l2(x_train, shapes, dev_x, dev_shapes, to_hidden, options)
-        log(f"router: l2 {l2} (development split)")
-    router = fit_router(x_train, shapes, to_hidden, options, sha, l2)
-    tok = gen.tokenizer
-    report["train"] = accuracy(router, x_train, shapes, tok)
-    for name, (x, held) in asked.items():
-        report[name] = accuracy(router, x, held, tok)
-    return ToolRouter(router.names, router.weights, router.bias, sha, {**router.info, **report})
+    if kept is None:
+        log(f"router: {len(train)} training rows through {options.model_dir}")
+        convos = conversations(train, options.with_history, options.seed)
+        x_train = prefill_logits(gen, convos, log)
+        shapes = [r.shape for r in train]
+        to_hidden = hidden_map()
+        l2 = None
+        if options.l2 is None:
+            dev_x = np.concatenate([asked["dev"][0], asked["dev_with_history"][0]])
+            dev_shapes = asked["dev"][1] * 2
+            l2, report["l2_tried"] = choose_l2(
+                x_train, shapes, dev_x, dev_shapes, to_hidden, options
+            )
+            log(f"router: l2 {l2} (development split)")
+        router = fit_router(x_train, shapes, to_hidden, options, sha, l2)
+    else:
+        router = replace(kept, words=None)
+        log(f"router: the state classifiers of {options.keep}; fitting its word expert")
+    if "dev" in splits:
+        dev = (
+            np.concatenate([asked["dev"][0], asked["dev_with_history"][0]]),
+            asked["dev"][1] * 2,
+            asked["dev"][2] * 2,
+        )
+        texts = [r.text for r in train]
+        router, report["words_tried"] = fit_words(
+            router, texts, [r.shape for r in train], dev, options
+        )
+        log(f"router: word expert {router.info.get('words')} (development split)")
+    if kept is None:
+        report["train"] = accuracy(router, x_train, shapes, tok, [r.text for r in train])
+    report["state_alone"] = {}
+    for name, (x, held, texts) in asked.items():
+        report[name] = accuracy(router, x, held, tok, texts)
+        report["state_alone"][name] = accuracy(router, x, held, tok)
+    return replace(router, adapter_sha256=sha, info={**router.info, **report})

@@ -15,7 +15,16 @@ from model.diffusion_engine import smollm2_diffusion_config
 from model.engine import ChatMessage, drain
 from model.modeldir import SHIPPED_ADAPTER
 from model.nn.backend import TorchBackend
-from model.router import ACT, ROUTER_FILE, SPEAK, ToolRouter, find_router, tool_of
+from model.router import (
+    ACT,
+    ROUTER_FILE,
+    SPEAK,
+    ToolRouter,
+    WordExpert,
+    find_router,
+    tool_of,
+    word_set,
+)
 from model.tools import CALL_OPEN, DEFAULT_TOOLS, ToolCall, shape_name
 from model.training.router import (
     RouterOptions,
@@ -25,6 +34,7 @@ from model.training.router import (
     conversations,
     fit_router,
     fit_softmax,
+    fit_words,
     read_rows,
 )
 
@@ -160,6 +170,79 @@ def test_a_number_said_decides_whether_an_optional_number_is_in_the_call() -> No
     assert router.choose(row, both, fits=["timer.cancel()"]) == "lights.set(on=true)"
 
 
+def words_for(
+    names: tuple[str, ...], favour: dict[str, tuple[str, ...]], score: float = 5.0
+) -> WordExpert:
+    """A word expert that gives each word ``score`` on the columns ``favour`` names for it."""
+    words = tuple(sorted(favour))
+    weights = np.zeros((len(words), len(names)), np.float32)
+    for i, w in enumerate(words):
+        weights[i, [names.index(n) for n in favour[w]]] = score
+    return WordExpert(words, weights, np.zeros(len(names), np.float32))
+
+
+def test_the_word_expert_reads_which_words_a_request_has() -> None:
+    assert word_set("Um, turn the LIGHTS off, off! It's 9.") == {
+        "um",
+        "turn",
+        "the",
+        "lights",
+        "off",
+        "it's",
+    }
+    expert = words_for(NAMES, {"lights": ("lights.set",), "off": ("lights.set(on=false)",)})
+    got = expert.scores("Lights OFF, off please")  # a word counts once; unknown ones nothing
+    assert got[NAMES.index("lights.set")] == 5.0 and got[NAMES.index("lights.set(on=false)")] == 5.0
+    assert not expert.scores("hello there").any()
+    assert got[:2].tolist() == [0.0, 0.0]
+
+
+def test_the_words_decide_the_call_where_the_state_leans_weakly_the_other_way() -> None:
+    row = np.zeros(8, np.float32)
+    both = ["lights.set(on=true)", "lights.set(on=false)", "timer.cancel()"]
+    weak = a_router("timer.cancel()")
+    weak.bias[[NAMES.index("timer.cancel"), NAMES.index("timer.cancel()")]] = 1.0
+    expert = words_for(NAMES, {"lights": ("lights.set",), "off": ("lights.set(on=false)",)})
+    router = dataclasses.replace(weak, words=expert)
+    assert router.choose(row, both, text="um, lights off") == "lights.set(on=false)"
+    assert router.choose(row, both, text="cancel it") == "timer.cancel()"  # no word it knows
+    assert router.choose(row, both) == "timer.cancel()"  # no text: the state alone
+    assert router.acts(row) is True and router.scores(row, "lights off")[:2].tolist() == [0, 5]
+
+
+def test_the_word_expert_is_fitted_only_where_the_development_rows_say_it_helps() -> None:
+    """The development requests are phrased unlike training: their states sit between
+    two tools' clusters. Words that name the tool fix them, so the expert joins the
+    router; where the state is right already, an expert that cannot help does not."""
+    rng = np.random.default_rng(3)
+    table = rng.normal(size=(50, 6)).astype(np.float32)
+    to_hidden = np.linalg.pinv(table).astype(np.float32)
+    centres = rng.normal(0, 6.0, (4, 6))
+    y = np.repeat(np.arange(4), 30)
+    states = (centres[y] + rng.normal(0, 1, (len(y), 6))).astype(np.float32)
+    labels = [SHAPES[i] if i < 3 else None for i in y]
+    said = ("lights off", "lights on", "cancel the timer", "hello there")
+    texts = [f"{said[i]} {rng.choice(['please', 'now', 'ok'])}" for i in y]
+    opts = RouterOptions(Path("."), steps=300)
+    router = fit_router(states @ table.T, labels, to_hidden, opts, "sha")
+    # development: lights off that looks halfway to cancelling the timer, and the rest
+    dy = np.repeat(np.arange(4), 10)
+    mid = np.where(dy[:, None] == 0, (centres[0] + centres[2]) / 2, centres[dy])
+    dev_states = (mid + rng.normal(0, 0.3, mid.shape)).astype(np.float32)
+    dev_labels = [SHAPES[i] if i < 3 else None for i in dy]
+    dev = (dev_states @ table.T, dev_labels, [said[i] for i in dy])
+    plain = accuracy(router, *dev[:2])["accuracy"]
+    fitted, tried = fit_words(router, texts, labels, dev, opts, (1e-3,), (0.0, 1.0, 4.0))
+    assert fitted.words is not None and fitted.info["words"]["weight"] > 0
+    assert accuracy(fitted, *dev[:2], texts=dev[2])["accuracy"] == 1.0 > plain
+    assert set(tried) == {"0.001 x 0", "0.001 x 1", "0.001 x 4"}
+    # where the state already names every development row, the words add nothing
+    plain_dev = ((centres[dy] + rng.normal(0, 0.3, mid.shape)) @ table.T).astype(np.float32)
+    same = ["please"] * len(texts)
+    kept, _ = fit_words(router, same, labels, (plain_dev, dev_labels, dev[2]), opts, (1e-3,))
+    assert kept.words is None and kept.info["words"]["weight"] == 0
+
+
 def test_every_way_to_lay_out_a_call_has_one_name() -> None:
     names = shape_names(DEFAULT_TOOLS)
     assert len(names) == len(set(names)) == len(shapes(tiny_tokenizer(), DEFAULT_TOOLS))
@@ -179,6 +262,14 @@ def test_a_saved_router_loads_the_same(tmp_path: Path) -> None:
     assert (back.names, back.adapter_sha256, back.info) == (NAMES, "s", {"a": 1})
     row = rng.normal(size=8).astype(np.float32)
     assert np.allclose(back.scores(row), router.scores(row), atol=1e-2)  # weights in fp16
+    assert back.words is None
+    expert = words_for(NAMES, {"lights": ("lights.set",), "off": ("lights.set(on=false)",)})
+    dataclasses.replace(router, words=expert).save(tmp_path / ROUTER_FILE)
+    back = ToolRouter.load(tmp_path / ROUTER_FILE)
+    assert back.words is not None and back.words.words == ("lights", "off")
+    assert np.allclose(
+        back.scores(row, "lights off"), router.scores(row) + expert.scores("off lights"), atol=1e-2
+    )
 
 
 def _model_dir(path: Path, sha: str | None) -> Path:
@@ -214,6 +305,11 @@ def test_the_shipped_router_belongs_to_the_shipped_tools_adapter() -> None:
     assert router.names[:2] == (SPEAK, ACT)
     held = router.info["heldout_with_history"]  # as fitted (docs/actions.md)
     assert held["tool_accuracy"] >= 0.85 and held["chat_acted"] <= 0.02
+    # its word expert, chosen on the development split, helps there
+    assert router.words is not None and router.info["words"]["weight"] > 0
+    assert router.words.weights.shape == (len(router.words.words), len(router.names))
+    alone = router.info["state_alone"]["dev_with_history"]
+    assert router.info["dev_with_history"]["accuracy"] > alone["accuracy"]
 
 
 def test_a_routed_call_is_laid_out_as_routed_whatever_the_model_would_write() -> None:
@@ -241,6 +337,11 @@ def test_the_engine_asks_its_router_whether_to_act_and_which_call() -> None:
         items, _ = drain(gen.generate(convo, 32, lambda: False, TOOLS))
         calls = [i for i in items if isinstance(i, ToolCall)]
         assert [shape_name(tools[c.name], c.arguments) for c in calls] == [favour]
+    # the request's words reach the router's word expert: "timer" outweighs the state
+    expert = words_for(tuple(names), {"timer": ("timer.cancel", "timer.cancel()")}, 10.0)
+    gen.router = dataclasses.replace(gen.router, words=expert)
+    items, _ = drain(gen.generate(convo, 32, lambda: False, TOOLS))
+    assert [i.name for i in items if isinstance(i, ToolCall)] == ["timer.cancel"]
     # a router that speaks wins over a model whose first token would call
     backend = CallsFirst(tiny_diffusion(4), max_len=1024)
     backend.open_id = tok.encode_plain(CALL_OPEN)[0]  # type: ignore[attr-defined]
