@@ -13,6 +13,7 @@ This module imports no torch: :mod:`model.nn.engines` builds it on the PyTorch m
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 
@@ -33,7 +34,7 @@ from model.engine import ChatMessage, GenerationStats
 from model.openings import Opening, reply_openings
 from model.prefix import PrefixCache
 from model.router import ToolRouter, tool_of
-from model.sampler import DiffusionConfig, SamplerSettings, sample
+from model.sampler import DiffusionConfig, SamplerSettings, sample, sentence_end_ids
 from model.spans import SpanPointer, UserTokens, boundary_rows, span_text, user_tokens, words
 from model.tokenizer import Tokenizer, decoded
 from model.tools import CALL_OPEN, Tool, ToolCall, tools_system_prompt
@@ -58,6 +59,11 @@ class DiffusionOptions:
     # the two keep both engines from copying themselves (docs/training.md, "Conversations")
     history_window: int | None = 4
     opening_ban: int = 4
+    # Under the tools prompt a reply ends only after a sentence's end (the sampler's
+    # ends_after_sentence): the tools adapter, trained on short call confirmations, ends
+    # factual answers before their last words there ("The capital of Italy"). Held-out,
+    # tools prompt: whole sentences 0.825 -> 0.900 (docs/actions.md)
+    tools_end_after_sentence: bool = True
 
     @property
     def cache_len(self) -> int:
@@ -71,7 +77,11 @@ def smollm2_diffusion_config(tokenizer: Tokenizer) -> DiffusionConfig:
     embedding row (id = vocab size), a reply ends at <|im_end|> (or eos), block-causal
     attention, Dream's logit shift."""
     return DiffusionConfig(
-        mask_id=tokenizer.vocab_size, end_ids=tokenizer.stop_ids, attention="block", shift=True
+        mask_id=tokenizer.vocab_size,
+        end_ids=tokenizer.stop_ids,
+        attention="block",
+        shift=True,
+        sentence_ends=sentence_end_ids(tokenizer),
     )
 
 
@@ -128,11 +138,14 @@ class DiffusionGenerator:
                     return GenerationStats(0, 1, "cancel" if should_stop() else "end")
                 head, forced, passes, last = acted
                 prefix = Prefix(prefix.cache, len(head), last)
+            settings = opts.sampler
+            if tools and opts.tools_end_after_sentence:
+                settings = dataclasses.replace(settings, ends_after_sentence=True)
             tokens = sample(
                 self.backend,
                 head,
                 self.model,
-                opts.sampler,
+                settings,
                 rng,
                 self._room(len(head), len(forced) + max_tokens) if forced else room,
                 should_stop,

@@ -48,6 +48,7 @@ from numpy.typing import NDArray
 from model.backend import Prefix, StepBackend, last_row
 from model.engine import GenerationStats
 from model.openings import Opening, completed_opening
+from model.tokenizer import Tokenizer
 
 Rule = Literal["threshold", "lowconf"]
 Fallback = Literal["confident", "leftmost"]
@@ -63,6 +64,9 @@ class DiffusionConfig:
     end_ids: frozenset[int]  # tokens that end a reply (ChatML <|im_end|>, eos)
     attention: Attention = "block"  # "block": block-causal with a KV cache; "full": LLaDA
     shift: bool = True  # Dream: logits at i predict the token at i + 1
+    # tokens that end a sentence (".", "?", "!" last): what ``ends_after_sentence`` lets
+    # a reply end after (empty: the rule has nothing to read and is off)
+    sentence_ends: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,11 @@ class SamplerSettings:
     # end far out in the block fixes the reply's length before its words ("A mile is
     # approximately 1."); 8 keeps the clean ends a look ahead gives (docs/diffusion.md)
     end_lookahead: int | None = 8
+    # An end token commits only right after a committed token that ends a sentence
+    # (``DiffusionConfig.sentence_ends``). The tools adapter, trained on short call
+    # confirmations, ends factual answers before their last words ("The capital of
+    # Italy"); held to a sentence's end it writes them ("... is Rome.")
+    ends_after_sentence: bool = False
     # Fast-dLLM's approximate cache inside a block (block attention only): a step feeds
     # the masked positions and the rows it reads; a token committed inside the block is
     # computed once more, then its keys and values come from the backend's draft, stale
@@ -201,6 +210,7 @@ def decide(
     steps_left: int,
     rng: np.random.Generator,
     end_ids: frozenset[int] = frozenset(),
+    end_waits: NDArray[np.bool_] | None = None,
 ) -> tuple[Ids, Ids]:
     """The commit rule: which masked positions of a block commit, and to which tokens.
 
@@ -209,13 +219,16 @@ def decide(
     step. The last step commits them all.
     An end token (``end_ids``) proposed behind more than ``settings.end_lookahead``
     masked positions counts as confidence 0 (the block's earlier blocks are final, so
-    the masked positions before it are the words the reply still lacks).
+    the masked positions before it are the words the reply still lacks); so does one at a
+    position ``end_waits (N,)`` marks (the sentence-end rule: the word before it unwritten).
     """
     where = np.flatnonzero(masked)
     tokens, conf = propose(logits[where], settings.temperature, rng)  # (M,), (M,)
     if settings.end_lookahead is not None and end_ids:
         behind = np.arange(where.size) > settings.end_lookahead  # masked ones before it
         conf = np.where(behind & np.isin(tokens, list(end_ids)), np.float32(0), conf)
+    if end_waits is not None and end_ids:
+        conf = np.where(end_waits[where] & np.isin(tokens, list(end_ids)), np.float32(0), conf)
     every = np.ones(where.size, dtype=bool)
     if steps_left <= 1:
         pick = np.arange(where.size)
@@ -437,16 +450,49 @@ def _denoise(
         rows = predict(want)  # (M, V)
         logits = np.empty((masked.size, rows.shape[-1]), rows.dtype)  # (live, V)
         logits[want] = _no_mask(rows, r.model.mask_id)  # the other rows are never read
+        waits = None
+        if r.settings.ends_after_sentence and r.model.sentence_ends:
+            waits = _end_after_sentences(logits, r.x, lo, want, r.model)
         r.steps, taken = r.steps + 1, taken + 1  # predict counts the passes it runs
-        pos, tok = decide(logits, masked, r.settings, left, r.rng, r.model.end_ids)
+        pos, tok = decide(logits, masked, r.settings, left, r.rng, r.model.end_ids, waits)
         while r.avoid and (ban := completed_opening(r.x, lo + pos, tok, r.avoid)):
             logits[ban[0] - lo, ban[1]] = -np.inf  # decide again without it
-            pos, tok = decide(logits, masked, r.settings, left, r.rng, r.model.end_ids)
+            pos, tok = decide(logits, masked, r.settings, left, r.rng, r.model.end_ids, waits)
         r.x[lo + pos] = tok
         if cut_at_end(r.x, lo, hi, r.model.end_ids) is not None:
             r.ended = True
         yield from _release(r)
     return True
+
+
+def _end_after_sentences(
+    logits: NDArray[np.float32], x: Ids, lo: int, want: Ids, model: DiffusionConfig
+) -> NDArray[np.bool_]:
+    """The sentence-end rule at the masked block positions ``want``: an end token is
+    barred (in place) after a committed token that does not end a sentence, and at the
+    reply's first position (an empty reply is no answer); after a masked one it waits
+    (returned: the live block positions where an end may not commit yet), so the word
+    before it is written first, not replaced by the model's second choice."""
+    before = lo + want - 1
+    prev = x[np.maximum(before, 0)]
+    ends_sentence = np.isin(prev, list(model.sentence_ends)) & (before >= 0)
+    written = (prev != model.mask_id) | (before < 0)  # the reply's start: nothing to wait for
+    barred = want[~ends_sentence & written]
+    logits[np.ix_(barred, np.array(sorted(model.end_ids), np.int64))] = -np.inf
+    waits = np.zeros(logits.shape[0], bool)
+    waits[want[~written]] = True
+    return waits
+
+
+def sentence_end_ids(tokenizer: Tokenizer) -> frozenset[int]:
+    """The ids whose text ends a sentence: ``.``, ``?`` or ``!`` last (closing quotes
+    and brackets aside), an ellipsis not."""
+    out = set()
+    for i in range(tokenizer.vocab_size):
+        text = tokenizer.token_bytes(i).decode("utf-8", "replace").rstrip().rstrip("\"')]")
+        if text.endswith((".", "?", "!")) and not text.endswith(".."):
+            out.add(i)
+    return frozenset(out)
 
 
 def _no_mask(logits: NDArray[np.float32], mask_id: int) -> NDArray[np.float32]:

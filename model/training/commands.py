@@ -96,6 +96,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "default: the engines')",
     )
     llm.add_argument(
+        "--sentence-end",
+        action="append",
+        choices=("on", "off"),
+        help="a reply ends only after a sentence's end (on) or anywhere (off); repeatable "
+        "(default: the engines')",
+    )
+    llm.add_argument(
         "--cache",
         action="append",
         choices=("exact", "approx"),
@@ -377,6 +384,7 @@ def _eval_llm(args: argparse.Namespace) -> int:
         steps_per_block=args.steps_per_block,
         fallbacks=tuple(args.fallback or ()),
         end_lookaheads=tuple(args.end_lookahead or ()),
+        sentence_ends=tuple(v == "on" for v in args.sentence_end or ()),
         caches=tuple(args.cache or ()),
         schedules=tuple(args.first_blocks or ()),
         onnx=args.onnx,

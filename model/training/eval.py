@@ -63,6 +63,9 @@ class EvalOptions:
     # how far ahead of the written words an end token may commit (None: anywhere); each
     # is run at each fallback and threshold; () = the engines' default
     end_lookaheads: tuple[int | None, ...] = ()
+    # whether a reply may end only after a sentence's end (model/sampler.py
+    # ends_after_sentence); each is run at each other setting; () = the engines' default
+    sentence_ends: tuple[bool, ...] = ()
     # the in-block cache (model/sampler.py approx_cache): "exact" and/or "approx"; each
     # is run at each other setting; () = the engines' default
     caches: tuple[str, ...] = ()
@@ -371,6 +374,8 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
         name = f"diffusion-B{B}-th{th}" + ("-left" if fallback == "leftmost" else "")
         if (ahead := settings.end_lookahead) != SamplerSettings().end_lookahead:
             name += "-endany" if ahead is None else f"-end{ahead}"
+        if settings.ends_after_sentence != SamplerSettings().ends_after_sentence:
+            name += "-sentend" if settings.ends_after_sentence else "-anyend"
         name += "-approx" if settings.approx_cache else ""
         if (first := settings.first_blocks) != SamplerSettings().first_blocks:
             name += f"-first{schedule_label(first)}"
@@ -396,8 +401,8 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
 
 def sampler_settings(opts: EvalOptions) -> list[SamplerSettings]:
     """The settings to score: the engines' defaults (:class:`SamplerSettings`) with
-    the block size, thresholds, fallbacks, end lookaheads, in-block caches, first blocks
-    and steps per block the options name."""
+    the block size, thresholds, fallbacks, end lookaheads, sentence-end rules, in-block
+    caches, first blocks and steps per block the options name."""
     default = SamplerSettings()
     approx = {"exact": False, "approx": True}
     return [
@@ -410,11 +415,13 @@ def sampler_settings(opts: EvalOptions) -> list[SamplerSettings]:
             end_lookahead=ahead,
             approx_cache=cache,
             first_blocks=first,
+            ends_after_sentence=sentend,
         )
-        for fallback, th, ahead, cache, first in itertools.product(
+        for fallback, th, ahead, sentend, cache, first in itertools.product(
             opts.fallbacks or (default.fallback,),
             opts.thresholds or (default.threshold,),
             opts.end_lookaheads or (default.end_lookahead,),
+            opts.sentence_ends or (default.ends_after_sentence,),
             tuple(approx[c] for c in opts.caches) or (default.approx_cache,),
             opts.schedules or (default.first_blocks,),
         )

@@ -75,3 +75,26 @@ async def test_typed_commands_carry_the_user_s_own_words(acting_server: ServerPr
                     events.append(event)
             actions = [(a.name, a.arguments) for a in events if isinstance(a, p.Action)]
             assert actions == [(name, arguments)], text
+
+
+async def test_a_question_asked_where_tools_are_gets_its_whole_answer(
+    acting_server: ServerProcess,
+) -> None:
+    """Under the tools prompt the tools adapter ended factual answers before their last
+    words ("The capital of Italy"); a reply there ends only after a sentence's end
+    (model/sampler.py ends_after_sentence), so the answer is said, and nothing acts."""
+    async with connect(acting_server.url) as ws:
+        await start_session(ws, 16000, "test")
+        for question, answer in (
+            ("What is the capital of Italy?", "Rome"),
+            ("What is the capital of Germany?", "Berlin"),
+        ):
+            await ws.send(p.encode(p.Text(question)))
+            events: list[p.ServerMessage] = []
+            async with asyncio.timeout(120):
+                while not isinstance(event := await next_event(ws, 120), p.ReplyDone):
+                    assert not isinstance(event, p.ReplyCancelled | p.Error), event
+                    events.append(event)
+            assert not any(isinstance(e, p.Action) for e in events), question
+            reply = "".join(e.text for e in events if isinstance(e, p.ReplyText))
+            assert answer in reply and reply.rstrip().endswith((".", "!", "?")), reply

@@ -123,6 +123,8 @@ def test_eval_scores_the_settings_the_engines_serve():
     assert [(s.threshold, s.fallback) for s in two] == [(0.9, "confident"), (0.7, "confident")]
     ends = sampler_settings(EvalOptions(end_lookaheads=(0, None)))
     assert [s.end_lookahead for s in ends] == [0, None]
+    sentences = sampler_settings(EvalOptions(sentence_ends=(False, True)))
+    assert [s.ends_after_sentence for s in sentences] == [False, True]
     caches = sampler_settings(EvalOptions(caches=("exact", "approx")))
     assert [s.approx_cache for s in caches] == [False, True]
     firsts = sampler_settings(EvalOptions(schedules=((), (4, 8))))

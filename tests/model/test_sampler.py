@@ -23,7 +23,10 @@ from model.sampler import (
     propose,
     sample,
     schedule_label,
+    sentence_end_ids,
 )
+
+from .conftest import tiny_tokenizer
 
 V, MASK, END = 32, 31, 2
 MODEL = DiffusionConfig(mask_id=MASK, end_ids=frozenset({END, 3}), attention="block", shift=False)
@@ -270,6 +273,39 @@ def test_a_confident_end_waits_until_the_words_before_it_are_written() -> None:
     drain(sample(b, PROMPT, MODEL, SamplerSettings(block_size=4, end_lookahead=1), RNG(0), 4))
     # the end at 2 waits for 10, then commits one position ahead of the words
     assert b.denoise_inputs() == [[M, M, M, M], [10, M, M, M], [10, M, END, END]]
+
+
+def test_with_ends_after_sentence_a_reply_ends_only_after_a_sentence_s_end() -> None:
+    """The model would end after "10" (not a sentence's end) and, barred, writes its
+    second choice 12 (one) first; an empty reply is never the answer either."""
+
+    class EndsEarly(ScriptBackend):
+        def __init__(self, first: int) -> None:
+            super().__init__([first, END, END, END], [0.99] * 4, len(PROMPT))
+            second = np.full(V, np.log(0.01 / (V - 2)), np.float32)
+            second[END], second[12] = np.log(0.6), np.log(0.39)
+            self.rows[1] = second  # the end first, then 12
+
+    ends_at_12 = DiffusionConfig(MASK, MODEL.end_ids, "block", False, frozenset({12}))
+    for rule, want in ((False, [10]), (True, [10, 12])):
+        s = SamplerSettings(block_size=4, ends_after_sentence=rule)
+        tokens, stats = drain(sample(EndsEarly(10), PROMPT, ends_at_12, s, RNG(0), 4))
+        assert tokens == want and stats.stopped_by == "end"
+    # after a sentence's end the end token commits as before
+    on = SamplerSettings(block_size=4, ends_after_sentence=True)
+    assert drain(sample(EndsEarly(12), PROMPT, ends_at_12, on, RNG(0), 4))[0] == [12]
+    # an end at the reply's first position never commits
+    b = ScriptBackend([END, 12, END, END], [0.6, 0.99, 0.99, 0.99], len(PROMPT))
+    tokens, _ = drain(sample(b, PROMPT, ends_at_12, on, RNG(0), 4))
+    assert tokens[0] != END and tokens != []
+    # without sentence-end ids (another model's config) the rule has nothing to read
+    assert drain(sample(EndsEarly(10), PROMPT, MODEL, on, RNG(0), 4))[0] == [10]
+
+
+def test_sentence_ends_are_tokens_whose_text_ends_with_a_full_stop_or_mark() -> None:
+    tok = tiny_tokenizer()
+    ends = {tok.token_bytes(i) for i in sentence_end_ids(tok)}
+    assert ends == {b".", b"?", b"!"}  # one byte per token here: no ellipsis, no quote
 
 
 def test_any_end_id_ends_the_reply() -> None:
