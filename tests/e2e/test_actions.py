@@ -8,7 +8,7 @@ import asyncio
 
 import numpy as np
 import pytest
-from websockets.asyncio.client import connect
+from websockets.asyncio.client import ClientConnection, connect
 
 from audio.asr import Transcriber
 from audio.resample import float32_to_int16, int16_to_float32
@@ -51,6 +51,17 @@ async def test_a_spoken_command_sets_a_timer_and_says_so(
     assert metrics.action == "timer.set" and metrics.action_passes > 0
 
 
+async def typed_turn(ws: ClientConnection, text: str) -> list[p.ServerMessage]:
+    """Type ``text`` into the session; the events of its reply, up to its end."""
+    await ws.send(p.encode(p.Text(text)))
+    events: list[p.ServerMessage] = []
+    async with asyncio.timeout(120):
+        while not isinstance(event := await next_event(ws, 120), p.ReplyDone):
+            assert not isinstance(event, p.ReplyCancelled | p.Error), event
+            events.append(event)
+    return events
+
+
 async def test_typed_commands_carry_the_user_s_own_words(acting_server: ServerProcess) -> None:
     """String arguments are spans of what was said (model/spans.py): the contact, the
     message and the destination as the user put them, no carrier words around them."""
@@ -67,12 +78,7 @@ async def test_typed_commands_carry_the_user_s_own_words(acting_server: ServerPr
     async with connect(acting_server.url) as ws:
         await start_session(ws, 16000, "test")
         for text, (name, arguments) in want.items():
-            await ws.send(p.encode(p.Text(text)))
-            events: list[p.ServerMessage] = []
-            async with asyncio.timeout(120):
-                while not isinstance(event := await next_event(ws, 120), p.ReplyDone):
-                    assert not isinstance(event, p.ReplyCancelled | p.Error), event
-                    events.append(event)
+            events = await typed_turn(ws, text)
             actions = [(a.name, a.arguments) for a in events if isinstance(a, p.Action)]
             assert actions == [(name, arguments)], text
 
@@ -89,12 +95,7 @@ async def test_a_question_asked_where_tools_are_gets_its_whole_answer(
             ("What is the capital of Italy?", "Rome"),
             ("What is the capital of Germany?", "Berlin"),
         ):
-            await ws.send(p.encode(p.Text(question)))
-            events: list[p.ServerMessage] = []
-            async with asyncio.timeout(120):
-                while not isinstance(event := await next_event(ws, 120), p.ReplyDone):
-                    assert not isinstance(event, p.ReplyCancelled | p.Error), event
-                    events.append(event)
+            events = await typed_turn(ws, question)
             assert not any(isinstance(e, p.Action) for e in events), question
             reply = "".join(e.text for e in events if isinstance(e, p.ReplyText))
             assert answer in reply and reply.rstrip().endswith((".", "!", "?")), reply
