@@ -255,12 +255,44 @@ def cut_points(request: str) -> list[tuple[str, int]]:
     return out
 
 
+# Words a request often goes on with after a part that could stand alone: "Remind me
+# to call my mother | at seven thirty tonight", "How far is it from here | to the
+# nearest gas station?", "Play some relaxing music | , but not too loud".
+_GOES_ON = _PREPOSITIONS | _CONJUNCTIONS | _words("please tonight tomorrow today now saying every")
+
+
+def paused_prefixes(seed: int = SEED) -> list[Example]:
+    """The other place to pause mid-request: before the part that completes it, where
+    the words so far often read as a finished request ("Remind me to call my mother"
+    0.75 s "at seven thirty tonight."; :func:`labelled_set` cuts after a preposition or
+    an article instead). Every prefix of :func:`labelled_set`'s requests of at least
+    three words that stops right before a word of :data:`_GOES_ON` and that the word
+    heuristic does not call unfinished, each text once; labelled incomplete (the user
+    goes on), kind "before more", in the same halves as their requests. Many cannot be
+    told from a finished request by their words: the set measures how often a policy
+    answers into such a pause, which is what the 200 ms path risks."""
+    held = {e.request: e.held_out for e in labelled_set(seed) if e.complete}
+    out: dict[str, Example] = {}
+    for i, request in enumerate(_requests()):
+        words = request.split()
+        for n in range(3, len(words)):
+            prefix = " ".join(words[:n]).rstrip(",")
+            goes_on = re.sub(r"[^a-z']", "", words[n].lower()) in _GOES_ON
+            if goes_on and not looks_incomplete(prefix) and prefix not in out:
+                out[prefix] = Example(prefix, False, "before more", i, held[i])
+    return list(out.values())
+
+
+def _requests() -> list[str]:
+    return list(dict.fromkeys([*QUESTIONS, *COMPLETE]))
+
+
 def labelled_set(seed: int = SEED) -> list[Example]:
     """Every request complete, then one cut of each that has a pause point: the kind
     drawn first (a comma when there is one, half the time), then the point (the last
     of that kind half the time); a fifth of the cuts end in "um"."""
     rng = random.Random(seed)
-    requests = list(dict.fromkeys([*QUESTIONS, *COMPLETE]))
+    requests = _requests()
     order = list(range(len(requests)))
     rng.shuffle(order)
     held = {r for k, r in enumerate(order) if k % 2}
@@ -524,6 +556,40 @@ def print_sweep(scored: Sequence[Scored]) -> None:
         print(f"| {t:g} | " + " | ".join(cells) + " |")
 
 
+PATH_GRID = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+
+
+def print_prefix_sweep(scored: Sequence[Scored], prefixes: Sequence[Scored]) -> None:
+    """Per half, as Whisper hears them: the share of complete requests that take the
+    200 ms path at ``complete_at`` = t (medium otherwise), against the share of
+    :func:`paused_prefixes` that do, each a reply started into a pause before the
+    rest of the request. medium's ``complete_at`` is read off the tuning half."""
+    print(
+        "\n## The 200 ms path against pauses before the rest of a request (ASR forms): "
+        "share of each that takes it at complete_at = t\n"
+    )
+    print(
+        "| t | tuning: complete | tuning: before more "
+        "| held-out: complete | held-out: before more |"
+    )
+    print("|---|---|---|---|---|")
+    for t in PATH_GRID:
+        policy = replace(EAGERNESS["medium"], complete_at=t, hold_below=min(t, 0.01))
+        cells = []
+        for held in (False, True):
+            for pool in (scored, prefixes):
+                rows = [
+                    s
+                    for s in pool
+                    if s.form != "text"
+                    and s.example.held_out == held
+                    and (s.example.complete or s.example.kind == "before more")
+                ]
+                hit = sum(_fast(policy)(s) for s in rows)
+                cells.append(f"{hit / max(1, len(rows)):.0%} ({hit}/{len(rows)})")
+        print(f"| {t:g} | " + " | ".join(cells) + " |")
+
+
 # -- cost -----------------------------------------------------------------------------
 
 
@@ -610,6 +676,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     scored = score_forms(model, examples, forms)
     if args.tune:
         print_sweep(scored)
+    if voices:
+        before_more = paused_prefixes()
+        heard = {v: transcribe_set(before_more, v, args.cache, args.window)[0] for v in voices}
+        print_prefix_sweep(scored, score_forms(model, before_more, heard))
     test = [s for s in scored if s.example.held_out]
     print_auc(test, list(forms))
     print_prf(test, list(forms))

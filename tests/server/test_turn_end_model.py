@@ -7,12 +7,13 @@ The bars are the held-out figures of docs/results/2026-12-end-of-turn.md minus a
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
-from export.bench.turn_end import Example, labelled_set, prf
+from export.bench.turn_end import Example, labelled_set, paused_prefixes, prf
 from server.turn_end import (
     EAGERNESS,
     EndOfTurnModel,
@@ -56,10 +57,10 @@ def test_words_the_asr_doubted_never_take_the_200_ms_path() -> None:
     doubt_below) reads complete no matter what: "What's a new recipe for dinner?"
     (-0.93) was the first half of "... with chicken and rice?"."""
     text = "What's a new recipe for dinner?"
-    assert MEDIUM.tier(text, 0.37) == "complete"
-    assert MEDIUM.tier(text, 0.37, asr_logprob=-0.2) == "complete"
-    assert MEDIUM.tier(text, 0.37, asr_logprob=-0.93) == "unsure"
-    assert MEDIUM.silence_needed_ms(text, 0.37, asr_logprob=-0.93) == 900.0
+    assert MEDIUM.tier(text, 0.77) == "complete"
+    assert MEDIUM.tier(text, 0.77, asr_logprob=-0.2) == "complete"
+    assert MEDIUM.tier(text, 0.77, asr_logprob=-0.93) == "unsure"
+    assert MEDIUM.silence_needed_ms(text, 0.77, asr_logprob=-0.93) == 900.0
     assert MEDIUM.tier("Set a timer for", 0.001, asr_logprob=-0.93) == "incomplete"
     assert EAGERNESS["high"].tier(text, 0.37, asr_logprob=-0.93) == "complete"
 
@@ -128,6 +129,20 @@ def test_labelled_set_is_fixed_and_split_by_request() -> None:
     assert kinds == {"comma", "preposition", "conjunction", "noun phrase", "um"}
 
 
+def test_paused_prefixes_stop_before_the_rest_of_a_request() -> None:
+    prefixes = paused_prefixes()
+    assert prefixes == paused_prefixes() and len(prefixes) >= 80
+    texts = [e.text for e in prefixes]
+    assert len(set(texts)) == len(texts)
+    assert {"Remind me to call my mother", "Can you turn off the lights", "Set a timer"} <= set(
+        texts
+    )
+    halves = {e.request: e.held_out for e in labelled_set() if e.complete}
+    assert all(halves[e.request] == e.held_out and not e.complete for e in prefixes)
+    assert not any(looks_incomplete(t) or len(t.split()) < 3 for t in texts)
+    assert 0.3 < sum(e.held_out for e in prefixes) / len(prefixes) < 0.7
+
+
 # -- the real scorer ------------------------------------------------------------------
 
 
@@ -170,7 +185,7 @@ def test_scorer_reads_finished_and_unfinished(turn_end_model: EndOfTurnModel) ->
 def test_held_out_written_text(turn_end_model: EndOfTurnModel) -> None:
     held = [e for e in labelled_set() if e.held_out]
     fit = prf(_decisions(turn_end_model, MEDIUM, held, {e.text: e.text for e in held}))
-    assert fit.precision >= 0.95 and fit.recall >= 0.70, fit
+    assert fit.precision >= 0.95 and fit.recall >= 0.40, fit
 
 
 @pytest.mark.models
@@ -180,11 +195,12 @@ def test_held_out_as_whisper_hears_piper(
 ) -> None:
     """What the session gets: Piper says each held-out request, tiny.en transcribes it.
     The medium policy's 200 ms path is right more often than today's rule (words alone,
-    416 ms), and it holds more of the cut requests than today does."""
+    416 ms), and it holds more of the cut requests than today does. Its recall is the
+    price of not answering into a pause before the rest of a request (the next test)."""
     held = [e for e in labelled_set() if e.held_out]
     heard = {e.text: tiny.transcribe(speech.piper(e.text, 0.3, 0.3)).text for e in held}
     fit = prf(_decisions(turn_end_model, MEDIUM, held, heard))
-    assert fit.precision >= 0.80 and fit.recall >= 0.65, fit
+    assert fit.precision >= 0.90 and fit.recall >= 0.40, fit
     today = prf((not looks_incomplete(heard[e.text]), e.complete) for e in held)
     assert fit.precision > today.precision + 0.1, (fit, today)
     probability = {t: turn_end_model.probability(t) for t in heard.values()}
@@ -192,3 +208,25 @@ def test_held_out_as_whisper_hears_piper(
     held_now = sum(MEDIUM.silence_needed_ms(t, probability[t]) >= MEDIUM.hold_ms for t in cut)
     held_today = sum(looks_incomplete(t) for t in cut)
     assert held_now > held_today, (held_now, held_today)
+
+
+@pytest.mark.models
+@pytest.mark.slow
+def test_pauses_before_the_rest_of_a_request_are_rarely_answered(
+    turn_end_model: EndOfTurnModel, speech: SpeechFactory, tiny: Transcriber
+) -> None:
+    """The held-out requests' first words that read finished ("Remind me to call my
+    mother" before "at seven thirty"), said by Piper with a pause after them: medium's
+    200 ms path answers few (8% measured over both voices), at most half as many as the
+    previous bar of 0.2 did (31%), and complete requests still take it."""
+    held = [e for e in paused_prefixes() if e.held_out]
+    heard = [tiny.transcribe(speech.piper(e.text, 0.3, 0.3)).text for e in held]
+    p = [turn_end_model.probability(t) for t in heard]
+    answered = sum(MEDIUM.tier(t, x) == "complete" for t, x in zip(heard, p, strict=True))
+    eager = replace(MEDIUM, complete_at=0.2)
+    before = sum(eager.tier(t, x) == "complete" for t, x in zip(heard, p, strict=True))
+    assert answered <= 0.15 * len(held), (answered, len(held))
+    assert answered <= before / 2, (answered, before)
+    done = [e.text for e in labelled_set() if e.held_out and e.complete][:20]
+    fast = [MEDIUM.tier(t, turn_end_model.probability(t)) == "complete" for t in done]
+    assert sum(fast) >= 5, list(zip(done, fast, strict=True))
