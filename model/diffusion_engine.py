@@ -34,7 +34,13 @@ from model.engine import ChatMessage, GenerationStats
 from model.openings import Opening, reply_openings
 from model.prefix import PrefixCache
 from model.router import ToolRouter, tool_of
-from model.sampler import DiffusionConfig, SamplerSettings, sample, sentence_end_ids
+from model.sampler import (
+    DiffusionConfig,
+    SamplerSettings,
+    sample,
+    sentence_end_ids,
+    word_keys,
+)
 from model.spans import SpanPointer, UserTokens, boundary_rows, span_text, user_tokens, words
 from model.tokenizer import Tokenizer, decoded
 from model.tools import CALL_OPEN, Tool, ToolCall, tools_system_prompt
@@ -64,6 +70,9 @@ class DiffusionOptions:
     # factual answers before their last words there ("The capital of Italy"). Held-out,
     # tools prompt: whole sentences 0.825 -> 0.900 (docs/actions.md)
     tools_end_after_sentence: bool = True
+    # A reply ends before a sentence that repeats its earlier ones (the sampler's
+    # stop_repeats): "You can avoid them by avoiding them." once, not to the budget
+    stop_repeats: bool = True
 
     @property
     def cache_len(self) -> int:
@@ -82,6 +91,7 @@ def smollm2_diffusion_config(tokenizer: Tokenizer) -> DiffusionConfig:
         attention="block",
         shift=True,
         sentence_ends=sentence_end_ids(tokenizer),
+        word_keys=word_keys(tokenizer),
     )
 
 
@@ -141,6 +151,8 @@ class DiffusionGenerator:
             settings = opts.sampler
             if tools and opts.tools_end_after_sentence:
                 settings = dataclasses.replace(settings, ends_after_sentence=True)
+            if opts.stop_repeats:
+                settings = dataclasses.replace(settings, stop_repeats=True)
             tokens = sample(
                 self.backend,
                 head,
@@ -160,7 +172,7 @@ class DiffusionGenerator:
                 self.prefixes.put(prompt, prefix.cache)
         if stats.stopped_by != "cancel" and (rest := decoder.flush()):
             yield rest
-        return GenerationStats(stats.tokens, stats.forward_passes + passes, stats.stopped_by)
+        return dataclasses.replace(stats, forward_passes=stats.forward_passes + passes)
 
     def _act(
         self,

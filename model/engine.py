@@ -42,6 +42,9 @@ class GenerationStats:
     tokens: int
     forward_passes: int
     stopped_by: Literal["end", "budget", "cancel"]
+    # the reply began a sentence that repeats its earlier ones and was ended before it
+    # (the diffusion sampler's stop_repeats; stopped_by is then "end")
+    repeat_cut: bool = False
 
 
 @dataclass(frozen=True)

@@ -37,9 +37,10 @@ start before the last block is denoised.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -67,6 +68,9 @@ class DiffusionConfig:
     # tokens that end a sentence (".", "?", "!" last): what ``ends_after_sentence`` lets
     # a reply end after (empty: the rule has nothing to read and is off)
     sentence_ends: frozenset[int] = frozenset()
+    # per token id, the id of the same word in lower case without its leading space
+    # ("You", " you" -> one key): what ``stop_repeats`` compares sentences by (empty: off)
+    word_keys: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,12 @@ class SamplerSettings:
     # confirmations, ends factual answers before their last words ("The capital of
     # Italy"); held to a sentence's end it writes them ("... is Rome.")
     ends_after_sentence: bool = False
+    # A sentence after the reply's first is released only once it is whole, and when
+    # most of its word pairs (``REPEAT_SHARE``) are already in the reply's earlier
+    # sentences the reply ends before it: "You can avoid them by avoiding them." said
+    # once, not to the budget. Needs ``DiffusionConfig.word_keys`` and ``sentence_ends``.
+    # The first sentence streams as before (a listener waits for it)
+    stop_repeats: bool = False
     # Fast-dLLM's approximate cache inside a block (block attention only): a step feeds
     # the masked positions and the rows it reads; a token committed inside the block is
     # computed once more, then its keys and values come from the backend's draft, stale
@@ -271,9 +281,15 @@ class _Reply:
     ended: bool = False  # an end token was committed
     skipped: int = 0  # forced tokens: placed, never released
     avoid: Sequence[Opening] = ()  # openings the reply may not start with (model/openings.py)
+    # stop_repeats: the word pairs of the sentences released so far, where the next one
+    # starts, whether the reply was ended before a repeated sentence
+    pairs: set[tuple[int, int]] = field(default_factory=set)
+    sentence: int = 0
+    repeat_cut: bool = False
 
     def stats(self, stopped_by: Literal["end", "budget", "cancel"]) -> GenerationStats:
-        return GenerationStats(self.done - self.skipped, self.passes, stopped_by)
+        tokens = self.done - self.skipped
+        return GenerationStats(tokens, self.passes, stopped_by, self.repeat_cut)
 
 
 def _never() -> bool:
@@ -312,15 +328,20 @@ def sample(
         raise ValueError(f"{len(forced)} forced tokens do not fit in {limit}")
     x[: len(forced)] = forced
     r = _Reply(model, settings, rng, should_stop, x, limit, blocks, settings.step_budget(limit))
-    r.done = r.skipped = len(forced)
+    r.done = r.skipped = r.sentence = len(forced)
     r.avoid = avoid
     if r.limit == 0:
         return r.stats("budget")
     if model.attention == "full":
         if settings.approx_cache:
             raise ValueError("approx_cache needs block attention (a cache to draft into)")
-        return (yield from _sample_full(backend, np.asarray(prompt, np.int64), r))
-    return (yield from _sample_blocks(backend, np.asarray(prompt, np.int64), r, prefix))
+        stats = yield from _sample_full(backend, np.asarray(prompt, np.int64), r)
+    else:
+        stats = yield from _sample_blocks(backend, np.asarray(prompt, np.int64), r, prefix)
+    if stats.stopped_by == "budget":  # the step budget: a sentence may still be held
+        yield from _release(r, final=True)
+        stats = r.stats("end" if r.repeat_cut else "budget")
+    return stats
 
 
 def _sample_blocks(
@@ -495,6 +516,17 @@ def sentence_end_ids(tokenizer: Tokenizer) -> frozenset[int]:
     return frozenset(out)
 
 
+def word_keys(tokenizer: Tokenizer) -> tuple[int, ...]:
+    """Per token id, the first id whose text is the same word: lower case, without the
+    leading space a word has inside a sentence (``DiffusionConfig.word_keys``)."""
+    first: dict[str, int] = {}
+    out = []
+    for i in range(tokenizer.vocab_size):
+        text = tokenizer.token_bytes(i).decode("utf-8", "replace").strip().lower()
+        out.append(first.setdefault(text, i))
+    return tuple(out)
+
+
 def _no_mask(logits: NDArray[np.float32], mask_id: int) -> NDArray[np.float32]:
     """Never propose the mask token (LLaDA and Dream have it inside their vocabulary)."""
     if mask_id >= logits.shape[-1]:
@@ -504,12 +536,43 @@ def _no_mask(logits: NDArray[np.float32], mask_id: int) -> NDArray[np.float32]:
     return logits
 
 
-def _release(r: _Reply) -> list[int]:
+def _release(r: _Reply, final: bool = False) -> list[int]:
     """Tokens that just became final: the run of committed tokens after the released
-    ones, up to the first mask or end token."""
+    ones, up to the first mask or end token (with ``stop_repeats``, past the first
+    sentence: up to the last whole sentence, unless the reply is over or ``final``)."""
     k = r.done
     while k < r.limit and r.x[k] != r.model.mask_id and int(r.x[k]) not in r.model.end_ids:
         k += 1
+    if r.settings.stop_repeats and r.model.word_keys and r.model.sentence_ends:
+        over = final or k >= r.limit or int(r.x[k]) in r.model.end_ids
+        k = _whole_sentences(r, k, over)
     out: list[int]
     out, r.done = r.x[r.done : k].tolist(), k
     return out
+
+
+REPEAT_SHARE = 0.75  # of a sentence's word pairs already said: it repeats the reply
+REPEAT_MIN_PAIRS = 3  # shorter sentences ("Yes.") are never called repeats
+
+
+def _whole_sentences(r: _Reply, k: int, over: bool) -> int:
+    """How far the committed run ``[r.done, k)`` may be released under ``stop_repeats``:
+    each sentence that ends in it is checked against the earlier ones and released, or
+    the reply ends before it (``r.x`` cut there, ``r.ended``); the sentence not yet
+    ended is held, except the reply's first and a tail when the reply is ``over``."""
+    keys, x = r.model.word_keys, r.x
+    ends = [j + 1 for j in range(r.done, k) if int(x[j]) in r.model.sentence_ends]
+    if over and k > r.sentence:
+        ends.append(k)
+    released = r.done
+    for end in ends:
+        words = [keys[int(t)] for t in x[r.sentence : end]]
+        pairs = list(itertools.pairwise(words))
+        said = sum(p in r.pairs for p in pairs)
+        if r.pairs and len(pairs) >= REPEAT_MIN_PAIRS and said >= REPEAT_SHARE * len(pairs):
+            x[r.sentence :] = min(r.model.end_ids)
+            r.ended = r.repeat_cut = True
+            return max(r.done, r.sentence)
+        r.pairs.update(pairs)
+        released = r.sentence = end
+    return k if not r.pairs else max(released, r.done)

@@ -103,6 +103,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(default: the engines')",
     )
     llm.add_argument(
+        "--stop-repeats",
+        action="append",
+        choices=("on", "off"),
+        help="a reply ends before a sentence that repeats its earlier ones (on) or not "
+        "(off); repeatable (default: the engines', on)",
+    )
+    llm.add_argument(
         "--cache",
         action="append",
         choices=("exact", "approx"),
@@ -385,6 +392,7 @@ def _eval_llm(args: argparse.Namespace) -> int:
         fallbacks=tuple(args.fallback or ()),
         end_lookaheads=tuple(args.end_lookahead or ()),
         sentence_ends=tuple(v == "on" for v in args.sentence_end or ()),
+        stop_repeats=tuple(v == "on" for v in args.stop_repeats or ()),
         caches=tuple(args.cache or ()),
         schedules=tuple(args.first_blocks or ()),
         onnx=args.onnx,

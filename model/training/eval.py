@@ -66,6 +66,9 @@ class EvalOptions:
     # whether a reply may end only after a sentence's end (model/sampler.py
     # ends_after_sentence); each is run at each other setting; () = the engines' default
     sentence_ends: tuple[bool, ...] = ()
+    # whether a reply ends before a sentence that repeats it (model/sampler.py
+    # stop_repeats); each is run at each other setting; () = the engines' default (on)
+    stop_repeats: tuple[bool, ...] = ()
     # the in-block cache (model/sampler.py approx_cache): "exact" and/or "approx"; each
     # is run at each other setting; () = the engines' default
     caches: tuple[str, ...] = ()
@@ -99,6 +102,7 @@ class Replies:
     ids: list[list[int]]  # without the end token
     ended: list[bool]
     passes: list[int]
+    repeat_cuts: int = 0  # replies the sampler ended before a repeated sentence (stop_repeats)
 
 
 # ---------------------------------------------------------------- measures
@@ -202,6 +206,7 @@ def diffusion_replies(
         r.ids.append(ids)
         r.ended.append(stats.stopped_by == "end")
         r.passes.append(stats.forward_passes)
+        r.repeat_cuts += stats.repeat_cut
     return r
 
 
@@ -234,6 +239,7 @@ def summarize(
         "distinct_bigrams": statistics.mean(distinct_bigrams(y) for y in r.ids),
         "passes_per_reply": statistics.mean(r.passes),
         "tokens_per_reply": statistics.mean(len(y) for y in r.ids),
+        "repeat_cuts": r.repeat_cuts,
     }
     if sims is not None:
         out["similarity_median"] = statistics.median(sims)
@@ -376,6 +382,7 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
             name += "-endany" if ahead is None else f"-end{ahead}"
         if settings.ends_after_sentence != SamplerSettings().ends_after_sentence:
             name += "-sentend" if settings.ends_after_sentence else "-anyend"
+        name += "" if settings.stop_repeats else "-repeats"
         name += "-approx" if settings.approx_cache else ""
         if (first := settings.first_blocks) != SamplerSettings().first_blocks:
             name += f"-first{schedule_label(first)}"
@@ -401,8 +408,11 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
 
 def sampler_settings(opts: EvalOptions) -> list[SamplerSettings]:
     """The settings to score: the engines' defaults (:class:`SamplerSettings`) with
-    the block size, thresholds, fallbacks, end lookaheads, sentence-end rules, in-block
+    the block size, thresholds, fallbacks, end lookaheads, sentence-end rules, repeat
+    stops (on unless named: the engines turn it on, :class:`DiffusionOptions`), in-block
     caches, first blocks and steps per block the options name."""
+    from model.diffusion_engine import DiffusionOptions
+
     default = SamplerSettings()
     approx = {"exact": False, "approx": True}
     return [
@@ -416,12 +426,14 @@ def sampler_settings(opts: EvalOptions) -> list[SamplerSettings]:
             approx_cache=cache,
             first_blocks=first,
             ends_after_sentence=sentend,
+            stop_repeats=stop,
         )
-        for fallback, th, ahead, sentend, cache, first in itertools.product(
+        for fallback, th, ahead, sentend, stop, cache, first in itertools.product(
             opts.fallbacks or (default.fallback,),
             opts.thresholds or (default.threshold,),
             opts.end_lookaheads or (default.end_lookahead,),
             opts.sentence_ends or (default.ends_after_sentence,),
+            opts.stop_repeats or (DiffusionOptions().stop_repeats,),
             tuple(approx[c] for c in opts.caches) or (default.approx_cache,),
             opts.schedules or (default.first_blocks,),
         )

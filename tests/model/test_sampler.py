@@ -24,6 +24,7 @@ from model.sampler import (
     sample,
     schedule_label,
     sentence_end_ids,
+    word_keys,
 )
 
 from .conftest import tiny_tokenizer
@@ -306,6 +307,93 @@ def test_sentence_ends_are_tokens_whose_text_ends_with_a_full_stop_or_mark() -> 
     tok = tiny_tokenizer()
     ends = {tok.token_bytes(i) for i in sentence_end_ids(tok)}
     assert ends == {b".", b"?", b"!"}  # one byte per token here: no ellipsis, no quote
+
+
+# 12 ends a sentence; 20 is 10 in other clothes (" The" and "The": one word key)
+KEYS = tuple(10 if i == 20 else i for i in range(V))
+SAYS = DiffusionConfig(MASK, MODEL.end_ids, "block", False, frozenset({12}), word_keys=KEYS)
+ONE_BY_ONE = dict(block_size=16, threshold=0.9, fallback="leftmost")  # unsure: leftmost first
+
+
+def _released(targets: list[int], settings: SamplerSettings, max_tokens: int = 16):  # type: ignore[no-untyped-def]
+    """The reply, its stats, and the events: "pass" per model pass, each token released."""
+    b = ScriptBackend(targets, [0.5] * len(targets), len(PROMPT))
+    events: list[str] = []
+    b_step = b.step
+
+    def step(*args, **kwargs):  # type: ignore[no-untyped-def]
+        events.append("pass")
+        return b_step(*args, **kwargs)
+
+    b.step = step  # type: ignore[method-assign]
+    gen = sample(b, PROMPT, SAYS, settings, RNG(0), max_tokens)
+    tokens: list[int] = []
+    try:
+        while True:
+            tokens.append(next(gen))
+            events.append(str(tokens[-1]))
+    except StopIteration as stop:
+        return tokens, stop.value, events
+
+
+def test_stop_repeats_ends_the_reply_before_a_sentence_it_already_said() -> None:
+    first, second, again = [10, 11, 13, 12], [14, 15, 12], [20, 11, 13, 12]
+    targets = first + second + again + [16, 17, 18, 19, 21]
+    on = SamplerSettings(**ONE_BY_ONE, stop_repeats=True)  # type: ignore[arg-type]
+    tokens, stats, _ = _released(targets, on)
+    assert tokens == first + second
+    assert stats.stopped_by == "end" and stats.repeat_cut and stats.tokens == 7
+    off = SamplerSettings(**ONE_BY_ONE)  # type: ignore[arg-type]
+    tokens, stats, _ = _released(targets, off)
+    assert tokens == targets[:16] and stats.stopped_by == "budget" and not stats.repeat_cut
+
+
+def test_stop_repeats_streams_the_first_sentence_and_holds_later_ones_whole() -> None:
+    targets = [10, 11, 13, 12, 14, 15, 16, 12, 17, 18, 19, 12, 21, 22, 23, 24]
+    on = SamplerSettings(**ONE_BY_ONE, stop_repeats=True)  # type: ignore[arg-type]
+    tokens, stats, events = _released(targets, on)
+    assert tokens == targets and stats.stopped_by == "budget" and not stats.repeat_cut
+    # the first sentence token by token, a pass between each
+    assert events[events.index("10") : events.index("11") + 1] == ["10", "pass", "11"]
+    # the second: nothing of it before its end, then all of it at once
+    at = events.index("14")
+    assert events[at : at + 4] == ["14", "15", "16", "12"]
+    # the tail that never ended is released when the budget ends the reply
+    assert events[-4:] == ["21", "22", "23", "24"]
+
+
+def test_stop_repeats_releases_a_held_tail_at_the_step_budget() -> None:
+    """Two blocks of four, then the step budget stops the reply before the third: the
+    second sentence, never ended, is released then."""
+    targets = [10, 11, 13, 12, 14, 15, 16, 17] + [18] * 8
+    s = SamplerSettings(block_size=4, fallback="leftmost", stop_repeats=True, max_steps=8)
+    tokens, stats, _ = _released(targets, s, max_tokens=16)
+    assert tokens == targets[:8] and stats.stopped_by == "budget"
+
+
+def test_stop_repeats_leaves_short_and_new_sentences_alone() -> None:
+    on = SamplerSettings(**ONE_BY_ONE, stop_repeats=True)  # type: ignore[arg-type]
+    yes = [10, 12, 10, 12, 10, 12, END]  # "Yes. Yes. Yes.": one pair each, never a repeat
+    assert _released(yes + [END] * 9, on)[0] == yes[:-1]
+    # three of four word pairs said before (0.75): a repeat; two of four: not
+    base = [10, 11, 13, 14, 12]
+    for second, cut in (([16, 11, 13, 14, 12], True), ([10, 11, 13, 16, 12], False)):
+        tokens, stats, _ = _released(base + second + [END] * 6, on)
+        assert stats.repeat_cut == cut and tokens == (base if cut else base + second)
+    # without word keys (another model's config) the rule has nothing to read
+    plain = DiffusionConfig(MASK, MODEL.end_ids, "block", False, frozenset({12}))
+    again = [10, 11, 13, 12] * 4
+    assert (
+        drain(sample(ScriptBackend(again, [0.99] * 16, 3), PROMPT, plain, on, RNG(0), 16))[0]
+        == again
+    )
+
+
+def test_word_keys_join_a_word_s_cases() -> None:
+    tok = tiny_tokenizer()
+    keys = word_keys(tok)
+    a, big_a = tok.encode_plain("a")[0], tok.encode_plain("A")[0]
+    assert keys[big_a] == keys[a] == min(a, big_a) and len(keys) == tok.vocab_size
 
 
 def test_any_end_id_ends_the_reply() -> None:
