@@ -49,9 +49,16 @@ from model.tools import CALL_OPEN, Tool, ToolCall, tools_system_prompt
 CANNOT_ACT = "Sorry, I can't do that."
 
 
+def served_sampler() -> SamplerSettings:
+    """The engine's decoding: the sampler's defaults, and a reply ends before a sentence
+    that repeats it (stop_repeats: "You can avoid them by avoiding them." once, not to
+    the budget; docs/diffusion.md)."""
+    return SamplerSettings(stop_repeats=True)
+
+
 @dataclass(frozen=True)
 class DiffusionOptions:
-    sampler: SamplerSettings = field(default_factory=SamplerSettings)
+    sampler: SamplerSettings = field(default_factory=served_sampler)
     prompt_budget: int = 1024  # tokens of conversation kept (oldest turns dropped first)
     max_reply_tokens: int = 256  # with prompt_budget, sizes each KV cache
     system_prompt: str = SPOKEN_SYSTEM_PROMPT
@@ -70,9 +77,6 @@ class DiffusionOptions:
     # factual answers before their last words there ("The capital of Italy"). Held-out,
     # tools prompt: whole sentences 0.825 -> 0.900 (docs/actions.md)
     tools_end_after_sentence: bool = True
-    # A reply ends before a sentence that repeats its earlier ones (the sampler's
-    # stop_repeats): "You can avoid them by avoiding them." once, not to the budget
-    stop_repeats: bool = True
 
     @property
     def cache_len(self) -> int:
@@ -151,8 +155,6 @@ class DiffusionGenerator:
             settings = opts.sampler
             if tools and opts.tools_end_after_sentence:
                 settings = dataclasses.replace(settings, ends_after_sentence=True)
-            if opts.stop_repeats:
-                settings = dataclasses.replace(settings, stop_repeats=True)
             tokens = sample(
                 self.backend,
                 head,

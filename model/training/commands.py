@@ -267,6 +267,13 @@ def _register_sessions(ev_sub: argparse._SubParsersAction[argparse.ArgumentParse
         "default: the engines')",
     )
     ses.add_argument(
+        "--stop-repeats",
+        choices=("on", "off"),
+        default=None,
+        help="the diffusion engines end a reply before a sentence that repeats it "
+        "(default: the engines', on)",
+    )
+    ses.add_argument(
         "--tools",
         choices=("none", "default"),
         default="none",
@@ -426,6 +433,7 @@ def _eval_sessions(args: argparse.Namespace) -> int:
         history_window=None if window == "all" else window,
         full_history=window == "all",
         opening_ban=args.opening_ban,
+        stop_repeats=None if args.stop_repeats is None else args.stop_repeats == "on",
         quality=not args.no_quality,
         references=args.references,
         tools=args.tools == "default",

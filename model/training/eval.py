@@ -67,7 +67,7 @@ class EvalOptions:
     # ends_after_sentence); each is run at each other setting; () = the engines' default
     sentence_ends: tuple[bool, ...] = ()
     # whether a reply ends before a sentence that repeats it (model/sampler.py
-    # stop_repeats); each is run at each other setting; () = the engines' default (on)
+    # stop_repeats); each is run at each other setting; () = the engines' default
     stop_repeats: tuple[bool, ...] = ()
     # the in-block cache (model/sampler.py approx_cache): "exact" and/or "approx"; each
     # is run at each other setting; () = the engines' default
@@ -299,7 +299,7 @@ def eval_prompts(
 
 
 def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
-    from model.diffusion_engine import DiffusionOptions
+    from model.diffusion_engine import DiffusionOptions, served_sampler
     from model.modeldir import shipped_adapter
     from model.nn.adapter import load_adapter
     from model.nn.backend import TorchBackend
@@ -382,7 +382,7 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
             name += "-endany" if ahead is None else f"-end{ahead}"
         if settings.ends_after_sentence != SamplerSettings().ends_after_sentence:
             name += "-sentend" if settings.ends_after_sentence else "-anyend"
-        name += "" if settings.stop_repeats else "-repeats"
+        name += "" if settings.stop_repeats == served_sampler().stop_repeats else "-repeats"
         name += "-approx" if settings.approx_cache else ""
         if (first := settings.first_blocks) != SamplerSettings().first_blocks:
             name += f"-first{schedule_label(first)}"
@@ -409,11 +409,10 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
 def sampler_settings(opts: EvalOptions) -> list[SamplerSettings]:
     """The settings to score: the engines' defaults (:class:`SamplerSettings`) with
     the block size, thresholds, fallbacks, end lookaheads, sentence-end rules, repeat
-    stops (on unless named: the engines turn it on, :class:`DiffusionOptions`), in-block
-    caches, first blocks and steps per block the options name."""
-    from model.diffusion_engine import DiffusionOptions
+    stops, in-block caches, first blocks and steps per block the options name."""
+    from model.diffusion_engine import served_sampler
 
-    default = SamplerSettings()
+    default = served_sampler()
     approx = {"exact": False, "approx": True}
     return [
         dataclasses.replace(
@@ -433,7 +432,7 @@ def sampler_settings(opts: EvalOptions) -> list[SamplerSettings]:
             opts.thresholds or (default.threshold,),
             opts.end_lookaheads or (default.end_lookahead,),
             opts.sentence_ends or (default.ends_after_sentence,),
-            opts.stop_repeats or (DiffusionOptions().stop_repeats,),
+            opts.stop_repeats or (default.stop_repeats,),
             tuple(approx[c] for c in opts.caches) or (default.approx_cache,),
             opts.schedules or (default.first_blocks,),
         )

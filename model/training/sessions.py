@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from model.chat import build_prompt
+from model.diffusion_engine import DiffusionOptions
 from model.engine import ChatMessage, GenerationStats
 from model.openings import first_sentence as opening_sentence
 from model.openings import words
@@ -219,6 +220,7 @@ def score_session(turns: list[Turn], tok: Tokenizer) -> dict[str, Any]:
         "repeats": sum(t.repeat for t in turns),
         "echoes": sum(t.echo for t in turns),
         "empty": sum(t.empty for t in turns),
+        "repeat_cuts": sum(t.stats.repeat_cut for t in turns),
         "actions": sum(t.call is not None for t in turns),
         "clean_end_rate": sum(ended) / n,
         "whole_sentence_rate": sum(
@@ -261,6 +263,8 @@ class SessionOptions:
     # the engines' options, when set: earlier messages kept, opening ban (model/openings.py)
     history_window: int | None = None
     opening_ban: int | None = None
+    # the diffusion engines' stop_repeats (model/sampler.py), when set
+    stop_repeats: bool | None = None
     full_history: bool = False  # history_window None for the engines (their default aside)
     quality: bool = True  # NLL and similarity (loads the AR model in PyTorch)
     # an earlier report (--json) whose AR references to reuse instead of writing them again
@@ -278,6 +282,8 @@ def configure(gen: Generator, opts: SessionOptions) -> Generator:
         change["history_window"] = opts.history_window
     if opts.opening_ban is not None:
         change["opening_ban"] = opts.opening_ban
+    if opts.stop_repeats is not None and isinstance(gen.options, DiffusionOptions):
+        change["sampler"] = dataclasses.replace(gen.options.sampler, stop_repeats=opts.stop_repeats)
     gen.options = dataclasses.replace(gen.options, **change)
     return gen
 
@@ -320,6 +326,7 @@ def _turn_json(t: Turn) -> dict[str, Any]:
         "user": t.user,
         "reply": t.reply,
         "stopped_by": t.stats.stopped_by,
+        "repeat_cut": t.stats.repeat_cut,
         "tokens": t.stats.tokens,
         "passes": t.stats.forward_passes,
         "prompt_tokens": len(t.prompt),
@@ -337,7 +344,10 @@ def _turn_json(t: Turn) -> dict[str, Any]:
 
 def _options_json(gen: Generator) -> dict[str, Any]:
     o = gen.options
-    return {"history_window": o.history_window, "opening_ban": o.opening_ban}
+    out = {"history_window": o.history_window, "opening_ban": o.opening_ban}
+    if isinstance(o, DiffusionOptions):
+        out["stop_repeats"] = o.sampler.stop_repeats
+    return out
 
 
 def load_scorer(opts: SessionOptions, questions: list[str]) -> Scorer:
@@ -400,6 +410,7 @@ def table(report: dict[str, Any]) -> str:
         ("repeats", "repeats", "{}"),
         ("echoes", "echoes", "{}"),
         ("empty", "empty", "{}"),
+        ("repeat_cuts", "cut before a repeat", "{}"),
         ("clean_end_rate", "clean end", "{:.3f}"),
         ("whole_sentence_rate", "whole sentence", "{:.3f}"),
         ("nll_per_token", "NLL", "{:.3f}"),

@@ -118,7 +118,11 @@ def test_eval_scores_the_settings_the_engines_serve():
     from model.sampler import SamplerSettings
     from model.training.eval import EvalOptions, sampler_settings
 
-    assert sampler_settings(EvalOptions()) == [SamplerSettings()] == [DiffusionOptions().sampler]
+    assert sampler_settings(EvalOptions()) == [DiffusionOptions().sampler]
+    # the engines' decoding is the sampler's defaults and the repeat stop
+    assert DiffusionOptions().sampler == SamplerSettings(stop_repeats=True)
+    stops = sampler_settings(EvalOptions(stop_repeats=(False, True)))
+    assert [s.stop_repeats for s in stops] == [False, True]
     two = sampler_settings(EvalOptions(thresholds=(0.9, 0.7), fallbacks=("confident",)))
     assert [(s.threshold, s.fallback) for s in two] == [(0.9, "confident"), (0.7, "confident")]
     ends = sampler_settings(EvalOptions(end_lookaheads=(0, None)))

@@ -171,6 +171,13 @@ def test_configure_sets_the_window_and_ban_the_options_ask_for() -> None:
     assert (gen.options.history_window, gen.options.opening_ban) == (2, 0)
     configure(gen, SessionOptions(full_history=True))
     assert (gen.options.history_window, gen.options.opening_ban) == (None, 0)
+    before = gen.options
+    configure(gen, SessionOptions(stop_repeats=False))  # the AR engine has no such rule
+    assert gen.options == before
+    diffusion, _ = tiny_generator()
+    for stop in (True, False):
+        configure(diffusion, SessionOptions(stop_repeats=stop))
+        assert diffusion.options.sampler.stop_repeats is stop
 
 
 @pytest.mark.models
