@@ -518,12 +518,13 @@ def sentence_end_ids(tokenizer: Tokenizer) -> frozenset[int]:
 
 def word_keys(tokenizer: Tokenizer) -> tuple[int, ...]:
     """Per token id, the first id whose text is the same word: lower case, without the
-    leading space a word has inside a sentence (``DiffusionConfig.word_keys``)."""
+    leading space a word has inside a sentence; every number one word, so that "3.
+    Identify the tire." repeats "2. Identify the tire." (``DiffusionConfig.word_keys``)."""
     first: dict[str, int] = {}
     out = []
     for i in range(tokenizer.vocab_size):
         text = tokenizer.token_bytes(i).decode("utf-8", "replace").strip().lower()
-        out.append(first.setdefault(text, i))
+        out.append(first.setdefault("0" if text.isdigit() else text, i))
     return tuple(out)
 
 
@@ -552,7 +553,7 @@ def _release(r: _Reply, final: bool = False) -> list[int]:
 
 
 REPEAT_SHARE = 0.75  # of a sentence's word pairs already said: it repeats the reply
-REPEAT_MIN_PAIRS = 3  # shorter sentences ("Yes.") are never called repeats
+REPEAT_MIN_PAIRS = 3  # shorter "sentences" ("Yes.", a list's "2.") go on with the next
 
 
 def _whole_sentences(r: _Reply, k: int, over: bool) -> int:
@@ -562,14 +563,17 @@ def _whole_sentences(r: _Reply, k: int, over: bool) -> int:
     ended is held, except the reply's first and a tail when the reply is ``over``."""
     keys, x = r.model.word_keys, r.x
     ends = [j + 1 for j in range(r.done, k) if int(x[j]) in r.model.sentence_ends]
-    if over and k > r.sentence:
+    if over and k > r.sentence and (not ends or ends[-1] != k):
         ends.append(k)
     released = r.done
     for end in ends:
         words = [keys[int(t)] for t in x[r.sentence : end]]
         pairs = list(itertools.pairwise(words))
+        short = len(pairs) < REPEAT_MIN_PAIRS
+        if short and not (over and end == k):  # "2." of a list, "Yes.": goes on with
+            continue  # the next sentence
         said = sum(p in r.pairs for p in pairs)
-        if r.pairs and len(pairs) >= REPEAT_MIN_PAIRS and said >= REPEAT_SHARE * len(pairs):
+        if r.pairs and not short and said >= REPEAT_SHARE * len(pairs):
             x[r.sentence :] = min(r.model.end_ids)
             r.ended = r.repeat_cut = True
             return max(r.done, r.sentence)

@@ -7,6 +7,7 @@ model is. The real backends run the same loop in tests/model/test_diffusion.py.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -337,15 +338,28 @@ def _released(targets: list[int], settings: SamplerSettings, max_tokens: int = 1
 
 
 def test_stop_repeats_ends_the_reply_before_a_sentence_it_already_said() -> None:
-    first, second, again = [10, 11, 13, 12], [14, 15, 12], [20, 11, 13, 12]
-    targets = first + second + again + [16, 17, 18, 19, 21]
+    first, second, again = [10, 11, 13, 12], [14, 15, 16, 12], [20, 11, 13, 12]
+    targets = first + second + again + [17, 18, 19, 21]
     on = SamplerSettings(**ONE_BY_ONE, stop_repeats=True)  # type: ignore[arg-type]
     tokens, stats, _ = _released(targets, on)
     assert tokens == first + second
-    assert stats.stopped_by == "end" and stats.repeat_cut and stats.tokens == 7
+    assert stats.stopped_by == "end" and stats.repeat_cut and stats.tokens == 8
     off = SamplerSettings(**ONE_BY_ONE)  # type: ignore[arg-type]
     tokens, stats, _ = _released(targets, off)
     assert tokens == targets[:16] and stats.stopped_by == "budget" and not stats.repeat_cut
+
+
+def test_stop_repeats_reads_a_list_s_numbers_with_their_items() -> None:
+    """ "1. A B C." then "2. A B C.": a number and its mark go on with the item after
+    them (too short to be a sentence), and every number is one word, so the second item
+    repeats the first and the reply ends before its number."""
+    keys = tuple(10 if i == 20 else 21 if i == 22 else i for i in range(V))
+    says = dataclasses.replace(SAYS, word_keys=keys)
+    one, two = [21, 12, 10, 11, 13, 12], [22, 12, 20, 11, 13, 12]
+    b = ScriptBackend(one + two + [16, 17, 18, 19], [0.5] * 16, len(PROMPT))
+    on = SamplerSettings(**ONE_BY_ONE, stop_repeats=True)  # type: ignore[arg-type]
+    tokens, stats = drain(sample(b, PROMPT, says, on, RNG(0), 16))
+    assert tokens == one and stats.repeat_cut
 
 
 def test_stop_repeats_streams_the_first_sentence_and_holds_later_ones_whole() -> None:
@@ -394,6 +408,8 @@ def test_word_keys_join_a_word_s_cases() -> None:
     keys = word_keys(tok)
     a, big_a = tok.encode_plain("a")[0], tok.encode_plain("A")[0]
     assert keys[big_a] == keys[a] == min(a, big_a) and len(keys) == tok.vocab_size
+    one, two = tok.encode_plain("1")[0], tok.encode_plain("2")[0]
+    assert keys[one] == keys[two] != keys[a]  # every number one word
 
 
 def test_any_end_id_ends_the_reply() -> None:
