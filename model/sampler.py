@@ -552,7 +552,7 @@ def _release(r: _Reply, final: bool = False) -> list[int]:
     return out
 
 
-REPEAT_SHARE = 0.75  # of a sentence's word pairs already said: it repeats the reply
+REPEAT_SHARE = 0.8  # of a sentence's word pairs already said: it repeats the reply
 REPEAT_MIN_PAIRS = 3  # shorter "sentences" ("Yes.", a list's "2.") go on with the next
 
 

@@ -389,10 +389,10 @@ def test_stop_repeats_leaves_short_and_new_sentences_alone() -> None:
     on = SamplerSettings(**ONE_BY_ONE, stop_repeats=True)  # type: ignore[arg-type]
     yes = [10, 12, 10, 12, 10, 12, END]  # "Yes. Yes. Yes.": one pair each, never a repeat
     assert _released(yes + [END] * 9, on)[0] == yes[:-1]
-    # three of four word pairs said before (0.75): a repeat; two of four: not
-    base = [10, 11, 13, 14, 12]
-    for second, cut in (([16, 11, 13, 14, 12], True), ([10, 11, 13, 16, 12], False)):
-        tokens, stats, _ = _released(base + second + [END] * 6, on)
+    # four of five word pairs said before (0.8): a repeat; three of four (0.75): not
+    base = [10, 11, 13, 14, 15, 12]
+    for second, cut in (([16, 11, 13, 14, 15, 12], True), ([16, 13, 14, 15, 12], False)):
+        tokens, stats, _ = _released(base + second + [END] * 5, on)
         assert stats.repeat_cut == cut and tokens == (base if cut else base + second)
     # without word keys (another model's config) the rule has nothing to read
     plain = DiffusionConfig(MASK, MODEL.end_ids, "block", False, frozenset({12}))
