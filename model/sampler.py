@@ -576,7 +576,7 @@ def _whole_sentences(r: _Reply, k: int, over: bool) -> int:
         if r.pairs and not short and said >= REPEAT_SHARE * len(pairs):
             x[r.sentence :] = min(r.model.end_ids)
             r.ended = r.repeat_cut = True
-            return max(r.done, r.sentence)
+            return r.sentence  # >= r.done: past the first sentence, release stops at ends
         r.pairs.update(pairs)
         released = r.sentence = end
-    return k if not r.pairs else max(released, r.done)
+    return k if not r.pairs else released

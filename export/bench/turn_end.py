@@ -574,7 +574,7 @@ def print_prefix_sweep(scored: Sequence[Scored], prefixes: Sequence[Scored]) -> 
     )
     print("|---|---|---|---|---|")
     for t in PATH_GRID:
-        policy = replace(EAGERNESS["medium"], complete_at=t, hold_below=min(t, 0.01))
+        fast = _fast(replace(EAGERNESS["medium"], complete_at=t))
         cells = []
         for held in (False, True):
             for pool in (scored, prefixes):
@@ -585,7 +585,7 @@ def print_prefix_sweep(scored: Sequence[Scored], prefixes: Sequence[Scored]) -> 
                     and s.example.held_out == held
                     and (s.example.complete or s.example.kind == "before more")
                 ]
-                hit = sum(_fast(policy)(s) for s in rows)
+                hit = sum(map(fast, rows))
                 cells.append(f"{hit / max(1, len(rows)):.0%} ({hit}/{len(rows)})")
         print(f"| {t:g} | " + " | ".join(cells) + " |")
 

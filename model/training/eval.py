@@ -374,17 +374,18 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
     else:
         assert diff is not None
         backend, runtime = TorchBackend(diff, max_len=max_len), f"torch-{opts.dtype}"
+    served = served_sampler()  # a setting's name says how it differs from the engines'
     for settings in sampler_settings(opts):
         th, fallback = settings.threshold, settings.fallback
         r = diffusion_replies(backend, tok, asked, settings, opts, avoid)
         name = f"diffusion-B{B}-th{th}" + ("-left" if fallback == "leftmost" else "")
-        if (ahead := settings.end_lookahead) != SamplerSettings().end_lookahead:
+        if (ahead := settings.end_lookahead) != served.end_lookahead:
             name += "-endany" if ahead is None else f"-end{ahead}"
-        if settings.ends_after_sentence != SamplerSettings().ends_after_sentence:
+        if settings.ends_after_sentence != served.ends_after_sentence:
             name += "-sentend" if settings.ends_after_sentence else "-anyend"
-        name += "" if settings.stop_repeats == served_sampler().stop_repeats else "-repeats"
+        name += "" if settings.stop_repeats == served.stop_repeats else "-repeats"
         name += "-approx" if settings.approx_cache else ""
-        if (first := settings.first_blocks) != SamplerSettings().first_blocks:
+        if (first := settings.first_blocks) != served.first_blocks:
             name += f"-first{schedule_label(first)}"
         name += f"-h{opts.history}" if opts.history else ""
         name += f"-ban{ban}" if (ban := opts.opening_ban) not in (None, engine_ban) else ""

@@ -82,6 +82,29 @@ PROMPT = [7, 8, 9]
 RNG = np.random.default_rng
 
 
+def sampled_with_events(  # type: ignore[no-untyped-def]
+    b: ScriptBackend, model: DiffusionConfig, settings: SamplerSettings, max_tokens: int
+):
+    """The reply, its stats, and the events in order: "pass" per model pass, then each
+    token as it is released."""
+    events: list[str] = []
+    b_step = b.step
+
+    def step(*args, **kwargs):  # type: ignore[no-untyped-def]
+        events.append("pass")
+        return b_step(*args, **kwargs)
+
+    b.step = step  # type: ignore[method-assign]
+    gen = sample(b, PROMPT, model, settings, RNG(0), max_tokens)
+    tokens: list[int] = []
+    try:
+        while True:
+            tokens.append(next(gen))
+            events.append(str(tokens[-1]))
+    except StopIteration as stop:
+        return tokens, stop.value, events
+
+
 # ------------------------------------------------------------------ pure decisions
 
 
@@ -317,24 +340,9 @@ ONE_BY_ONE = dict(block_size=16, threshold=0.9, fallback="leftmost")  # unsure: 
 
 
 def _released(targets: list[int], settings: SamplerSettings, max_tokens: int = 16):  # type: ignore[no-untyped-def]
-    """The reply, its stats, and the events: "pass" per model pass, each token released."""
+    """:func:`sampled_with_events` on ``targets``, each wanted at 0.5 (one by one)."""
     b = ScriptBackend(targets, [0.5] * len(targets), len(PROMPT))
-    events: list[str] = []
-    b_step = b.step
-
-    def step(*args, **kwargs):  # type: ignore[no-untyped-def]
-        events.append("pass")
-        return b_step(*args, **kwargs)
-
-    b.step = step  # type: ignore[method-assign]
-    gen = sample(b, PROMPT, SAYS, settings, RNG(0), max_tokens)
-    tokens: list[int] = []
-    try:
-        while True:
-            tokens.append(next(gen))
-            events.append(str(tokens[-1]))
-    except StopIteration as stop:
-        return tokens, stop.value, events
+    return sampled_with_events(b, SAYS, settings, max_tokens)
 
 
 def test_stop_repeats_ends_the_reply_before_a_sentence_it_already_said() -> None:
@@ -460,18 +468,9 @@ def test_max_tokens_inside_a_block_leaves_the_tail_masked_and_uncommitted() -> N
 
 
 def test_tokens_are_released_as_soon_as_no_mask_precedes_them() -> None:
-    events: list[str] = []
     b = ScriptBackend([10, 11, 12, 13, 14, 15, 16, 17], [0.99, 0.5, 0.9, 0.8] + [0.9] * 4, 3)
-    b_step = b.step
-
-    def step(*args, **kwargs):  # type: ignore[no-untyped-def]
-        events.append("pass")
-        return b_step(*args, **kwargs)
-
-    b.step = step  # type: ignore[method-assign]
     s = SamplerSettings(block_size=4, rule="lowconf", steps_per_block=4)
-    for token in sample(b, PROMPT, MODEL, s, RNG(0), 8):
-        events.append(str(token))
+    _, _, events = sampled_with_events(b, MODEL, s, 8)
     # pass 2 commits position 0 (most confident): 10 is released at once; 11 waits for
     # pass 5, which makes 11, 12, 13 final together; block 1 comes after.
     assert events[:3] == ["pass", "pass", "10"]
