@@ -26,6 +26,15 @@ clean end rate and whole-sentence rate, distinct bigrams, per-token NLL of the r
 under the AR model given the prompt the engine saw, and the similarity of each reply
 to the AR greedy reply to the same words asked alone (all-MiniLM-L6-v2): a reply that
 still answers what was asked scores as it would at a session's start.
+
+The device commands among the turns (``prompts/session_calls.json``: each command's
+expected call, as ``quicksilver eval actions`` compares calls) are scored as actions:
+**exact** calls, commands not acted on, and **false triggers** (a call on a turn that
+is not a command). The AR model does not act, and its greedy reply to a command alone
+is no reference for a confirmation ("Turn off the lights." -> "I'm sorry for your
+loss."), so ``chat_similarity_median`` is the similarity over the turns that are not
+commands: the reply quality a session keeps; ``similarity_median`` stays over every
+turn, as before the commands were scored.
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ import json
 import re
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,6 +64,7 @@ from model.tools import (
 )
 from model.training.data import PROMPTS_DIR
 from model.training.eval import distinct_bigrams, ends_a_sentence, per_token
+from model.training.eval_actions import same_call
 
 if TYPE_CHECKING:
     from model.ar import ARGenerator
@@ -65,6 +75,7 @@ if TYPE_CHECKING:
     Generator = ARGenerator | DiffusionGenerator
 
 SCRIPTS_FILE = PROMPTS_DIR / "sessions.json"
+CALLS_FILE = PROMPTS_DIR / "session_calls.json"  # the scripts' commands -> expected calls
 ECHO_NEW_WORDS = 10  # an echo may add one word in this many
 
 
@@ -117,6 +128,12 @@ def read_scripts(path: Path = SCRIPTS_FILE) -> dict[str, list[str]]:
     """Session name -> the user's turns, in order."""
     scripts: dict[str, list[str]] = json.loads(path.read_text())
     return scripts
+
+
+def read_calls(path: Path = CALLS_FILE) -> dict[str, ToolCall]:
+    """A command's words -> the call it asks for (turns not listed are not commands)."""
+    raw: dict[str, dict[str, Any]] = json.loads(path.read_text())
+    return {text: ToolCall(c["name"], c["arguments"]) for text, c in raw.items()}
 
 
 def run_session(
@@ -211,8 +228,11 @@ def score_turns(turns: list[Turn], scorer: Scorer) -> None:
         t.nll, t.similarity = n, s
 
 
-def score_session(turns: list[Turn], tok: Tokenizer) -> dict[str, Any]:
-    """The counts and quality figures of ``turns`` (a session, or all of an engine's)."""
+def score_session(
+    turns: list[Turn], tok: Tokenizer, calls: Mapping[str, ToolCall] | None = None
+) -> dict[str, Any]:
+    """The counts and quality figures of ``turns`` (a session, or all of an engine's);
+    with ``calls`` (:func:`read_calls`), its commands' actions too."""
     n = len(turns)
     ended = [t.stats.stopped_by == "end" for t in turns]
     out: dict[str, Any] = {
@@ -243,6 +263,16 @@ def score_session(turns: list[Turn], tok: Tokenizer) -> dict[str, Any]:
         out["nll_per_token"] = per_token(nll)
         out["similarity_median"] = statistics.median(sims)
         out["similarity_mean"] = statistics.mean(sims)
+    if calls is not None:
+        commands = [t for t in turns if t.user in calls]
+        chat = [t for t in turns if t.user not in calls]
+        out["commands"] = len(commands)
+        out["exact_calls"] = sum(same_call(t.call, calls[t.user]) for t in commands)
+        out["commands_not_acted"] = sum(t.call is None for t in commands)
+        out["false_triggers"] = sum(t.call is not None for t in chat)
+        chat_sims = [t.similarity for t in chat if t.similarity is not None]
+        if chat_sims and "similarity_median" in out:
+            out["chat_similarity_median"] = statistics.median(chat_sims)
     return out
 
 
@@ -257,6 +287,7 @@ def _median(xs: list[float | None]) -> float | None:
 @dataclass(frozen=True)
 class SessionOptions:
     scripts: Path = SCRIPTS_FILE
+    calls: Path = CALLS_FILE  # the scripts' commands and their expected calls
     engines: tuple[str, ...] = ("diffusion-onnx", "smollm2-ar-onnx")
     turns: int | None = None  # the first N turns of each script
     max_tokens: int = 64  # the serve default
@@ -294,9 +325,10 @@ def evaluate(
     opts: SessionOptions,
     scorer: Scorer | None,
     log: Callable[[str], None] = print,
+    calls: Mapping[str, ToolCall] | None = None,
 ) -> dict[str, Any]:
     """Every script through every generator: rows per session and engine, totals, and
-    every reply."""
+    every reply; ``calls`` (:func:`read_calls`) scores the commands as actions."""
     rows: list[dict[str, Any]] = []
     replies: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for gen in generators:
@@ -306,18 +338,20 @@ def evaluate(
             turns = run_session(gen, user_turns[: opts.turns], opts.max_tokens, tools)
             if scorer is not None:
                 score_turns(turns, scorer)
-            row = {"engine": gen.name, "session": name, **score_session(turns, gen.tokenizer)}
+            scores = score_session(turns, gen.tokenizer, calls)
+            row = {"engine": gen.name, "session": name, **scores}
             log(f"{gen.name} {name}: {_brief(row)}")
             rows.append(row)
             replies.setdefault(gen.name, {})[name] = [_turn_json(t) for t in turns]
             every += turns
-        rows.append({"engine": gen.name, "session": "total", **score_session(every, gen.tokenizer)})
+        total = score_session(every, gen.tokenizer, calls)
+        rows.append({"engine": gen.name, "session": "total", **total})
     settings = {g.name: _options_json(g) for g in generators}
     return {"rows": rows, "replies": replies, "engine_options": settings}
 
 
 def _brief(row: dict[str, Any]) -> str:
-    keys = ("repeats", "echoes", "empty", "clean_end_rate", "similarity_median")
+    keys = ("repeats", "echoes", "empty", "clean_end_rate", "similarity_median", "exact_calls")
     return ", ".join(f"{k} {row[k]:.3g}" for k in keys if k in row)
 
 
@@ -395,7 +429,7 @@ def run_sessions(opts: SessionOptions, log: Callable[[str], None] = print) -> di
         configure(load_generator(e, adapter=opts.adapter), opts)  # type: ignore[arg-type]
         for e in opts.engines
     ]
-    report = evaluate(gens, scripts, opts, scorer, log)
+    report = evaluate(gens, scripts, opts, scorer, log, read_calls(opts.calls))
     report["references"] = scorer.references if scorer else {}
     report["wall_s"] = time.perf_counter() - t0
     return report
@@ -415,6 +449,11 @@ def table(report: dict[str, Any]) -> str:
         ("whole_sentence_rate", "whole sentence", "{:.3f}"),
         ("nll_per_token", "NLL", "{:.3f}"),
         ("similarity_median", "similarity", "{:.3f}"),
+        ("chat_similarity_median", "similarity, not commands", "{:.3f}"),
+        ("exact_calls", "exact calls", "{}"),
+        ("commands", "commands", "{}"),
+        ("commands_not_acted", "not acted", "{}"),
+        ("false_triggers", "false triggers", "{}"),
         ("distinct_bigrams", "distinct bigrams", "{:.3f}"),
         ("tokens_per_reply", "tokens", "{:.1f}"),
         ("prefill_tokens", "prefill", "{:.0f}"),

@@ -17,15 +17,19 @@ from model.engine import ChatMessage, GenerationStats
 from model.nn.backend import TorchBackend
 from model.tools import CALL_OPEN, Tool, ToolCall, render_call
 from model.training.sessions import (
+    CALLS_FILE,
     SCRIPTS_FILE,
     Scorer,
     SessionOptions,
+    Turn,
     configure,
     echoes,
     evaluate,
     first_sentence,
+    read_calls,
     read_scripts,
     repeats,
+    score_session,
     table,
     words,
 )
@@ -73,6 +77,56 @@ def test_the_shipped_scripts_are_20_turn_sessions() -> None:
     commands = ("Set a timer for five minutes.", "Turn on the lights.", "Play some jazz.")
     every = [t for turns in scripts.values() for t in turns]
     assert all(c in every for c in commands)
+
+
+def test_every_command_of_the_shipped_scripts_has_a_valid_expected_call() -> None:
+    from model.tools import DEFAULT_TOOLS, validate
+
+    calls = read_calls(CALLS_FILE)
+    every = {t for turns in read_scripts(SCRIPTS_FILE).values() for t in turns}
+    assert set(calls) <= every and len(calls) >= 20  # no stale entry; most tools covered
+    tools = {t.name: t for t in DEFAULT_TOOLS}
+    for call in calls.values():
+        validate(tools[call.name], call.arguments)  # raises when not the schema's
+    assert {c.name for c in calls.values()} == set(tools)  # each default tool at least once
+    assert "What is the capital of Australia?" not in calls  # a question is chat
+
+
+def _turn(user: str, reply: str, call: ToolCall | None, sim: float) -> Turn:
+    t = Turn(user, reply, GenerationStats(3, 3, "end"), [1, 2], 1.0, None, call=call)
+    t.nll, t.similarity = (1.0, 3), sim
+    return t
+
+
+def test_commands_are_scored_as_actions_and_chat_similarity_leaves_them_out() -> None:
+    timer = ToolCall("timer.set", {"seconds": 300})
+    calls = {
+        "Set a timer for five minutes.": timer,
+        "Call Bob.": ToolCall("call.start", {"contact": "Bob"}),
+    }
+    turns = [
+        _turn(
+            "Set a timer for five minutes.",
+            "Timer set.",
+            ToolCall("timer.set", {"seconds": 300.0}),
+            0.1,
+        ),
+        _turn(
+            "Call Bob.", "Calling bob.", ToolCall("call.start", {"contact": "bob."}), 0.2
+        ),  # same, normalised
+        _turn("Call Bob.", "Okay.", None, 0.3),  # not acted on
+        _turn("Hi there.", "Hello!", None, 0.9),
+        _turn("Why is the sky blue?", "Light scatters.", timer, 0.7),  # a false trigger
+    ]
+    row = score_session(turns, tiny_tokenizer(), calls)
+    assert (row["commands"], row["exact_calls"], row["commands_not_acted"]) == (3, 2, 1)
+    assert row["false_triggers"] == 1 and row["actions"] == 3
+    assert row["similarity_median"] == 0.3  # every turn
+    assert row["chat_similarity_median"] == pytest.approx(0.8)  # the two that are not commands
+    wrong = [_turn("Call Bob.", "Calling Rob.", ToolCall("call.start", {"contact": "Rob"}), 0.2)]
+    assert score_session(wrong, tiny_tokenizer(), calls)["exact_calls"] == 0
+    plain = score_session(turns, tiny_tokenizer())  # no calls given: no action figures
+    assert "exact_calls" not in plain and "chat_similarity_median" not in plain
 
 
 class BagOfLetters:
