@@ -43,7 +43,7 @@ from model.sampler import (
 )
 from model.spans import SpanPointer, UserTokens, boundary_rows, span_text, user_tokens, words
 from model.tokenizer import Tokenizer, decoded
-from model.tools import CALL_OPEN, Tool, ToolCall, tools_system_prompt
+from model.tools import CALL_CLOSE, CALL_OPEN, Tool, ToolCall, tools_system_prompt
 
 # What a reply says when the model began a call it could not finish validly.
 CANNOT_ACT = "Sorry, I can't do that."
@@ -206,7 +206,7 @@ class DiffusionGenerator:
         rows = last_row(chunk) if where is None else np.append(where.rows - start, len(chunk) - 1)
         logits = be.step(cache, chunk, "causal", commit=True, rows=rows)
         last = logits[-1]
-        acts = router.acts(last) if router is not None else None
+        acts = router.acts(last, user_text) if router is not None else None
         if acts is None:  # no router for these tools, or it is unsure: the model's token
             acts = call_starts(self.tokenizer, last, {o[0] for o in avoid})
         if not acts:
@@ -266,9 +266,13 @@ class DiffusionGenerator:
         return found
 
     def _no_call(self, tools: Sequence[Tool]) -> tuple[Opening, ...]:
-        """With tools, the call's first token as an opening no spoken reply may have: the
-        decision was made (call_starts), and the sampler must not write a call as words."""
-        return ((self.tokenizer.encode_plain(CALL_OPEN)[0],),) if tools else ()
+        """With tools, the first tokens of a call's opening and closing tags as openings
+        no spoken reply may have: the decision was made (call_starts), and the sampler
+        must not write a call as words, nor the tail of one it was not to make (after
+        "Cancel the timer." a "goodbye" was answered "</tool_call>Cancelling the timer.")."""
+        if not tools:
+            return ()
+        return tuple((self.tokenizer.encode_plain(tag)[0],) for tag in (CALL_OPEN, CALL_CLOSE))
 
     def _room(self, prompt_len: int, max_tokens: int) -> int:
         """``max_tokens``, cut so that the prompt and the reply blocks fit in a cache."""

@@ -20,8 +20,8 @@ extra pass. The file belongs to one adapter: it records the adapter's weights di
 and a model directory built from another adapter gets no router (:func:`find_router`).
 
 Beside the probe, a *word expert* (:class:`WordExpert`) reads the user's words
-themselves: a bag-of-words logistic regression for the tool and the shape, its scores
-added to the probe's (a product of the two experts). The two fail on different
+themselves: bag-of-words logistic regressions for act or speak, the tool and the
+shape, their scores added to the probe's (a product of the two experts). The two fail on different
 requests: the state of a 135M model blurs phrasings unlike its training ("bring the
 cabin to 23 degrees" -> ``navigation.start``) where one word says the tool, and the
 words miss what only the sentence says ("go to the next one" is not a destination). It
@@ -42,7 +42,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
-from model.modeldir import SHIPPED_ADAPTER, read_manifest
+from model.modeldir import CHAT_ADAPTER, SHIPPED_ADAPTER, read_manifest
 
 log = logging.getLogger("quicksilver")
 
@@ -51,7 +51,7 @@ ROUTER_FILE = "router.npz"
 SPEAK, ACT = "(speak)", "(act)"
 SURE = 3.0  # log-odds: the act classifier decides above probability 0.95 either way
 # where a model directory's router is looked for: beside the shipped adapters
-ADAPTER_DIRS = (SHIPPED_ADAPTER, SHIPPED_ADAPTER.with_name("adapters-tools"))
+ADAPTER_DIRS = (SHIPPED_ADAPTER, CHAT_ADAPTER)
 
 
 _WORD = re.compile(r"[a-z']+")
@@ -65,9 +65,10 @@ def word_set(text: str) -> set[str]:
 
 @dataclass(frozen=True)
 class WordExpert:
-    """Scores over the router's columns from which words a request has: a linear model
-    on their presence (zero on act or speak, which the state decides alone), scaled by
-    the weight it was chosen to have beside the state probe."""
+    """Scores over the router's columns from which words a request has: linear models
+    on their presence (act or speak; the tool; the shape), each scaled by the weight it
+    was chosen to have beside the state probe (act or speak zero where the state
+    decides alone)."""
 
     words: tuple[str, ...]
     weights: NDArray[np.float32]  # (W, K): one row per word, the router's columns
@@ -120,16 +121,18 @@ class ToolRouter:
         it knows is one of the session's."""
         return {tool_of(s) for s in shapes} == set(self.tools) and set(self.shapes) <= set(shapes)
 
-    def acts(self, logits: NDArray[np.float32]) -> bool | None:
+    def acts(self, logits: NDArray[np.float32], text: str | None = None) -> bool | None:
         """Whether the request asks for an action, when the router is sure either way
         (probability above 0.95); None when it is not, or has no act classifier: the
         model's first token then decides. Fitted on turns alone and after earlier turns,
-        it holds inside a session, where the model's first token acts on chat
-        (docs/training.md, "Conversations"); the first token, the echo of the user's
-        words set aside, knows "Set a timer for five minutes." better (margin -2)."""
+        it holds inside a session better than the model's first token, which acts on
+        chat there (docs/training.md, "Conversations"). With the request's ``text``, the
+        word expert's act-or-speak scores join the state's: the words of "Set a timer
+        for ten minutes." or "Good night." are the same after any earlier turn, where
+        the state drifts (docs/actions.md)."""
         if self.names[:2] != (SPEAK, ACT):
             return None
-        speak, act = self.scores(logits)[:2]
+        speak, act = self.scores(logits, text)[:2]
         margin = float(act - speak)  # log-odds of acting
         return None if abs(margin) < SURE else margin > 0
 

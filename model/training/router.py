@@ -17,10 +17,12 @@ standardised states (numpy, full batch, Adam): act or speak (every row), the too
 the shape (the commands). The projection, the standardisation and the regressions
 fold into one ``(V, K)`` matrix and a bias.
 
-The word expert (``model.router.WordExpert``) is fitted on the training commands' words
-alone: two logistic regressions on which words a request has (the tool, the shape), its
-L2 and its weight beside the state chosen on the development split, where a weight of
-zero (no expert) is one of the choices.
+The word expert (``model.router.WordExpert``) is fitted on the training rows' words
+alone: logistic regressions on which words a request has, the tool and the shape (on
+the commands), then act or speak (on every row), each part's L2 and weight beside the
+state chosen on the development split, where a weight of zero is one of the choices.
+The act part is chosen for the fewest development chat rows acted on, then the most
+commands called right.
 
 The held-out split (``heldout_commands.jsonl``, ``heldout_chat.jsonl``: phrasings and
 values no training row uses) measures it, alone and after held-out history.
@@ -323,6 +325,9 @@ def choose_l2(
 
 WORD_L2_GRID = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3)
 WORD_WEIGHT_GRID = (0.0, 0.5, 1.0, 2.0, 4.0)  # 0: no word expert
+# act or speak: the state's margin is large (|log-odds| > 3 decides), so the words
+# need room to outweigh it
+ACT_WEIGHT_GRID = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0)
 
 
 def bag_of_words(words: Sequence[str], texts: Sequence[str]) -> NDArray[np.float32]:
@@ -342,15 +347,20 @@ def fit_words(
     options: RouterOptions,
     l2_grid: Sequence[float] = WORD_L2_GRID,
     weight_grid: Sequence[float] = WORD_WEIGHT_GRID,
+    tok: Tokenizer | None = None,
+    act_weight_grid: Sequence[float] = ACT_WEIGHT_GRID,
 ) -> tuple[ToolRouter, dict[str, Any]]:
-    """``router`` with a word expert fitted on the training commands' ``texts`` (its
-    tool and shape columns; ``shapes`` None rows are chat, not read): the L2 and the
+    """``router`` with a word expert fitted on the training rows' ``texts`` (``shapes``
+    None: chat): first its tool and shape columns, on the commands, with the L2 and the
     weight beside the state that name the most development rows' shapes right (``dev``:
     logits, shapes, texts; ties: the most tools, then the lighter weight), the weight 0
-    (the router as it was) among them. Returns it and every try, per L2 and weight,
-    [shape accuracy, tool accuracy] on the development commands."""
+    (the router as it was) among them; then, where the router has an act classifier,
+    its act-or-speak columns, on every row (:func:`fit_act_words`; ``tok``: the model's
+    first token decides where the router is unsure, as in the engine). Returns it and
+    every try: per L2 and weight, [shape accuracy, tool accuracy] on the development
+    commands, and the act part's under ``act``."""
     commands = [(t, s) for t, s in zip(texts, shapes, strict=True) if s is not None]
-    words = tuple(sorted({w for t, _ in commands for w in word_set(t)}))
+    words = tuple(sorted({w for t in texts for w in word_set(t)}))
     x = bag_of_words(words, [t for t, _ in commands])
     columns = {n: k for k, n in enumerate(router.names)}
     dev_logits, dev_shapes, dev_texts = dev
@@ -383,9 +393,87 @@ def fit_words(
             key = (shape_right, tool_right, -weight)
             if best is None or key > best[0]:
                 info = {**router.info, "words": {"l2": l2, "weight": weight, "words": len(words)}}
-                best = (key, replace(router, words=expert if weight else None, info=info))
+                best = (key, replace(router, words=expert, info=info))
+    assert best is not None, "an empty grid"
+    chosen = best[1]
+    if chosen.names[:2] == (SPEAK, ACT):
+        all_x = bag_of_words(words, texts)
+        acts = np.array([s is not None for s in shapes], np.int64)
+        chosen, tried["act"] = fit_act_words(
+            chosen, all_x, acts, dev, options, l2_grid, act_weight_grid, tok
+        )
+    expert = chosen.words
+    if expert is not None and not expert.weights.any() and not expert.bias.any():
+        chosen = replace(chosen, words=None)  # every part's weight 0: no expert
+    return chosen, tried
+
+
+def fit_act_words(
+    router: ToolRouter,
+    x: NDArray[np.float32],
+    acts: NDArray[np.int64],
+    dev: tuple[NDArray[np.float32], Sequence[str | None], Sequence[str]],
+    options: RouterOptions,
+    l2_grid: Sequence[float],
+    weight_grid: Sequence[float],
+    tok: Tokenizer | None,
+) -> tuple[ToolRouter, dict[str, list[float]]]:
+    """``router`` (its word expert's tool and shape columns fitted) with the expert's
+    act-or-speak columns fitted on ``x`` (every training row's words) against ``acts``
+    (1: a command): the L2 and weight that act on the fewest development chat rows,
+    then call the most development commands right (ties: the lighter weight); weight 0
+    leaves the state to decide alone. Returns it and every try, per L2 and weight,
+    [chat acted, shape accuracy]."""
+    assert router.words is not None
+    dev_logits, dev_shapes, dev_texts = dev
+    dev_scores = dev_logits @ router.weights + router.bias
+    k = len(router.names)
+    reads_scores = replace(
+        router, weights=np.eye(k, dtype=np.float32), bias=np.zeros(k, np.float32)
+    )
+    # the model's first token, where the router is unsure, reads the real logits: the
+    # decision is made on them once per row, as the engine makes it
+    first = [call_starts(tok, row) if tok else False for row in dev_logits]
+    best: tuple[tuple[float, float, float], ToolRouter] | None = None
+    tried: dict[str, list[float]] = {}
+    base = router.words
+    for l2 in l2_grid:
+        w, b = fit_softmax(x, acts, 2, l2, options.steps, options.lr)
+        for weight in weight_grid:
+            weights, bias = base.weights.copy(), base.bias.copy()
+            weights[:, :2], bias[:2] = weight * w, weight * b
+            expert = replace(base, weights=weights.astype(np.float32), bias=bias.astype(np.float32))
+            candidate = replace(reads_scores, words=expert)
+            got = _decided(candidate, dev_scores, dev_shapes, dev_texts, first)
+            tried[f"{l2:g} x {weight:g}"] = [round(got[0], 4), round(got[1], 4)]
+            key = (-got[0], got[1], -weight)
+            if best is None or key > best[0]:
+                info = {**router.info, "act_words": {"l2": l2, "weight": weight}}
+                best = (key, replace(router, words=expert, info=info))
     assert best is not None, "an empty grid"
     return best[1], tried
+
+
+def _decided(
+    router: ToolRouter,
+    scores: NDArray[np.float32],
+    shapes: Sequence[str | None],
+    texts: Sequence[str],
+    first: Sequence[bool],
+) -> tuple[float, float]:
+    """(share of chat rows acted on, share of commands called with the right shape) for
+    a router that reads ``scores`` as its logits, the model's ``first`` token deciding
+    where the router is unsure."""
+    chat: list[bool] = []
+    right: list[bool] = []
+    for row, want, text, token in zip(scores, shapes, texts, first, strict=True):
+        sure = router.acts(row, text)
+        act = sure if sure is not None else token
+        if want is None:
+            chat.append(act)
+        else:
+            right.append(act and router.choose(row, router.shapes, text=text) == want)
+    return sum(chat) / max(len(chat), 1), sum(right) / max(len(right), 1)
 
 
 def accuracy(
@@ -404,7 +492,7 @@ def accuracy(
     acted: dict[str, list[bool]] = {"commands": [], "chat": []}
     said: Sequence[str | None] = texts if texts is not None else [None] * len(shapes)
     for row, want, text in zip(logits, shapes, said, strict=True):
-        sure = router.acts(row)  # unsure: the model's first token, as the engine does
+        sure = router.acts(row, text)  # unsure: the model's first token, as the engine does
         act = sure if sure is not None else call_starts(tok, row) if tok else False
         acted["commands" if want is not None else "chat"].append(act)
         if want is None:
@@ -491,7 +579,7 @@ def train_router(options: RouterOptions, log: Callable[[str], None] = print) -> 
         )
         texts = [r.text for r in train]
         router, report["words_tried"] = fit_words(
-            router, texts, [r.shape for r in train], dev, options
+            router, texts, [r.shape for r in train], dev, options, tok=tok
         )
         log(f"router: word expert {router.info.get('words')} (development split)")
     if kept is None:

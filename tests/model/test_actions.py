@@ -17,8 +17,18 @@ from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt
 from model.diffusion_engine import smollm2_diffusion_config
 from model.engine import ChatMessage, drain
 from model.nn.backend import TorchBackend
+from model.nn.gguf import GGUFFile
 from model.sampler import SamplerSettings, sample
-from model.tools import CALL_OPEN, DEFAULT_TOOLS, Param, Tool, ToolCall, call_ids, validate
+from model.tools import (
+    CALL_CLOSE,
+    CALL_OPEN,
+    DEFAULT_TOOLS,
+    Param,
+    Tool,
+    ToolCall,
+    call_ids,
+    validate,
+)
 
 from .conftest import tiny_tokenizer
 from .test_diffusion import tiny_diffusion, tiny_generator
@@ -136,6 +146,20 @@ def test_a_spoken_reply_never_opens_with_the_call_s_first_token() -> None:
     assert free[0] == open_id  # what this backend writes unhindered
     banned, _ = drain(sample(backend, prompt, config, settings, rng, 8, avoid=((open_id,),)))
     assert banned[0] != open_id
+
+
+def test_a_spoken_reply_may_open_with_neither_tag_of_a_call(smollm2_gguf: GGUFFile) -> None:
+    """SmolLM2's tokenizer starts the two tags differently ("<" and "</"): a reply that
+    was to speak may start with neither, so it never speaks a call's closing tag (after
+    "Cancel the timer." the model answered "goodbye" with "</tool_call>Cancelling...")."""
+    from model.tokenizer import Tokenizer
+
+    gen, _ = tiny_generator()
+    gen.tokenizer = Tokenizer(smollm2_gguf.tokenizer_data())
+    opens, closes = (gen.tokenizer.encode_plain(t)[0] for t in (CALL_OPEN, CALL_CLOSE))
+    assert opens != closes and gen.tokenizer.decode([closes]) == "</"
+    assert set(gen._no_call(TOOLS)) == {(opens,), (closes,)}
+    assert gen._no_call(()) == ()  # no tools: nothing to keep out
 
 
 def test_forced_tokens_are_laid_down_not_yielded() -> None:

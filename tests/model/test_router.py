@@ -235,12 +235,48 @@ def test_the_word_expert_is_fitted_only_where_the_development_rows_say_it_helps(
     fitted, tried = fit_words(router, texts, labels, dev, opts, (1e-3,), (0.0, 1.0, 4.0))
     assert fitted.words is not None and fitted.info["words"]["weight"] > 0
     assert accuracy(fitted, *dev[:2], texts=dev[2])["accuracy"] == 1.0 > plain
-    assert set(tried) == {"0.001 x 0", "0.001 x 1", "0.001 x 4"}
+    assert set(tried) == {"0.001 x 0", "0.001 x 1", "0.001 x 4", "act"}
     # where the state already names every development row, the words add nothing
     plain_dev = ((centres[dy] + rng.normal(0, 0.3, mid.shape)) @ table.T).astype(np.float32)
     same = ["please"] * len(texts)
     kept, _ = fit_words(router, same, labels, (plain_dev, dev_labels, dev[2]), opts, (1e-3,))
     assert kept.words is None and kept.info["words"]["weight"] == 0
+
+
+def test_the_words_decide_act_or_speak_where_a_drifted_state_gets_it_wrong() -> None:
+    """After earlier turns the state can be sure the wrong way: acting on "good night",
+    speaking to "lights off please". The act part of the word expert, fitted on every
+    training row's words, is chosen on the development rows only where it acts on less
+    chat, and it outweighs the state there; the words alone never act on chat here."""
+    rng = np.random.default_rng(5)
+    table = rng.normal(size=(50, 6)).astype(np.float32)
+    to_hidden = np.linalg.pinv(table).astype(np.float32)
+    centres = rng.normal(0, 6.0, (4, 6))
+    y = np.repeat(np.arange(4), 30)
+    states = (centres[y] + rng.normal(0, 1, (len(y), 6))).astype(np.float32)
+    labels = [SHAPES[i] if i < 3 else None for i in y]
+    said = ("lights off", "lights on", "cancel the timer", "good night")
+    texts = [f"{said[i]} {rng.choice(['please', 'now', 'ok'])}" for i in y]
+    opts = RouterOptions(Path("."), steps=300)
+    router = fit_router(states @ table.T, labels, to_hidden, opts, "sha")
+    # development rows after other turns: each in its own state, but "good night" sits
+    # on the lights-off cluster (the state acts) and a third of the commands on chat's
+    dy = np.repeat(np.arange(4), 12)
+    where = np.where(dy == 3, 0, dy)
+    where[(dy < 3) & (np.arange(len(dy)) % 3 == 0)] = 3
+    dev_states = (centres[where] + rng.normal(0, 0.3, (len(dy), 6))).astype(np.float32)
+    dev_labels = [SHAPES[i] if i < 3 else None for i in dy]
+    dev = (dev_states @ table.T, dev_labels, [said[i] for i in dy])
+    before = accuracy(router, *dev[:2], texts=dev[2])
+    assert before["chat_acted"] == 1.0 and before["commands_acted"] < 0.7
+    fitted, tried = fit_words(router, texts, labels, dev, opts, (1e-3,), (0.0,), None, (0.0, 8.0))
+    assert set(tried["act"]) == {"0.001 x 0", "0.001 x 8"}
+    assert fitted.info["act_words"]["weight"] == 8.0 and fitted.words is not None
+    after = accuracy(fitted, *dev[:2], texts=dev[2])
+    assert after["chat_acted"] == 0.0 and after["commands_acted"] == 1.0
+    # only the act-or-speak columns: the tool and shape parts stayed at weight 0
+    assert not fitted.words.weights[:, 2:].any()
+    assert not fitted.words.scores("good night")[2:].any()
 
 
 def test_every_way_to_lay_out_a_call_has_one_name() -> None:
@@ -294,7 +330,7 @@ def test_a_model_directory_gets_the_router_of_its_own_adapter(tmp_path: Path) ->
 
 def test_the_shipped_router_belongs_to_the_shipped_tools_adapter() -> None:
     """A retrained tools adapter needs its router refitted (`quicksilver router`)."""
-    tools = SHIPPED_ADAPTER.with_name("adapters-tools")
+    tools = SHIPPED_ADAPTER
     router = ToolRouter.load(tools / ROUTER_FILE)
     weights = hashlib.sha256((tools / "adapter.safetensors").read_bytes()).hexdigest()
     assert router.adapter_sha256 == weights
