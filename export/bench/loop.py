@@ -191,6 +191,7 @@ class Watch:
     first_text_at: dict[int, float] = field(default_factory=dict)
     metrics: dict[int, dict[str, Any]] = field(default_factory=dict)
     cancelled: dict[int, str] = field(default_factory=dict)
+    actions: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
     def see(self, a: Arrival) -> None:
@@ -210,6 +211,8 @@ class Watch:
                 self.cancelled[t] = reason
             case p.Metrics(turn_id=t) as m:
                 self.metrics[t] = asdict(m)
+            case p.Action(turn_id=t, name=name, arguments=arguments):
+                self.actions.setdefault(t, []).append({"name": name, "arguments": arguments})
             case p.Error(code=code, message=message):
                 self.errors.append(f"{code}: {message}")
 
@@ -243,6 +246,7 @@ class UtteranceReport:
     turn_ids: list[int] = field(default_factory=list)
     transcript: str = ""
     reply: str = ""
+    actions: list[dict[str, Any]] = field(default_factory=list)  # the answering turn's calls
     stages: dict[str, float | None] = field(default_factory=dict)
     speculative: bool | None = None
     end_of_turn: str | None = None  # the answering turn's end-of-turn tier (metrics)
@@ -273,6 +277,7 @@ def report(run: int, index: int, u: Utterance, warmup: bool, w: Watch) -> Uttera
     r.turns = sum(w.cancelled.get(t) != "continued" for t in w.turn_ids)
     r.transcript = " | ".join(w.transcripts.get(t, "") for t in w.turn_ids)
     r.reply = w.replies.get(answer, "") if answer is not None else ""
+    r.actions = w.actions.get(answer, []) if answer is not None else []
     m = w.metrics.get(answer, {}) if answer is not None else {}
     r.stages = {k: m.get(k) for k in STAGES}
     r.speculative = m.get("speculative")
@@ -474,6 +479,8 @@ def print_table(result: dict[str, Any], out: Any = None) -> None:
                 file=out,
             )
             print(f"      {u['transcript']!r} -> {u['reply'][:90]!r}", file=out)
+            for a in u.get("actions") or []:  # a peer's report has none
+                print(f"      action {a['name']} {json.dumps(a['arguments'])}", file=out)
             if u["error"]:
                 print(f"      error: {u['error']}", file=out)
     for i, r in enumerate(result["runs"], 1):

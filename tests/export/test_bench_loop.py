@@ -72,6 +72,7 @@ def test_one_turn_per_utterance_and_never_early(loop_report: dict[str, Any]) -> 
     assert complete["end_of_turn"] == "complete", complete
     assert paused["end_of_turn"] in ("complete", "unsure"), paused
     assert complete["reply"] and complete["latency_ms"] is not None
+    assert complete["actions"] == []  # a question: the served adapter speaks, no call
     assert "milk" in paused["transcript"].lower() and "bread" in paused["transcript"].lower()
     summary = loop_report["summary"]
     assert summary["utterances"] == 2 and summary["early_replies"] == 0
