@@ -75,19 +75,21 @@ def completed_opening(
     pos: NDArray[np.int64],
     tokens: NDArray[np.int64],
     openings: Sequence[Opening],
+    start: int = 0,
 ) -> tuple[int, int] | None:
     """Would writing ``tokens`` at reply positions ``pos`` of ``x`` (the reply so far,
-    undecided positions holding anything not in an opening) make the reply start with
-    one of ``openings``? Then (position, token) to ban: the leftmost of ``pos`` inside
-    that opening, and its token there. None when the commits are fine."""
+    undecided positions holding anything not in an opening) make the reply's words,
+    which begin at ``start`` (after a tool call's tokens), start with one of
+    ``openings``? Then (position, token) to ban: the leftmost of ``pos`` inside that
+    opening, and its token there. None when the commits are fine."""
     y = x.copy()
     y[pos] = tokens
     for o in openings:
         n = len(o)
-        if y.size < n or not np.array_equal(y[:n], o):
+        if y.size < start + n or not np.array_equal(y[start : start + n], o):
             continue
-        inside = pos[pos < n]
+        inside = pos[(pos >= start) & (pos < start + n)]
         if inside.size:  # this step completes it (an opening already there is not ours)
             p = int(inside.min())
-            return p, o[p]
+            return p, o[p - start]
     return None

@@ -314,10 +314,10 @@ def sample(
     the rest of the prompt is prefilled, and the cache ends up holding the prompt and
     the committed blocks. ``forced``: the reply's first tokens, already decided (a tool
     call, ``model/actions.py``): laid into the first block as committed, never yielded,
-    and counted in ``max_tokens``. ``avoid``: token sequences the reply may not start
-    with (:mod:`model.openings`). Returns the reply's :class:`GenerationStats`
-    (tokens: the yielded ones); ``stopped_by`` is "end" (an end token), "budget"
-    (``max_tokens`` or the step budget), "cancel".
+    and counted in ``max_tokens``. ``avoid``: token sequences the reply's words (after
+    ``forced``) may not start with (:mod:`model.openings`). Returns the reply's
+    :class:`GenerationStats` (tokens: the yielded ones); ``stopped_by`` is "end" (an
+    end token), "budget" (``max_tokens`` or the step budget), "cancel".
     """
     if not prompt:
         raise ValueError("the prompt is empty")
@@ -476,7 +476,7 @@ def _denoise(
             waits = _end_after_sentences(logits, r.x, lo, want, r.model)
         r.steps, taken = r.steps + 1, taken + 1  # predict counts the passes it runs
         pos, tok = decide(logits, masked, r.settings, left, r.rng, r.model.end_ids, waits)
-        while r.avoid and (ban := completed_opening(r.x, lo + pos, tok, r.avoid)):
+        while r.avoid and (ban := completed_opening(r.x, lo + pos, tok, r.avoid, r.skipped)):
             logits[ban[0] - lo, ban[1]] = -np.inf  # decide again without it
             pos, tok = decide(logits, masked, r.settings, left, r.rng, r.model.end_ids, waits)
         r.x[lo + pos] = tok

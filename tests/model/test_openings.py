@@ -68,6 +68,12 @@ def test_completed_opening_bans_the_token_that_would_complete_it() -> None:
     assert completed_opening(x, np.array([1]), np.array([11]), o) is None  # 0 still masked
     # a reply that cannot hold the whole opening never completes it
     assert completed_opening(np.array([M, M]), np.array([0, 1]), np.array([10, 11]), o) is None
+    # after a call's forced tokens (here 2) the words start later: the opening is theirs
+    x = np.array([7, 8, 10, 11, M, M])
+    assert completed_opening(x, np.array([4]), np.array([12]), o, start=2) == (4, 12)
+    assert completed_opening(x, np.array([4]), np.array([12]), o) is None  # 7, 8 open it
+    called = np.array([10, 11, M, M])  # the call's own tokens never count as words
+    assert completed_opening(called, np.array([2]), np.array([12]), o, start=2) is None
 
 
 def test_sampler_parallel_commits_never_complete_a_banned_opening() -> None:
@@ -82,6 +88,20 @@ def test_sampler_parallel_commits_never_complete_a_banned_opening() -> None:
     got, _ = drain(sample(b, PROMPT, MODEL, s, RNG(0), 4, avoid=[(10, 11, 12)]))
     assert got[1:] == [11, 12, 13] and got[0] != 10
     assert b.denoise_inputs() == [[M, M, M, M], [M, 11, 12, 13]]  # the others committed
+
+
+def test_after_forced_call_tokens_the_words_may_not_open_as_banned() -> None:
+    """A call's confirmation: the call's last tokens are forced into the block, and the
+    words after them may not start with the user's words (an echo)."""
+    s = SamplerSettings(block_size=6, threshold=0.9)
+    script = [7, 8, 10, 11, 12, 13]
+    free, _ = drain(
+        sample(ScriptBackend(script, [0.95] * 6, 3), PROMPT, MODEL, s, RNG(0), 6, forced=[7, 8])
+    )
+    assert free == [10, 11, 12, 13]  # the forced tokens are never yielded
+    b = ScriptBackend(script, [0.95] * 6, 3)
+    got, _ = drain(sample(b, PROMPT, MODEL, s, RNG(0), 6, forced=[7, 8], avoid=[(10, 11, 12)]))
+    assert got[0] != 10 and got[1:] == [11, 12, 13]
 
 
 def test_sampler_bans_the_last_token_of_an_opening_written_out_of_order() -> None:
