@@ -17,6 +17,7 @@ module only loads a directory that is already complete.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal, get_args
 
@@ -27,6 +28,7 @@ from model.modeldir import (
     FILES,
     SHIPPED_ADAPTER,
     Variant,
+    adapter_calls_tools,
     default_model_dir,
     is_complete,
     load_tokenizer,
@@ -97,8 +99,7 @@ def trained_for_tools(adapter: Path | None) -> bool:
     manifest says): a session gets the default device tools only from such a model."""
     if adapter is None or not (adapter / "manifest.json").is_file():
         return False
-    data = json.loads((adapter / "manifest.json").read_text()).get("data", {})
-    return "--actions" in str(data.get("command", "")) if isinstance(data, dict) else False
+    return adapter_calls_tools(json.loads((adapter / "manifest.json").read_text()))
 
 
 def load_onnx_backend(
@@ -128,6 +129,8 @@ def load_onnx_diffusion_generator(
     model_dir: Path, variant: Variant = "int8", config: RuntimeConfig | None = None
 ) -> DiffusionGenerator:
     options = DiffusionOptions()
+    if adapter_calls_tools(read_manifest(model_dir).get("source", {}).get("adapter")):
+        options = replace(options, end_after_sentence="always")
     config = config or RuntimeConfig(max_len=options.cache_len)
     backend = load_onnx_backend(model_dir, variant, config)
     tok = load_tokenizer(model_dir)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -72,11 +73,12 @@ class DiffusionOptions:
     # the two keep both engines from copying themselves (docs/training.md, "Conversations")
     history_window: int | None = 4
     opening_ban: int = 4
-    # Under the tools prompt a reply ends only after a sentence's end (the sampler's
-    # ends_after_sentence): the tools adapter, trained on short call confirmations, ends
-    # factual answers before their last words there ("The capital of Italy"). Held-out,
-    # tools prompt: whole sentences 0.825 -> 0.900 (docs/actions.md)
-    tools_end_after_sentence: bool = True
+    # Where a reply ends only after a sentence's end (the sampler's ends_after_sentence):
+    # in sessions with tools, or in every session ("always", which the loaders set for an
+    # adapter trained on tool calls). That adapter, trained on short call confirmations,
+    # ends factual answers before their last words ("The capital of Italy") under either
+    # prompt. Held-out, tools prompt: whole sentences 0.825 -> 0.900 (docs/actions.md)
+    end_after_sentence: Literal["never", "tools", "always"] = "tools"
 
     @property
     def cache_len(self) -> int:
@@ -153,7 +155,8 @@ class DiffusionGenerator:
                 head, forced, passes, last = acted
                 prefix = Prefix(prefix.cache, len(head), last)
             settings = opts.sampler
-            if tools and opts.tools_end_after_sentence:
+            rule = opts.end_after_sentence
+            if rule == "always" or (rule == "tools" and tools):
                 settings = dataclasses.replace(settings, ends_after_sentence=True)
             tokens = sample(
                 self.backend,
@@ -165,8 +168,11 @@ class DiffusionGenerator:
                 should_stop,
                 prefix,
                 forced,
-                # a call's confirmation may open as before; a spoken reply never opens a call
-                avoid=() if forced else (*avoid, *self._no_call(tools)),
+                # a call's confirmation, after the call's tokens, may not open as an
+                # earlier reply or the user's words did either ("Remind me to call my
+                # mom at six." was confirmed with those words); a spoken reply never
+                # opens a call
+                avoid=avoid if forced else (*avoid, *self._no_call(tools)),
             )
             stats = yield from decoded(tokens, decoder.push)
         finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,13 +42,23 @@ FORMAT_VERSION = 4
 DEFAULT_NAME = f"smollm2-135m-instruct-onnx-v{FORMAT_VERSION}"
 
 
-# The trained block-diffusion adapter shipped with the package (docs/training.md):
-# package data of ``model`` (pyproject.toml), so a wheel install has it too.
-SHIPPED_ADAPTER = Path(__file__).resolve().parent / "adapters"
+# The trained block-diffusion adapters shipped with the package (docs/training.md):
+# package data of ``model`` (pyproject.toml), so a wheel install has them too. The
+# served one is trained to call tools as well as to speak (docs/actions.md); the chat
+# adapter it was continued from (``--adapter model/adapters``) only speaks.
+SHIPPED_ADAPTER = Path(__file__).resolve().parent / "adapters-tools"
+CHAT_ADAPTER = SHIPPED_ADAPTER.with_name("adapters")
+
+
+def adapter_calls_tools(manifest: Mapping[str, Any] | None) -> bool:
+    """An adapter manifest (``adapter.manifest``, or a model directory's
+    ``source.adapter``) says it was trained on tool calls (``quicksilver data --actions``)."""
+    data = (manifest or {}).get("data", {})
+    return "--actions" in str(data.get("command", "")) if isinstance(data, dict) else False
 
 
 def shipped_adapter() -> Path | None:
-    """``model/adapters/`` when the installation holds the trained adapter."""
+    """``model/adapters-tools/`` when the installation holds the served adapter."""
     return SHIPPED_ADAPTER if (SHIPPED_ADAPTER / "manifest.json").is_file() else None
 
 

@@ -107,15 +107,17 @@ def _parser() -> argparse.ArgumentParser:
         help="the tools a session may call when its start names none: the default device "
         "tools, none, or a JSON list of {name, description, parameters} (docs/protocol.md, "
         "'Actions'); auto: the default ones when the adapter was trained on tool calls "
-        "(--adapter model/adapters-tools), else none. Only the diffusion engines call tools",
+        "(the served one is; --adapter model/adapters is not), else none. Only the "
+        "diffusion engines call tools",
     )
     serve.add_argument(
         "--adapter",
         type=Path,
         default=None,
         metavar="DIR",
-        help="the diffusion engines' adapter (default: the shipped one, model/adapters); "
-        "model/adapters-tools is the one trained to call tools (docs/actions.md)",
+        help="the diffusion engines' adapter (default: the shipped one, "
+        "model/adapters-tools, trained to call tools and to speak; model/adapters is the "
+        "chat adapter it continues, which only speaks; docs/actions.md)",
     )
     serve.add_argument(
         "--turn-end",

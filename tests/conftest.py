@@ -52,21 +52,10 @@ def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory, model_cache: Path) -> Iterator[ServerProcess]:
-    """``python -m server.cli serve --port 0`` with the default models, one per test run."""
+    """``python -m server.cli serve --port 0`` with the default models, one per test run
+    (its adapter calls tools: sessions that name none get the default device tools)."""
     log = tmp_path_factory.mktemp("server") / "server.log"
     srv = start_server(log, "--cache-dir", str(model_cache))
     assert list(model_cache.glob("models/*/manifest.json")), "no model built in --cache-dir"
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="session")
-def acting_server(
-    tmp_path_factory: pytest.TempPathFactory, model_cache: Path
-) -> Iterator[ServerProcess]:
-    """The server with the adapter trained to call tools (``--adapter
-    model/adapters-tools``; its sessions get the default device tools)."""
-    log = tmp_path_factory.mktemp("acting-server") / "server.log"
-    srv = start_server(log, "--cache-dir", str(model_cache), "--adapter", "model/adapters-tools")
     yield srv
     srv.stop()

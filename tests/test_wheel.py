@@ -32,7 +32,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from model.assemble import DEFAULT_ENGINE, engine_model_dir, serving_variant
-from model.modeldir import SHIPPED_ADAPTER, default_cache_dir, is_complete
+from model.modeldir import CHAT_ADAPTER, SHIPPED_ADAPTER, default_cache_dir, is_complete
 from server import protocol as p
 
 pytestmark = [pytest.mark.slow, pytest.mark.models]
@@ -107,15 +107,12 @@ def test_wheel_ships_the_adapter(install: Install) -> None:
     assert Path(out["cli"]).resolve().is_relative_to(install.site.resolve())
     adapter = Path(out["adapter"]).resolve()
     assert adapter.is_relative_to(install.site.resolve()), adapter
-    for name in ("adapter.safetensors", "manifest.json"):
-        assert _sha256(adapter / name) == _sha256(SHIPPED_ADAPTER / name), name
-    tools, shipped_tools = (
-        adapter.with_name("adapters-tools"),
-        SHIPPED_ADAPTER.with_name("adapters-tools"),
-    )
-    # model/router.py, model/spans.py
+    # the served adapter with its router and span pointers (model/router.py, model/spans.py)
     for name in ("adapter.safetensors", "manifest.json", "router.npz", "spans.npz"):
-        assert _sha256(tools / name) == _sha256(shipped_tools / name), name
+        assert _sha256(adapter / name) == _sha256(SHIPPED_ADAPTER / name), name
+    chat = adapter.with_name(CHAT_ADAPTER.name)  # the chat adapter, --adapter model/adapters
+    for name in ("adapter.safetensors", "manifest.json"):
+        assert _sha256(chat / name) == _sha256(CHAT_ADAPTER / name), name
 
 
 def _serve_cache(model_cache: Path) -> Path:

@@ -4,12 +4,14 @@ a :class:`model.nn.backend.TorchBackend`."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
 
 from model.ar import ARGenerator, AROptions
 from model.diffusion_engine import DiffusionGenerator, DiffusionOptions, smollm2_diffusion_config
+from model.modeldir import adapter_calls_tools
 from model.nn.adapter import Adapter, load_adapter
 from model.nn.backend import TorchBackend
 from model.nn.diffusion import load_smollm2_diffusion
@@ -40,11 +42,14 @@ def load_diffusion_generator(
 ) -> DiffusionGenerator:
     """The "diffusion" generator: SmolLM2 from the GGUF with the mask row and ``adapter``
     merged in (:func:`model.nn.diffusion.load_smollm2_diffusion`)."""
-    settings = settings or DiffusionOptions()
     f = open_gguf(source)
     tokenizer = Tokenizer(f.tokenizer_data())
     if isinstance(adapter, str | Path):
         adapter = load_adapter(adapter)
+    if settings is None:
+        settings = DiffusionOptions()
+        if adapter is not None and adapter_calls_tools(adapter.manifest):
+            settings = dataclasses.replace(settings, end_after_sentence="always")
     model = load_smollm2_diffusion(f, adapter, getattr(torch, settings.dtype))
     backend = TorchBackend(model, max_len=settings.cache_len)
     return DiffusionGenerator(backend, tokenizer, smollm2_diffusion_config(tokenizer), settings)

@@ -66,7 +66,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     llm.add_argument("--prompts", type=Path, default=None, help="one question per line")
     llm.add_argument("--data", type=Path, default=Path("data/distill"))
     source = llm.add_mutually_exclusive_group()  # an exported directory has its adapter merged
-    source.add_argument("--adapter", type=Path, default=None, help="default: model/adapters/")
+    source.add_argument("--adapter", type=Path, default=None, help="default: the served one")
     llm.add_argument("--json", type=Path, required=True, dest="json_out")
     llm.add_argument("--limit", type=int, default=None, help="first N prompts only")
     llm.add_argument("--max-tokens", type=int, default=64)
@@ -251,6 +251,13 @@ def _register_sessions(ev_sub: argparse._SubParsersAction[argparse.ArgumentParse
         help="a reply engine (repeatable; default: diffusion-onnx and smollm2-ar-onnx)",
     )
     ses.add_argument("--scripts", type=Path, default=None, help="JSON: session -> user turns")
+    ses.add_argument(
+        "--calls",
+        type=Path,
+        default=None,
+        help="JSON: a command's words -> its expected call {name, arguments} (default: the "
+        "shipped scripts' commands); the other turns are chat",
+    )
     ses.add_argument("--turns", type=int, default=None, help="first N turns of each session")
     ses.add_argument("--max-tokens", type=int, default=64)
     ses.add_argument(
@@ -276,9 +283,9 @@ def _register_sessions(ev_sub: argparse._SubParsersAction[argparse.ArgumentParse
     ses.add_argument(
         "--tools",
         choices=("none", "default"),
-        default="none",
-        help="the session's tools: none, or the default device tools (the diffusion "
-        "engines act; pair with --adapter model/adapters-tools)",
+        default="default",
+        help="the session's tools: the default device tools, as a served session that "
+        "names none gets (the diffusion engines act), or none",
     )
     ses.add_argument("--adapter", type=Path, default=None, help="the diffusion engines' adapter")
     ses.add_argument("--no-quality", action="store_true", help="skip NLL and similarity")
@@ -422,11 +429,18 @@ def _eval_llm(args: argparse.Namespace) -> int:
 
 
 def _eval_sessions(args: argparse.Namespace) -> int:
-    from model.training.sessions import SCRIPTS_FILE, SessionOptions, run_sessions, table
+    from model.training.sessions import (
+        CALLS_FILE,
+        SCRIPTS_FILE,
+        SessionOptions,
+        run_sessions,
+        table,
+    )
 
     window = args.history_window  # None: the engines'; "all": no window
     opts = SessionOptions(
         scripts=args.scripts or SCRIPTS_FILE,
+        calls=args.calls or CALLS_FILE,
         engines=tuple(args.engine or SessionOptions().engines),
         turns=args.turns,
         max_tokens=args.max_tokens,

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from model.modeldir import Variant
+from model.modeldir import Variant, adapter_calls_tools
 from model.nn.llama import Llama
 from model.openings import Opening
 from model.sampler import SamplerSettings, schedule_label
@@ -375,6 +375,10 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
         assert diff is not None
         backend, runtime = TorchBackend(diff, max_len=max_len), f"torch-{opts.dtype}"
     served = served_sampler()  # a setting's name says how it differs from the engines'
+    if not opts.sentence_ends and adapter_calls_tools(adapter_manifest):
+        # as served: the engines end its replies only after a sentence's end
+        # (DiffusionOptions.end_after_sentence "always")
+        opts = dataclasses.replace(opts, sentence_ends=(True,))
     for settings in sampler_settings(opts):
         th, fallback = settings.threshold, settings.fallback
         r = diffusion_replies(backend, tok, asked, settings, opts, avoid)

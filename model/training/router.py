@@ -372,7 +372,7 @@ def fit_words(
         router, weights=np.eye(k, dtype=np.float32), bias=np.zeros(k, np.float32)
     )
     best: tuple[tuple[float, float, float], ToolRouter] | None = None
-    tried: dict[str, list[float]] = {}
+    tried: dict[str, Any] = {}
     for l2 in l2_grid:
         weights = np.zeros((len(words), len(router.names)))
         bias = np.zeros(len(router.names))
@@ -402,8 +402,8 @@ def fit_words(
         chosen, tried["act"] = fit_act_words(
             chosen, all_x, acts, dev, options, l2_grid, act_weight_grid, tok
         )
-    expert = chosen.words
-    if expert is not None and not expert.weights.any() and not expert.bias.any():
+    kept = chosen.words
+    if kept is not None and not kept.weights.any() and not kept.bias.any():
         chosen = replace(chosen, words=None)  # every part's weight 0: no expert
     return chosen, tried
 

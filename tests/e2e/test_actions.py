@@ -1,6 +1,6 @@
 """A spoken command through the real server acts: Piper speech in, a ``timer.set``
-action out before a spoken confirmation (issue 20's end-to-end check), with the adapter
-trained to call tools (``serve --adapter model/adapters-tools``)."""
+action out before a spoken confirmation (issue 20's end-to-end check), from the server
+as it starts by default (its adapter is trained to call tools)."""
 
 from __future__ import annotations
 
@@ -24,10 +24,10 @@ COMMAND = "Set a timer for five minutes."
 
 
 async def test_a_spoken_command_sets_a_timer_and_says_so(
-    acting_server: ServerProcess, speech: SpeechFactory, tiny: Transcriber
+    server: ServerProcess, speech: SpeechFactory, tiny: Transcriber
 ) -> None:
     command = speech.piper(COMMAND, lead_s=0.5)
-    async with connect(acting_server.url) as ws:
+    async with connect(server.url) as ws:
         ready = await start_session(ws, 16000, "test")
         assert "timer.set" in ready.tools  # the default device tools
         sender = asyncio.create_task(stream_audio(ws, Pcm(float32_to_int16(command), 16000)))
@@ -62,7 +62,7 @@ async def typed_turn(ws: ClientConnection, text: str) -> list[p.ServerMessage]:
     return events
 
 
-async def test_typed_commands_carry_the_user_s_own_words(acting_server: ServerProcess) -> None:
+async def test_typed_commands_carry_the_user_s_own_words(server: ServerProcess) -> None:
     """String arguments are spans of what was said (model/spans.py): the contact, the
     message and the destination as the user put them, no carrier words around them."""
     want = {
@@ -75,7 +75,7 @@ async def test_typed_commands_carry_the_user_s_own_words(acting_server: ServerPr
             {"destination": "the nearest gas station"},
         ),
     }
-    async with connect(acting_server.url) as ws:
+    async with connect(server.url) as ws:
         await start_session(ws, 16000, "test")
         for text, (name, arguments) in want.items():
             events = await typed_turn(ws, text)
@@ -84,12 +84,12 @@ async def test_typed_commands_carry_the_user_s_own_words(acting_server: ServerPr
 
 
 async def test_a_question_asked_where_tools_are_gets_its_whole_answer(
-    acting_server: ServerProcess,
+    server: ServerProcess,
 ) -> None:
     """Under the tools prompt the tools adapter ended factual answers before their last
     words ("The capital of Italy"); a reply there ends only after a sentence's end
     (model/sampler.py ends_after_sentence), so the answer is said, and nothing acts."""
-    async with connect(acting_server.url) as ws:
+    async with connect(server.url) as ws:
         await start_session(ws, 16000, "test")
         for question, answer in (
             ("What is the capital of Italy?", "Rome"),

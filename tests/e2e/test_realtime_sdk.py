@@ -41,9 +41,9 @@ def client(server: ServerProcess) -> Any:
 
 
 @pytest.fixture
-def acting_client(acting_server: ServerProcess) -> Any:
-    """The SDK against the server whose adapter was trained to call tools."""
-    return sdk_client(acting_server)
+def acting_client(server: ServerProcess) -> Any:
+    """The SDK against the default server, whose adapter is trained to call tools."""
+    return sdk_client(server)
 
 
 async def events_until(conn: Any, kind: str, timeout_s: float = 180) -> list[Any]:

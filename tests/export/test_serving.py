@@ -59,6 +59,26 @@ def test_the_onnx_diffusion_engine_replies(tiny_dir: Path) -> None:
     assert stats == GenerationStats(16, 1 + 16, "budget") and len(pieces) == 16
 
 
+def test_an_adapter_trained_on_calls_ends_every_reply_after_a_sentence(
+    tiny_dir: Path, tmp_path: Path
+) -> None:
+    """Its replies end only after a sentence's end in every session, tools or not: the
+    loader reads the model directory's adapter manifest."""
+    import json
+    import shutil
+
+    from model.assemble import load_onnx_diffusion_generator
+
+    assert load_onnx_diffusion_generator(tiny_dir).options.end_after_sentence == "tools"
+    calls = tmp_path / "calls"
+    shutil.copytree(tiny_dir, calls)
+    manifest = json.loads((calls / "manifest.json").read_text())
+    data = {"command": "quicksilver data --actions --seed 1 --out data/actions"}
+    manifest.setdefault("source", {})["adapter"] = {"data": data}
+    (calls / "manifest.json").write_text(json.dumps(manifest))
+    assert load_onnx_diffusion_generator(calls).options.end_after_sentence == "always"
+
+
 @pytest.mark.skipif(tensorrt.unavailable_reason() is None, reason="TensorRT is installed here")
 def test_tensorrt_says_plainly_that_it_is_not_installed(tiny_dir: Path, tmp_path: Path) -> None:
     reason = tensorrt.unavailable_reason()

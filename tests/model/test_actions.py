@@ -162,6 +162,35 @@ def test_a_spoken_reply_may_open_with_neither_tag_of_a_call(smollm2_gguf: GGUFFi
     assert gen._no_call(()) == ()  # no tools: nothing to keep out
 
 
+@pytest.mark.parametrize(
+    ("rule", "tools", "ends"),
+    [
+        ("tools", False, False),
+        ("tools", True, True),
+        ("always", False, True),
+        ("never", True, False),
+    ],
+)
+def test_where_a_reply_ends_only_after_a_sentence(
+    rule: str, tools: bool, ends: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``end_after_sentence``: in sessions with tools (the default), in every session
+    (what the loaders set for an adapter trained on calls), or never."""
+    import model.diffusion_engine as engine
+
+    seen: list[SamplerSettings] = []
+    real = engine.sample
+
+    def spy(backend, prompt, model, settings, *args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(settings)
+        return real(backend, prompt, model, settings, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "sample", spy)
+    gen, _ = tiny_generator(end_after_sentence=rule)
+    drain(gen.generate([ChatMessage("user", "hi")], 8, lambda: False, TOOLS[:2] if tools else ()))
+    assert [s.ends_after_sentence for s in seen] == [ends]
+
+
 def test_forced_tokens_are_laid_down_not_yielded() -> None:
     tok = tiny_tokenizer()
     backend = TorchBackend(tiny_diffusion(2), max_len=256)

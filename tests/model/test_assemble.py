@@ -53,3 +53,12 @@ def test_the_openai_chat_engine_runs_elsewhere_and_needs_its_server() -> None:
         load_generator("openai-chat")
     with pytest.raises(ValueError, match="URL"):  # at start, not at the first turn
         load_generator("openai-chat", chat=ChatServerOptions("127.0.0.1:8000", "m"))
+
+
+def test_the_shipped_adapters_say_which_was_trained_on_calls() -> None:
+    from model.assemble import trained_for_tools
+    from model.modeldir import CHAT_ADAPTER, SHIPPED_ADAPTER, adapter_calls_tools
+
+    assert trained_for_tools(SHIPPED_ADAPTER) and not trained_for_tools(CHAT_ADAPTER)
+    assert not trained_for_tools(None) and not adapter_calls_tools(None)
+    assert not adapter_calls_tools({"data": "quicksilver data --actions"})  # not a record

@@ -57,7 +57,8 @@ def test_eval_command_end_to_end(tmp_path, smollm2_gguf):
     assert main(argv) == 0
     report = json.loads(out.read_text())
     s = report["summary"]
-    assert s["setting"] == "diffusion-B4-th0.9-left"  # the engines' default fallback
+    # the engines' default fallback; the served adapter's replies end after a sentence
+    assert s["setting"] == "diffusion-B4-th0.9-left-sentend"
     assert [row["setting"] for row in report["rows"]] == ["ar-greedy", "ar-t0.7", s["setting"]]
     assert {name: len(r) for name, r in report["replies"].items()} == {
         "ar-greedy": 2,
@@ -97,7 +98,9 @@ def test_eval_scores_the_exported_int8_model(tmp_path, smollm2_gguf):
     assert report["diffusion_runtime"] == "onnx-int8"
     manifest = json.loads((model_dir / "manifest.json").read_text())
     assert report["adapter_manifest"] == manifest["source"]["adapter"]  # what the graph holds
-    assert report["summary"]["setting"] == "diffusion-B4-th0.9-left-onnx-int8"
+    # as served: the served adapter was trained on calls, so its replies end only after
+    # a sentence's end, and the setting's name says so against the sampler's default
+    assert report["summary"]["setting"] == "diffusion-B4-th0.9-left-sentend-onnx-int8"
     assert report["summary"]["passes_per_reply"] >= 2
 
 

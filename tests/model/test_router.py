@@ -341,8 +341,10 @@ def test_the_shipped_router_belongs_to_the_shipped_tools_adapter() -> None:
     assert router.names[:2] == (SPEAK, ACT)
     held = router.info["heldout_with_history"]  # as fitted (docs/actions.md)
     assert held["tool_accuracy"] >= 0.85 and held["chat_acted"] <= 0.02
-    # its word expert, chosen on the development split, helps there
+    # its word expert, chosen on the development split, helps there, on the tool and
+    # on act or speak: after earlier turns it acts on the commands the state speaks to
     assert router.words is not None and router.info["words"]["weight"] > 0
+    assert router.info["act_words"]["weight"] > 0 and held["commands_acted"] >= 0.95
     assert router.words.weights.shape == (len(router.words.words), len(router.names))
     alone = router.info["state_alone"]["dev_with_history"]
     assert router.info["dev_with_history"]["accuracy"] > alone["accuracy"]
