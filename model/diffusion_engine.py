@@ -170,9 +170,10 @@ class DiffusionGenerator:
                 forced,
                 # a call's confirmation, after the call's tokens, may not open as an
                 # earlier reply or the user's words did either ("Remind me to call my
-                # mom at six." was confirmed with those words); a spoken reply never
-                # opens a call
-                avoid=avoid if forced else (*avoid, *self._no_call(tools)),
+                # mom at six." was confirmed with those words)
+                avoid=avoid,
+                # a spoken reply never writes a call's tags
+                never=() if forced else self._no_call(tools),
             )
             stats = yield from decoded(tokens, decoder.push)
         finally:
@@ -271,14 +272,16 @@ class DiffusionGenerator:
             del self._calibrations[next(iter(self._calibrations))]
         return found
 
-    def _no_call(self, tools: Sequence[Tool]) -> tuple[Opening, ...]:
-        """With tools, the first tokens of a call's opening and closing tags as openings
-        no spoken reply may have: the decision was made (call_starts), and the sampler
-        must not write a call as words, nor the tail of one it was not to make (after
-        "Cancel the timer." a "goodbye" was answered "</tool_call>Cancelling the timer.")."""
+    def _no_call(self, tools: Sequence[Tool]) -> tuple[int, ...]:
+        """With tools, the tokens a call's tags start with ("<", "</", and the "tool" of
+        "<tool_call>" that follows them), which no spoken reply writes: the decision was
+        made (call_starts), and the sampler must not write a call as words, nor the tail
+        of one it was not to make (after "Cancel the timer." a "goodbye" was answered
+        "</tool_call>Cancelling the timer.", and with "</" barred, "Itool_call>...")."""
         if not tools:
             return ()
-        return tuple((self.tokenizer.encode_plain(tag)[0],) for tag in (CALL_OPEN, CALL_CLOSE))
+        ids = (self.tokenizer.encode_plain(tag)[:2] for tag in (CALL_OPEN, CALL_CLOSE))
+        return tuple(sorted({i for pair in ids for i in pair}))
 
     def _room(self, prompt_len: int, max_tokens: int) -> int:
         """``max_tokens``, cut so that the prompt and the reply blocks fit in a cache."""

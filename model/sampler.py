@@ -281,6 +281,7 @@ class _Reply:
     ended: bool = False  # an end token was committed
     skipped: int = 0  # forced tokens: placed, never released
     avoid: Sequence[Opening] = ()  # openings the reply may not start with (model/openings.py)
+    never: Ids = field(default_factory=lambda: np.zeros(0, np.int64))  # tokens it never writes
     # stop_repeats: the word pairs of the sentences released so far, where the next one
     # starts, whether the reply was ended before a repeated sentence
     pairs: set[tuple[int, int]] = field(default_factory=set)
@@ -307,6 +308,7 @@ def sample(
     prefix: Prefix | None = None,
     forced: Sequence[int] = (),
     avoid: Sequence[Opening] = (),
+    never: Sequence[int] = (),
 ) -> Generator[int, None, GenerationStats]:
     """Yield reply token ids (end token excluded) as soon as they are final.
 
@@ -315,7 +317,8 @@ def sample(
     the committed blocks. ``forced``: the reply's first tokens, already decided (a tool
     call, ``model/actions.py``): laid into the first block as committed, never yielded,
     and counted in ``max_tokens``. ``avoid``: token sequences the reply's words (after
-    ``forced``) may not start with (:mod:`model.openings`). Returns the reply's
+    ``forced``) may not start with (:mod:`model.openings`); ``never``: token ids it may
+    not write anywhere. Returns the reply's
     :class:`GenerationStats` (tokens: the yielded ones); ``stopped_by`` is "end" (an
     end token), "budget" (``max_tokens`` or the step budget), "cancel".
     """
@@ -330,6 +333,7 @@ def sample(
     r = _Reply(model, settings, rng, should_stop, x, limit, blocks, settings.step_budget(limit))
     r.done = r.skipped = r.sentence = len(forced)
     r.avoid = avoid
+    r.never = np.asarray(never, np.int64)
     if r.limit == 0:
         return r.stats("budget")
     if model.attention == "full":
@@ -471,6 +475,8 @@ def _denoise(
         rows = predict(want)  # (M, V)
         logits = np.empty((masked.size, rows.shape[-1]), rows.dtype)  # (live, V)
         logits[want] = _no_mask(rows, r.model.mask_id)  # the other rows are never read
+        if r.never.size:
+            logits[:, r.never] = -np.inf
         waits = None
         if r.settings.ends_after_sentence and r.model.sentence_ends:
             waits = _end_after_sentences(logits, r.x, lo, want, r.model)

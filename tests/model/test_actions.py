@@ -20,7 +20,6 @@ from model.nn.backend import TorchBackend
 from model.nn.gguf import GGUFFile
 from model.sampler import SamplerSettings, sample
 from model.tools import (
-    CALL_CLOSE,
     CALL_OPEN,
     DEFAULT_TOOLS,
     Param,
@@ -148,18 +147,35 @@ def test_a_spoken_reply_never_opens_with_the_call_s_first_token() -> None:
     assert banned[0] != open_id
 
 
-def test_a_spoken_reply_may_open_with_neither_tag_of_a_call(smollm2_gguf: GGUFFile) -> None:
-    """SmolLM2's tokenizer starts the two tags differently ("<" and "</"): a reply that
-    was to speak may start with neither, so it never speaks a call's closing tag (after
-    "Cancel the timer." the model answered "goodbye" with "</tool_call>Cancelling...")."""
+def test_a_spoken_reply_writes_no_token_a_call_s_tags_start_with(smollm2_gguf: GGUFFile) -> None:
+    """SmolLM2's tokenizer starts the two tags differently ("<tool" and "</tool"): a
+    reply that was to speak writes none of those tokens anywhere, so it never speaks a
+    call or its tail (after "Cancel the timer." the model answered "goodbye" with
+    "</tool_call>Cancelling...", and with "</" barred at the start, "Itool_call>...")."""
     from model.tokenizer import Tokenizer
 
     gen, _ = tiny_generator()
-    gen.tokenizer = Tokenizer(smollm2_gguf.tokenizer_data())
-    opens, closes = (gen.tokenizer.encode_plain(t)[0] for t in (CALL_OPEN, CALL_CLOSE))
-    assert opens != closes and gen.tokenizer.decode([closes]) == "</"
-    assert set(gen._no_call(TOOLS)) == {(opens,), (closes,)}
+    gen.tokenizer = tok = Tokenizer(smollm2_gguf.tokenizer_data())
+    never = gen._no_call(TOOLS)
+    assert [tok.decode([i]) for i in never] == sorted(
+        ["<", "</", "tool"], key=lambda t: tok.encode_plain(t)[0]
+    )
+    assert tok.encode_plain(" tool")[0] not in never  # the word itself stays sayable
     assert gen._no_call(()) == ()  # no tools: nothing to keep out
+
+
+def test_a_token_the_reply_may_never_write_is_not_written() -> None:
+    tok = tiny_tokenizer()
+    backend = TorchBackend(tiny_diffusion(3), max_len=256)
+    prompt = build_prompt(tok, [ChatMessage("user", "hi")], 200, SPOKEN_SYSTEM_PROMPT)
+    settings = SamplerSettings(block_size=8, steps_per_block=4)
+    config = smollm2_diffusion_config(tok)
+    free, _ = drain(sample(backend, prompt, config, settings, np.random.default_rng(0), 16))
+    common = max(set(free), key=free.count)  # what the tiny model writes most
+    got, _ = drain(
+        sample(backend, prompt, config, settings, np.random.default_rng(0), 16, never=[common])
+    )
+    assert common not in got and len(got) == len(free)
 
 
 @pytest.mark.parametrize(
