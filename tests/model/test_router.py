@@ -210,21 +210,37 @@ def test_the_words_decide_the_call_where_the_state_leans_weakly_the_other_way() 
     assert router.acts(row) is True and router.scores(row, "lights off")[:2].tolist() == [0, 5]
 
 
-def test_the_word_expert_is_fitted_only_where_the_development_rows_say_it_helps() -> None:
-    """The development requests are phrased unlike training: their states sit between
-    two tools' clusters. Words that name the tool fix them, so the expert joins the
-    router; where the state is right already, an expert that cannot help does not."""
-    rng = np.random.default_rng(3)
+def clustered_router(
+    seed: int, said: tuple[str, str, str, str]
+) -> tuple[
+    np.random.Generator,
+    np.ndarray,
+    np.ndarray,
+    tuple[list[str], list[str | None], RouterOptions, ToolRouter],
+]:
+    """Training rows for the three shapes and chat in four clusters of a 6-d state seen
+    through a 50-logit head, each row saying ``said[cluster]`` and a filler word, and
+    the router fitted on them; returns the generator to draw development rows from, the
+    head, the cluster centres and (texts, labels, options, router)."""
+    rng = np.random.default_rng(seed)
     table = rng.normal(size=(50, 6)).astype(np.float32)
     to_hidden = np.linalg.pinv(table).astype(np.float32)
     centres = rng.normal(0, 6.0, (4, 6))
     y = np.repeat(np.arange(4), 30)
     states = (centres[y] + rng.normal(0, 1, (len(y), 6))).astype(np.float32)
     labels = [SHAPES[i] if i < 3 else None for i in y]
-    said = ("lights off", "lights on", "cancel the timer", "hello there")
     texts = [f"{said[i]} {rng.choice(['please', 'now', 'ok'])}" for i in y]
     opts = RouterOptions(Path("."), steps=300)
     router = fit_router(states @ table.T, labels, to_hidden, opts, "sha")
+    return rng, table, centres, (texts, labels, opts, router)
+
+
+def test_the_word_expert_is_fitted_only_where_the_development_rows_say_it_helps() -> None:
+    """The development requests are phrased unlike training: their states sit between
+    two tools' clusters. Words that name the tool fix them, so the expert joins the
+    router; where the state is right already, an expert that cannot help does not."""
+    said = ("lights off", "lights on", "cancel the timer", "hello there")
+    rng, table, centres, (texts, labels, opts, router) = clustered_router(3, said)
     # development: lights off that looks halfway to cancelling the timer, and the rest
     dy = np.repeat(np.arange(4), 10)
     mid = np.where(dy[:, None] == 0, (centres[0] + centres[2]) / 2, centres[dy])
@@ -248,17 +264,8 @@ def test_the_words_decide_act_or_speak_where_a_drifted_state_gets_it_wrong() -> 
     speaking to "lights off please". The act part of the word expert, fitted on every
     training row's words, is chosen on the development rows only where it acts on less
     chat, and it outweighs the state there; the words alone never act on chat here."""
-    rng = np.random.default_rng(5)
-    table = rng.normal(size=(50, 6)).astype(np.float32)
-    to_hidden = np.linalg.pinv(table).astype(np.float32)
-    centres = rng.normal(0, 6.0, (4, 6))
-    y = np.repeat(np.arange(4), 30)
-    states = (centres[y] + rng.normal(0, 1, (len(y), 6))).astype(np.float32)
-    labels = [SHAPES[i] if i < 3 else None for i in y]
     said = ("lights off", "lights on", "cancel the timer", "good night")
-    texts = [f"{said[i]} {rng.choice(['please', 'now', 'ok'])}" for i in y]
-    opts = RouterOptions(Path("."), steps=300)
-    router = fit_router(states @ table.T, labels, to_hidden, opts, "sha")
+    rng, table, centres, (texts, labels, opts, router) = clustered_router(5, said)
     # development rows after other turns: each in its own state, but "good night" sits
     # on the lights-off cluster (the state acts) and a third of the commands on chat's
     dy = np.repeat(np.arange(4), 12)
