@@ -17,12 +17,16 @@ module only loads a directory that is already complete.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 from typing import Literal, get_args
 
 from model.ar import ARGenerator, AROptions
-from model.diffusion_engine import DiffusionGenerator, DiffusionOptions, smollm2_diffusion_config
+from model.diffusion_engine import (
+    DiffusionGenerator,
+    DiffusionOptions,
+    served_options,
+    smollm2_diffusion_config,
+)
 from model.engine import TextGenerator
 from model.modeldir import (
     FILES,
@@ -128,9 +132,7 @@ def load_onnx_ar_generator(
 def load_onnx_diffusion_generator(
     model_dir: Path, variant: Variant = "int8", config: RuntimeConfig | None = None
 ) -> DiffusionGenerator:
-    options = DiffusionOptions()
-    if adapter_calls_tools(read_manifest(model_dir).get("source", {}).get("adapter")):
-        options = replace(options, end_after_sentence="always")
+    options = served_options(read_manifest(model_dir).get("source", {}).get("adapter"))
     config = config or RuntimeConfig(max_len=options.cache_len)
     backend = load_onnx_backend(model_dir, variant, config)
     tok = load_tokenizer(model_dir)

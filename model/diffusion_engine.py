@@ -14,9 +14,9 @@ This module imports no torch: :mod:`model.nn.engines` builds it on the PyTorch m
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -32,6 +32,7 @@ from model.actions import (
 from model.backend import Prefix, StepBackend, last_row
 from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt
 from model.engine import ChatMessage, GenerationStats
+from model.modeldir import adapter_calls_tools
 from model.openings import Opening, reply_openings
 from model.prefix import PrefixCache
 from model.router import ToolRouter, tool_of
@@ -85,6 +86,17 @@ class DiffusionOptions:
         """Positions per KV cache: the prompt budget plus whole reply blocks."""
         blocks = self.sampler.blocks(self.max_reply_tokens)
         return self.prompt_budget + (blocks[-1][1] if blocks else 0)
+
+
+def served_options(adapter_manifest: Mapping[str, Any] | None) -> DiffusionOptions:
+    """The engine's options for a model that merges the adapter of this manifest (a
+    model directory's ``source.adapter``, or ``Adapter.manifest``): an adapter trained
+    on tool calls ends every reply only after a sentence's end, in sessions without
+    tools too (a Realtime session without functions got "The capital of Italy")."""
+    rule: Literal["tools", "always"] = (
+        "always" if adapter_calls_tools(adapter_manifest) else "tools"
+    )
+    return DiffusionOptions(end_after_sentence=rule)
 
 
 def smollm2_diffusion_config(tokenizer: Tokenizer) -> DiffusionConfig:

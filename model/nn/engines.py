@@ -4,14 +4,17 @@ a :class:`model.nn.backend.TorchBackend`."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import torch
 
 from model.ar import ARGenerator, AROptions
-from model.diffusion_engine import DiffusionGenerator, DiffusionOptions, smollm2_diffusion_config
-from model.modeldir import adapter_calls_tools
+from model.diffusion_engine import (
+    DiffusionGenerator,
+    DiffusionOptions,
+    served_options,
+    smollm2_diffusion_config,
+)
 from model.nn.adapter import Adapter, load_adapter
 from model.nn.backend import TorchBackend
 from model.nn.diffusion import load_smollm2_diffusion
@@ -46,10 +49,7 @@ def load_diffusion_generator(
     tokenizer = Tokenizer(f.tokenizer_data())
     if isinstance(adapter, str | Path):
         adapter = load_adapter(adapter)
-    if settings is None:
-        settings = DiffusionOptions()
-        if adapter is not None and adapter_calls_tools(adapter.manifest):
-            settings = dataclasses.replace(settings, end_after_sentence="always")
+    settings = settings or served_options(adapter.manifest if adapter else None)
     model = load_smollm2_diffusion(f, adapter, getattr(torch, settings.dtype))
     backend = TorchBackend(model, max_len=settings.cache_len)
     return DiffusionGenerator(backend, tokenizer, smollm2_diffusion_config(tokenizer), settings)

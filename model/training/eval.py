@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from model.modeldir import Variant, adapter_calls_tools
+from model.modeldir import Variant
 from model.nn.llama import Llama
 from model.openings import Opening
 from model.sampler import SamplerSettings, schedule_label
@@ -299,7 +299,7 @@ def eval_prompts(
 
 
 def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
-    from model.diffusion_engine import DiffusionOptions, served_sampler
+    from model.diffusion_engine import DiffusionOptions, served_options, served_sampler
     from model.modeldir import shipped_adapter
     from model.nn.adapter import load_adapter
     from model.nn.backend import TorchBackend
@@ -375,9 +375,8 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
         assert diff is not None
         backend, runtime = TorchBackend(diff, max_len=max_len), f"torch-{opts.dtype}"
     served = served_sampler()  # a setting's name says how it differs from the engines'
-    if not opts.sentence_ends and adapter_calls_tools(adapter_manifest):
-        # as served: the engines end its replies only after a sentence's end
-        # (DiffusionOptions.end_after_sentence "always")
+    if not opts.sentence_ends and served_options(adapter_manifest).end_after_sentence == "always":
+        # as served: the engines end this adapter's replies only after a sentence's end
         opts = dataclasses.replace(opts, sentence_ends=(True,))
     for settings in sampler_settings(opts):
         th, fallback = settings.threshold, settings.fallback

@@ -364,13 +364,7 @@ def fit_words(
     x = bag_of_words(words, [t for t, _ in commands])
     columns = {n: k for k, n in enumerate(router.names)}
     dev_logits, dev_shapes, dev_texts = dev
-    # the state's scores are linear in the logits: read them once, and let each
-    # candidate read those scores through an identity map
-    dev_scores = dev_logits @ router.weights + router.bias
-    k = len(router.names)
-    reads_scores = replace(
-        router, weights=np.eye(k, dtype=np.float32), bias=np.zeros(k, np.float32)
-    )
+    reads_scores, dev_scores = _reading_scores(router, dev_logits)
     best: tuple[tuple[float, float, float], ToolRouter] | None = None
     tried: dict[str, Any] = {}
     for l2 in l2_grid:
@@ -408,6 +402,17 @@ def fit_words(
     return chosen, tried
 
 
+def _reading_scores(
+    router: ToolRouter, logits: NDArray[np.float32]
+) -> tuple[ToolRouter, NDArray[np.float32]]:
+    """The state's scores are linear in the logits: read them once (``logits`` through
+    ``router``), and a copy of ``router`` that reads those scores through an identity
+    map, for each candidate expert to be tried on."""
+    k = len(router.names)
+    reads = replace(router, weights=np.eye(k, dtype=np.float32), bias=np.zeros(k, np.float32))
+    return reads, logits @ router.weights + router.bias
+
+
 def fit_act_words(
     router: ToolRouter,
     x: NDArray[np.float32],
@@ -426,11 +431,7 @@ def fit_act_words(
     [chat acted, shape accuracy]."""
     assert router.words is not None
     dev_logits, dev_shapes, dev_texts = dev
-    dev_scores = dev_logits @ router.weights + router.bias
-    k = len(router.names)
-    reads_scores = replace(
-        router, weights=np.eye(k, dtype=np.float32), bias=np.zeros(k, np.float32)
-    )
+    reads_scores, dev_scores = _reading_scores(router, dev_logits)
     # the model's first token, where the router is unsure, reads the real logits: the
     # decision is made on them once per row, as the engine makes it
     first = [call_starts(tok, row) if tok else False for row in dev_logits]
@@ -444,36 +445,15 @@ def fit_act_words(
             weights[:, :2], bias[:2] = weight * w, weight * b
             expert = replace(base, weights=weights.astype(np.float32), bias=bias.astype(np.float32))
             candidate = replace(reads_scores, words=expert)
-            got = _decided(candidate, dev_scores, dev_shapes, dev_texts, first)
-            tried[f"{l2:g} x {weight:g}"] = [round(got[0], 4), round(got[1], 4)]
-            key = (-got[0], got[1], -weight)
+            got = accuracy(candidate, dev_scores, dev_shapes, texts=dev_texts, first=first)
+            chat, right = got["chat_acted"], got["accuracy"]
+            tried[f"{l2:g} x {weight:g}"] = [round(chat, 4), round(right, 4)]
+            key = (-chat, right, -weight)
             if best is None or key > best[0]:
                 info = {**router.info, "act_words": {"l2": l2, "weight": weight}}
                 best = (key, replace(router, words=expert, info=info))
     assert best is not None, "an empty grid"
     return best[1], tried
-
-
-def _decided(
-    router: ToolRouter,
-    scores: NDArray[np.float32],
-    shapes: Sequence[str | None],
-    texts: Sequence[str],
-    first: Sequence[bool],
-) -> tuple[float, float]:
-    """(share of chat rows acted on, share of commands called with the right shape) for
-    a router that reads ``scores`` as its logits, the model's ``first`` token deciding
-    where the router is unsure."""
-    chat: list[bool] = []
-    right: list[bool] = []
-    for row, want, text, token in zip(scores, shapes, texts, first, strict=True):
-        sure = router.acts(row, text)
-        act = sure if sure is not None else token
-        if want is None:
-            chat.append(act)
-        else:
-            right.append(act and router.choose(row, router.shapes, text=text) == want)
-    return sum(chat) / max(len(chat), 1), sum(right) / max(len(right), 1)
 
 
 def accuracy(
@@ -482,18 +462,26 @@ def accuracy(
     shapes: Sequence[str | None],
     tok: Tokenizer | None = None,
     texts: Sequence[str] | None = None,
+    first: Sequence[bool] | None = None,
 ) -> dict[str, Any]:
     """How often the engine acts on the commands and on the chat (the router where it
     is sure, else ``tok``'s call token first, echoes aside; without ``tok``: speak),
     and how often the router names the expected tool and shape of the commands (of all
     of them: a command not acted on counts as missed), overall and per tool. ``texts``:
-    the requests, for the router's word expert (without them it reads the state alone)."""
+    the requests, for the router's word expert (without them it reads the state alone).
+    ``first``: the model's first-token decisions, made already (for a router that
+    reads precomputed scores rather than the logits ``tok`` would read)."""
     per: dict[str, list[tuple[bool, bool]]] = {}
     acted: dict[str, list[bool]] = {"commands": [], "chat": []}
     said: Sequence[str | None] = texts if texts is not None else [None] * len(shapes)
-    for row, want, text in zip(logits, shapes, said, strict=True):
+    for i, (row, want, text) in enumerate(zip(logits, shapes, said, strict=True)):
         sure = router.acts(row, text)  # unsure: the model's first token, as the engine does
-        act = sure if sure is not None else call_starts(tok, row) if tok else False
+        if sure is not None:
+            act = sure
+        elif first is not None:
+            act = first[i]
+        else:
+            act = call_starts(tok, row) if tok else False
         acted["commands" if want is not None else "chat"].append(act)
         if want is None:
             continue
