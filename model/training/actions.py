@@ -1085,12 +1085,13 @@ def make_actions(
         pairs = [(q, source_name) for q in questions]
         return [e for e in answer_all(model, tok, pairs, data_cfg, log) if e.ended]
 
-    model = model.to(getattr(torch, data_cfg.train_dtype))
+    model = model.to(torch.device(data_cfg.device), getattr(torch, data_cfg.train_dtype))
     frozen = _frozen_chat(out, held_cmd, chat_held)
     held_neg = frozen[len(chat_held) :] if frozen else answer(held_q, "negative")
     dev_neg = answer(dev_q, "negative")
     neg = answer(neg_q, "negative")
-    chat = read_jsonl(source / "train.jsonl")
+    # a grown chat corpus may ask what a held-out or development row asks: left out
+    chat = [e for e in read_jsonl(source / "train.jsonl") if _norm(e.question) not in excluded]
     train = with_tools([*train_cmd, *neg, *chat])
     random.Random(cfg.seed).shuffle(train)
     write_jsonl(out / "train.jsonl", train)

@@ -32,6 +32,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     data.add_argument("--train-dtype", default="float32", choices=("float32", "bfloat16"))
     data.add_argument("--threads", type=int, default=2)
     data.add_argument(
+        "--device",
+        default="cpu",
+        help="where SmolLM2 writes the replies: cpu, cuda, cuda:N or auto (not with "
+        "--own-replies, which runs the exported graph)",
+    )
+    data.add_argument(
         "--own-replies",
         type=Path,
         default=None,
@@ -322,15 +328,33 @@ def _data(args: argparse.Namespace) -> int:
     from model.training.actions import ActionsConfig, make_actions
     from model.training.data import DataConfig, make_dataset
     from model.training.precision import working_dtype
+    from model.training.train import train_device
 
     torch.set_num_threads(args.threads)
     if args.actions and args.own_replies:
         print("quicksilver data: --actions and --own-replies are two corpora", file=sys.stderr)
         return 2
     if args.own_replies:
+        if args.device != "cpu":
+            print(
+                "quicksilver data: --own-replies runs the exported graph on the CPU; "
+                "leave out --device",
+                file=sys.stderr,
+            )
+            return 2
         return _own_replies(args)
+    try:  # before the model loads: a missing GPU fails at once
+        device = train_device(args.device)
+    except ValueError as exc:
+        reason = (
+            str(exc)
+            .replace("--set device=", "--device ")
+            .replace("train with device=", "use --device ")
+        )
+        print(f"quicksilver data: {reason}", file=sys.stderr)
+        return 2
     # before the recipe is written: it names the dtype the replies were written in
-    args.train_dtype = working_dtype(args.train_dtype, log=_log)
+    args.train_dtype = working_dtype(args.train_dtype, device, log=_log)
     f = open_gguf()
     model, tok = load_smollm2(f), Tokenizer(f.tokenizer_data())
     cfg = DataConfig(
@@ -340,6 +364,7 @@ def _data(args: argparse.Namespace) -> int:
         max_reply_tokens=args.max_reply_tokens,
         batch=args.batch,
         train_dtype=args.train_dtype,
+        device=str(device),
     )
     if args.actions:
         actions = ActionsConfig(seed=args.seed, commands=args.commands, negatives=args.negatives)
@@ -347,6 +372,7 @@ def _data(args: argparse.Namespace) -> int:
             f"quicksilver data --actions --seed {args.seed} --commands {args.commands} "
             f"--negatives {args.negatives} --batch {args.batch} --train-dtype {args.train_dtype} "
             f"--source {args.source} --out {args.out}"
+            + (f" --device {device}" if device.type != "cpu" else "")
         )
         recipe = make_actions(model, tok, actions, args.source, args.out, cfg, _log, command)
     else:

@@ -59,6 +59,9 @@ class DataConfig:
     # replies may be written in bf16 (faster on an AMX CPU; the fp32 held-out replies
     # stay the reference).
     train_dtype: str = "float32"
+    # where the replies are decoded: "cpu", "cuda", "cuda:N" or "auto"
+    # (model.training.train.train_device); a GPU writes a 20k-reply corpus in minutes
+    device: str = "cpu"
 
 
 @dataclass(frozen=True)
@@ -112,14 +115,17 @@ def decode_batch(
     positions start at 0 for each prompt, so each row is the same computation as
     model.generate.greedy up to float rounding.
     """
+    dev = model.tok_emb.weight.device  # every tensor where the model is (CPU or a GPU)
     B, L = len(prompts), max(len(p) for p in prompts)
-    n_pad = torch.tensor([L - len(p) for p in prompts])  # (B,)
-    x = torch.tensor([[0] * (L - len(p)) + list(p) for p in prompts])  # (B, L)
-    real = torch.arange(L)[None] >= n_pad[:, None]  # (B, L) key is a real token
-    pos = (torch.arange(L)[None] - n_pad[:, None]).clamp(min=0)  # (B, L)
-    i = torch.arange(L)
+    n_pad = torch.tensor([L - len(p) for p in prompts], device=dev)  # (B,)
+    x = torch.tensor([[0] * (L - len(p)) + list(p) for p in prompts], device=dev)  # (B, L)
+    i = torch.arange(L, device=dev)
+    real = i[None] >= n_pad[:, None]  # (B, L) key is a real token
+    pos = (i[None] - n_pad[:, None]).clamp(min=0)  # (B, L)
     # causal over real keys; a pad query sees itself only (no all-masked rows: NaN)
-    mask = ((i[None, :] <= i[:, None]) & real[:, None, :]) | torch.eye(L, dtype=torch.bool)
+    mask = ((i[None, :] <= i[:, None]) & real[:, None, :]) | torch.eye(
+        L, dtype=torch.bool, device=dev
+    )
     mask = mask[:, None]  # (B, 1, L, L)
     cache = model.new_cache(B, L + max_new_tokens)
     out: list[list[int]] = [[] for _ in range(B)]
@@ -134,12 +140,12 @@ def decode_batch(
                 token = torch.multinomial(probs, 1, generator=gen)[:, 0]  # (B,)
             else:
                 token = logits.argmax(-1)  # (B,)
-            for j, b in enumerate(alive):
-                if int(token[j]) in stop_ids:
+            for b, t in zip(alive, token.tolist(), strict=True):  # one copy off a GPU
+                if t in stop_ids:
                     ended[b] = True
                 else:
-                    out[b].append(int(token[j]))
-            keep = torch.tensor([not ended[b] for b in alive])
+                    out[b].append(t)
+            keep = torch.tensor([not ended[b] for b in alive], device=dev)
             if not keep.any():
                 break
             if not keep.all():
@@ -150,7 +156,7 @@ def decode_batch(
                 cache.keep_rows(keep)
             x = token[:, None]  # (B, 1)
             pos = (L - n_pad + step)[:, None]  # (B, 1)
-            real = torch.cat((real, torch.ones(len(alive), 1, dtype=torch.bool)), dim=1)
+            real = torch.cat((real, real.new_ones(len(alive), 1)), dim=1)
             mask = real[:, None, None, :]  # (B, 1, 1, S)
     return list(zip(out, ended, strict=True))
 
@@ -165,7 +171,8 @@ def model_questions(
 ) -> list[str]:
     """Questions SmolLM2 writes itself, one per topic draw (seeded sampling)."""
     topics = json.loads(TEMPLATES_FILE.read_text())["topics_for_model_questions"]
-    gen = torch.Generator().manual_seed(rng.randrange(2**31))
+    # sampling draws on the model's device (a CPU generator cannot feed a GPU's)
+    gen = torch.Generator(model.tok_emb.weight.device).manual_seed(rng.randrange(2**31))
     out: dict[str, None] = {}
     for _ in range(max(8, 5 * n // cfg.batch + 1)):  # a quarter to a half of the drafts are kept
         if len(out) >= n:
@@ -295,6 +302,7 @@ def make_dataset(
     """Write heldout.jsonl, train.jsonl (ended replies only) and recipe.json into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
+    model = model.to(torch.device(cfg.device))
     heldout = read_heldout() if heldout is None else heldout
     held = [(q, "heldout") for q in heldout]
     held_file = out / "heldout.jsonl"

@@ -138,6 +138,24 @@ def test_same_seed_same_files_and_no_held_out_text_is_trained(tmp_path):
     assert len(loss) == len(TEMPLATES) * CFG.loss_per_tool + 2 + recipe["heldout_negatives"]
 
 
+def test_a_grown_chat_corpus_never_trains_a_held_out_or_development_question(tmp_path):
+    """A larger chat source (model/training/gpu_distill.sh writes 20k questions) may ask
+    what a held-out or development row asks: those rows are left out of train.jsonl."""
+    a, _ = make(tmp_path, "a")
+    asked = [
+        read_jsonl(a / f)[-1].question
+        for f in ("heldout_commands.jsonl", "heldout_chat.jsonl", "dev_chat.jsonl")
+    ]
+    src = tmp_path / "distill"
+    rows = read_jsonl(src / "train.jsonl")
+    write_jsonl(src / "train.jsonl", [*rows, *(replace(rows[0], question=q) for q in asked)])
+    tok = tiny_tokenizer()
+    recipe = make_actions(ending_model(), tok, CFG, src, tmp_path / "b", DATA, log=lambda _: None)
+    trained = {_norm(e.question) for e in read_jsonl(tmp_path / "b" / "train.jsonl")}
+    assert not trained & {_norm(q) for q in asked}
+    assert recipe["train_chat"] == len(rows)
+
+
 def test_regenerating_keeps_the_held_out_chat_that_evals_measured(tmp_path):
     """The held-out negatives' replies are the teacher's greedy words, which another
     CPU's number formats can change: a corpus regenerated over an existing one keeps
@@ -249,7 +267,7 @@ def test_data_actions_command_writes_the_tool_corpus(tmp_path, monkeypatch, caps
     argv = ["data", "--actions", "--seed", "7", "--commands", "24", "--out", str(tmp_path)]
     assert main([*argv, "--negatives", "3", "--batch", "4"]) == 0
     assert seen["cfg"] == ActionsConfig(seed=7, commands=24, negatives=3)
-    assert (seen["out"], seen["data_cfg"].batch) == (tmp_path, 4)
+    assert (seen["out"], seen["data_cfg"].batch, seen["data_cfg"].device) == (tmp_path, 4, "cpu")
     assert seen["command"].startswith("quicksilver data --actions --seed 7 --commands 24 ")
     assert main([*argv, "--own-replies", str(tmp_path)]) == 2
     assert "two corpora" in capsys.readouterr().err

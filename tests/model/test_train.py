@@ -312,6 +312,31 @@ def test_train_command_refuses_a_missing_gpu_before_loading(tmp_path, capsys):
     assert main(["train", "--out", str(tmp_path / "run"), "--set", "max_step=3"]) == 2
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a host without a GPU")
+def test_model_commands_run_without_the_server_and_refuse_a_missing_gpu(tmp_path):
+    """``python -m model.training`` (what a GPU host runs: gpu_distill.sh) needs no
+    server dependency, and ``data --device cuda`` without a GPU stops before loading."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys; from model.training.__main__ import main; rc = main(sys.argv[1:]); "
+        "print(rc, sorted(m for m in ('websockets', 'faster_whisper', 'piper', 'server') "
+        "if m in sys.modules))"
+    )
+    out = tmp_path / "corpus"
+    for argv, says in (
+        (["data", "--device", "cuda", "--out", str(out)], "--device cuda: PyTorch"),
+        (["data", "--device", "cuda", "--own-replies", str(out)], "runs the exported graph"),
+    ):
+        run = subprocess.run(
+            [sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=120
+        )
+        assert run.stdout.strip() == "2 []", run.stderr
+        assert says in run.stderr
+    assert not out.exists()
+
+
 def test_train_command_names_a_missing_base_file(tmp_path, capsys, monkeypatch):
     from model.nn.gguf import GGUF_ENV
     from server.cli import main
