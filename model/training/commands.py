@@ -344,14 +344,9 @@ def _data(args: argparse.Namespace) -> int:
             return 2
         return _own_replies(args)
     try:  # before the model loads: a missing GPU fails at once
-        device = train_device(args.device)
+        device = train_device(args.device, option="--device ")
     except ValueError as exc:
-        reason = (
-            str(exc)
-            .replace("--set device=", "--device ")
-            .replace("train with device=", "use --device ")
-        )
-        print(f"quicksilver data: {reason}", file=sys.stderr)
+        print(f"quicksilver data: {exc}", file=sys.stderr)
         return 2
     # before the recipe is written: it names the dtype the replies were written in
     args.train_dtype = working_dtype(args.train_dtype, device, log=_log)

@@ -350,23 +350,25 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(r, 1.0)))
 
 
-def train_device(name: str) -> torch.device:
-    """``TrainConfig.device`` as a torch device; a GPU that is not there is an error."""
+def train_device(name: str, option: str = "--set device=") -> torch.device:
+    """``TrainConfig.device`` (or another command's device ``name``, asked for as
+    ``option``, which the messages name) as a torch device; a GPU that is not there is
+    an error."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(name)
     except RuntimeError as exc:
-        raise ValueError(f"--set device={name}: use cpu, cuda, cuda:N or auto") from exc
+        raise ValueError(f"{option}{name}: use cpu, cuda, cuda:N or auto") from exc
     if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"--set device={name}: use cpu, cuda, cuda:N or auto")
+        raise ValueError(f"{option}{name}: use cpu, cuda, cuda:N or auto")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(
-            f"--set device={name}: PyTorch {torch.__version__} sees no CUDA GPU here "
-            "(a CPU build, or no device); train with device=cpu or auto"
+            f"{option}{name}: PyTorch {torch.__version__} sees no CUDA GPU here "
+            f"(a CPU build, or no device); use {option}cpu or auto"
         )
     if device.type == "cuda" and (device.index or 0) >= (count := torch.cuda.device_count()):
-        raise ValueError(f"--set device={name}: PyTorch sees {count} GPU(s) here, cuda:0 up")
+        raise ValueError(f"{option}{name}: PyTorch sees {count} GPU(s) here, cuda:0 up")
     return device
 
 
