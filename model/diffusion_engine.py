@@ -23,6 +23,7 @@ from numpy.typing import NDArray
 
 from model.actions import (
     ActionSettings,
+    CallOptions,
     ContentFree,
     call_starts,
     decode_call,
@@ -238,10 +239,10 @@ class DiffusionGenerator:
         pointed = None
         if routed is not None and where is not None:
             pointed = self._point(logits[:-1], where, user_text, tool_of(routed))
+        options = CallOptions(block, self.options.actions, prior, routed, pointed)
         done = decode_call(
-            be, self.tokenizer, cache, last, tools, user_text, self.model, block,
-            self.options.actions, should_stop, prior, routed, pointed,
-        )  # fmt: skip
+            be, self.tokenizer, cache, last, tools, user_text, self.model, options, should_stop
+        )
         if done is None:
             be.truncate(cache, len(prompt))
             return None
