@@ -63,7 +63,9 @@ def served_sampler() -> SamplerSettings:
 class DiffusionOptions:
     sampler: SamplerSettings = field(default_factory=served_sampler)
     prompt_budget: int = 1024  # tokens of conversation kept (oldest turns dropped first)
-    max_reply_tokens: int = 256  # with prompt_budget, sizes each KV cache
+    # the reply positions each KV cache has beyond prompt_budget (a reply is cut to what
+    # fits its cache: _room); the server's reply budget is its max_reply_tokens
+    reply_cache_tokens: int = 256
     system_prompt: str = SPOKEN_SYSTEM_PROMPT
     cache_sessions: int = 32  # conversations whose KV cache is kept (LRU)
     seed: int = 0  # each reply's sampler generator starts from it
@@ -85,7 +87,7 @@ class DiffusionOptions:
     @property
     def cache_len(self) -> int:
         """Positions per KV cache: the prompt budget plus whole reply blocks."""
-        blocks = self.sampler.blocks(self.max_reply_tokens)
+        blocks = self.sampler.blocks(self.reply_cache_tokens)
         return self.prompt_budget + (blocks[-1][1] if blocks else 0)
 
 

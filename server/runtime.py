@@ -91,7 +91,7 @@ class Runtime:
     tts: Synthesizer
     reply: ReplyEngine
     asr_name: str
-    max_reply_tokens: int = 64
+    max_reply_tokens: int = 64  # the reply budget (--max-reply-tokens; a turn may ask less)
     workers: dict[WorkerKind, Worker] = field(default_factory=dict)
     # the reply model's pauses for a reply's first phrase (server/turn.py)
     speech_first: SpeechFirst = field(default_factory=lambda: SpeechFirst(enabled=False))
@@ -111,7 +111,7 @@ class RuntimeOptions:
     asr: str = DEFAULT_ASR
     engine: EngineName = DEFAULT_ENGINE
     cache_dir: Path | None = None
-    max_reply_tokens: int = 64
+    max_reply_tokens: int = 64  # the reply budget, in tokens
     speech_first: bool | None = None  # None: when the reply model is on the CPU
     device: Device = "auto"  # auto: the GPU when ONNX Runtime and CTranslate2 see one
     turn_model: bool = True  # score paused turns with the reply model (docs/turn_end.md)

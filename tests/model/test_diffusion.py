@@ -277,10 +277,10 @@ def test_smollm2_diffusion_engine_runs_and_stops(smollm2_gguf) -> None:  # type:
 
 def test_a_block_schedule_sizes_the_cache_and_the_room_for_a_reply() -> None:
     first = SamplerSettings(block_size=16, first_blocks=(4,))
-    opts = DiffusionOptions(sampler=first, prompt_budget=10, max_reply_tokens=20)
+    opts = DiffusionOptions(sampler=first, prompt_budget=10, reply_cache_tokens=20)
     assert opts.cache_len == 10 + 20  # blocks [0, 4) and [4, 20)
-    assert replace(opts, max_reply_tokens=21).cache_len == 10 + 36
-    assert replace(opts, max_reply_tokens=0).cache_len == 10
+    assert replace(opts, reply_cache_tokens=21).cache_len == 10 + 36
+    assert replace(opts, reply_cache_tokens=0).cache_len == 10
     gen, _ = tiny_generator()
     gen.options = replace(gen.options, sampler=first)
     room = gen.backend.max_len
