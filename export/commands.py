@@ -15,18 +15,6 @@ from typing import Any
 from model.modeldir import default_model_dir
 
 
-def block_schedule(text: str) -> tuple[int, ...]:
-    """``--first-blocks``: "8", "4,8" or "none" (no first blocks of their own)."""
-    if text == "none":
-        return ()
-    sizes = text.split(",")
-    if not all(n.isdigit() and int(n) > 0 for n in sizes):
-        raise argparse.ArgumentTypeError(
-            f"expected block sizes >= 1 such as 8 or 4,8, or 'none', not {text!r}"
-        )
-    return tuple(int(n) for n in sizes)
-
-
 def register(sub: Any) -> None:
     ex = sub.add_parser("export", help="export the reply model to ONNX (int8, fp16, TensorRT)")
     ex.add_argument(
@@ -70,17 +58,6 @@ def register(sub: Any) -> None:
         type=int,
         default=None,
         help="prompts for the PyTorch reference (0: none, as --no-torch)",
-    )
-    llm.add_argument(
-        "--approx-cache",
-        action="store_true",
-        help="also time diffusion with the approximate in-block cache (diffusion-approx)",
-    )
-    llm.add_argument(
-        "--first-blocks",
-        type=block_schedule,
-        default=None,
-        help="also time diffusion with these first blocks, e.g. 8 or 4,8 (diffusion-first...)",
     )
     llm.add_argument(
         "--rounds",
@@ -173,8 +150,6 @@ def run_bench(args: argparse.Namespace) -> int:
         budgets=tuple(args.budgets),
         torch_reference=not args.no_torch and args.torch_prompts != 0,
         torch_prompts=args.torch_prompts,
-        approx_cache=args.approx_cache,
-        first_blocks=args.first_blocks,
         rounds=args.rounds,
         llama_cpp=args.llama_cpp,
     )

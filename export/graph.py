@@ -7,9 +7,9 @@ computes one :class:`model.backend.StepBackend` step:
 
 inputs
     ``input_ids`` (T,) int64: the chunk's tokens.
-    ``positions`` (T,) int64: their positions (RoPE). Right after the cache's entries
-    (S..S+T-1) except in a draft step (``model/backend.py``), which feeds only some of a
-    block and reads the rest from keys and values placed after the committed prefix.
+    ``positions`` (T,) int64: their positions (RoPE), right after the cache's entries
+    (S..S+T-1). An input rather than computed in the graph since format 3
+    (``model/modeldir.py``), for an in-block cache the sampler no longer has.
     ``past_length`` () int64: S, the cache entries the chunk attends to.
     ``block`` () bool: False = causal ("causal" attend), True = every chunk token sees
     the whole chunk (a block-diffusion block, BD3-LM / Fast-dLLM v2). One graph serves

@@ -245,6 +245,24 @@ class _Call:
     prior: Prior | None = None  # branches calibrated against it
 
 
+@dataclass(frozen=True)
+class CallOptions:
+    """How :func:`decode_call` writes one call, beyond the model and the prompt."""
+
+    block: int  # the sampler's block size: the call's tokens are committed in blocks of it
+    settings: ActionSettings = field(default_factory=ActionSettings)
+    # each branch picks the option whose probability most exceeds its content-free one
+    # (:class:`ContentFree`)
+    prior: Prior | None = None
+    # the call is laid out so (``model.tools.shape_name``: the router's choice,
+    # ``model/router.py``), so its tool, parameters and fixed values cost no pass and
+    # the model writes the free values
+    shape: str | None = None
+    # string values by parameter name, spans of the user's words the span pointers chose
+    # (``model/spans.py``), laid down as said instead of written
+    pointed: Mapping[str, str] | None = None
+
+
 def decode_call(
     backend: StepBackend,
     tok: Tokenizer,
@@ -253,28 +271,21 @@ def decode_call(
     tools: Sequence[Tool],
     user_text: str,
     model: DiffusionConfig,
-    block: int,
-    settings: ActionSettings = ActionSettings(),
+    options: CallOptions,
     should_stop: Callable[[], bool] = lambda: False,
-    prior: Prior | None = None,
-    shape: str | None = None,
-    pointed: Mapping[str, str] | None = None,
 ) -> DecodedCall | None:
     """Write a call after the prompt held by ``cache`` (``last``: its last row's logits).
 
     Returns None when cancelled or when the call cannot be finished within the pass
     budget; the cache then holds the prompt and possibly some committed call blocks:
-    the caller truncates it. ``prior``: each branch picks the option whose probability
-    most exceeds its content-free one (:class:`ContentFree`). ``shape``: the call is laid
-    out so (``model.tools.shape_name``: the router's choice, ``model/router.py``), so its
-    tool, parameters and fixed values cost no pass and the model writes the free values.
-    ``pointed``: string values by parameter name, spans of the user's words the span
-    pointers chose (``model/spans.py``), laid down as said instead of written.
+    the caller truncates it.
     """
+    shape, settings = options.shape, options.settings
     programs = [(s, 0) for s in shapes(tok, tools) if shape is None or s.name == shape]
     if not programs:
         raise ValueError(f"no call of {[t.name for t in tools]} is laid out as {shape!r}")
-    c = _Call(backend, tok, cache, block, model.mask_id, last, user_text, [], programs, prior=prior)
+    c = _Call(backend, tok, cache, options.block, model.mask_id, last, user_text, [], programs)
+    c.prior = options.prior
     vocab = {p.name: value_vocab(tok, p, user_text) for t in tools for p in t.params}
     while c.passes <= settings.max_passes and not c.failed:
         if should_stop():
@@ -289,7 +300,7 @@ def decode_call(
             (p,) = {n.name: n for n in nexts if isinstance(n, Param)}.values()
             said = slot_value(p, user_text)
             if said is None and p.type == "string":
-                said = (pointed or {}).get(p.name)
+                said = (options.pointed or {}).get(p.name)
             if said:
                 _lay_value(c, p, said)
             else:

@@ -23,6 +23,7 @@ from numpy.typing import NDArray
 
 from model.actions import (
     ActionSettings,
+    CallOptions,
     ContentFree,
     call_starts,
     decode_call,
@@ -62,7 +63,9 @@ def served_sampler() -> SamplerSettings:
 class DiffusionOptions:
     sampler: SamplerSettings = field(default_factory=served_sampler)
     prompt_budget: int = 1024  # tokens of conversation kept (oldest turns dropped first)
-    max_reply_tokens: int = 256  # with prompt_budget, sizes each KV cache
+    # the reply positions each KV cache has beyond prompt_budget (a reply is cut to what
+    # fits its cache: _room); the server's reply budget is its max_reply_tokens
+    reply_cache_tokens: int = 256
     system_prompt: str = SPOKEN_SYSTEM_PROMPT
     cache_sessions: int = 32  # conversations whose KV cache is kept (LRU)
     seed: int = 0  # each reply's sampler generator starts from it
@@ -84,7 +87,7 @@ class DiffusionOptions:
     @property
     def cache_len(self) -> int:
         """Positions per KV cache: the prompt budget plus whole reply blocks."""
-        blocks = self.sampler.blocks(self.max_reply_tokens)
+        blocks = self.sampler.blocks(self.reply_cache_tokens)
         return self.prompt_budget + (blocks[-1][1] if blocks else 0)
 
 
@@ -238,10 +241,10 @@ class DiffusionGenerator:
         pointed = None
         if routed is not None and where is not None:
             pointed = self._point(logits[:-1], where, user_text, tool_of(routed))
+        options = CallOptions(block, self.options.actions, prior, routed, pointed)
         done = decode_call(
-            be, self.tokenizer, cache, last, tools, user_text, self.model, block,
-            self.options.actions, should_stop, prior, routed, pointed,
-        )  # fmt: skip
+            be, self.tokenizer, cache, last, tools, user_text, self.model, options, should_stop
+        )
         if done is None:
             be.truncate(cache, len(prompt))
             return None

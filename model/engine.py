@@ -104,24 +104,32 @@ class ReplyEngine(Protocol):
         conversation: Sequence[ChatMessage],
         max_tokens: int,
         tools: Sequence[Tool] = (),
-        lockstep: threading.Event | None = None,
+        pauses: PassPauses | None = None,
     ) -> AsyncIterator[ReplyChunk]:
-        """The reply piece by piece. Until ``lockstep`` is set, the model starts no
-        forward pass before the consumer has taken everything it wrote: a consumer that
-        finds the reply's first phrase in a piece gets the CPU for its speech before
-        the model goes on (docs/latency.md, "Speech first")."""
+        """The reply piece by piece; the model waits at ``pauses`` before each forward
+        pass (the server's speech first: docs/latency.md, "Speech first")."""
         ...
 
 
 _DONE = object()
 
 
-class Gate(Protocol):
-    """Something a reply model waits at before each forward pass (the server's
-    ``server.speech.PassGate`` lets Piper have the CPU for a reply's first sentence)."""
+class PassPauses(Protocol):
+    """When a reply's model may start its next forward pass (the server's
+    ``server.speech.ReplyPasses``: a reply's first phrase is synthesized with the CPU to
+    itself). The engine reports every piece the model writes and every piece the
+    consumer takes, and closes it when the reply ends or is cancelled."""
 
-    def wait(self, stop: Callable[[], bool]) -> None:
-        """Return when the next pass may run, or as soon as ``stop()`` is true."""
+    def wrote(self) -> None: ...
+
+    def took(self) -> None: ...
+
+    def close(self) -> None:
+        """A model waiting in :meth:`wait` returns at once."""
+        ...
+
+    def wait(self) -> None:
+        """Block the model's thread until the next pass may run, or until closed."""
         ...
 
 
@@ -131,17 +139,13 @@ class ThreadedReplyEngine:
     Cancellation (the consuming task cancelled, or the iterator closed early) sets the
     generator's stop flag and waits for the worker thread to return, so a cancelled
     turn never keeps the model busy behind the next one; a reply still queued behind
-    another session's is taken off the queue at once instead of waited for. The
-    generator also waits at ``gate`` before each forward pass, and in ``lockstep``
-    for the consumer to take what it wrote.
+    another session's is taken off the queue at once instead of waited for. Before each
+    forward pass the generator waits at the stream's ``pauses``.
     """
 
-    def __init__(
-        self, generator: TextGenerator, executor: Executor, gate: Gate | None = None
-    ) -> None:
+    def __init__(self, generator: TextGenerator, executor: Executor) -> None:
         self._generator = generator
         self._executor = executor
-        self.gate = gate
         self.name = generator.name
         self.supports_tools = generator.supports_tools
 
@@ -150,32 +154,23 @@ class ThreadedReplyEngine:
         conversation: Sequence[ChatMessage],
         max_tokens: int,
         tools: Sequence[Tool] = (),
-        lockstep: threading.Event | None = None,
+        pauses: PassPauses | None = None,
     ) -> AsyncIterator[ReplyChunk]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[object] = asyncio.Queue()
         stop = threading.Event()
-        taken = threading.Condition()
-        counts = [0, 0]  # pieces written, pieces the consumer has taken
 
         def put(item: object) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, item)
 
-        def caught_up() -> bool:
-            return counts[1] >= counts[0] or stop.is_set() or lockstep is None or lockstep.is_set()
-
         def should_stop() -> bool:  # called before every forward pass
-            if lockstep is not None:
-                with taken:
-                    while not taken.wait_for(caught_up, timeout=0.01):  # lockstep.set() is polled
-                        pass
-            if self.gate is not None:
-                self.gate.wait(stop.is_set)
+            if pauses is not None:
+                pauses.wait()
             return stop.is_set()
 
         def written(piece: object) -> None:
-            with taken:
-                counts[0] += 1
+            if pauses is not None:
+                pauses.wrote()
             put(piece)
 
         def work() -> None:
@@ -200,13 +195,12 @@ class ThreadedReplyEngine:
                     raise item
                 assert isinstance(item, str | ToolCall | ReplyEnd)
                 yield item
-                with taken:  # the consumer is back for more: it has dealt with this one
-                    counts[1] += 1
-                    taken.notify_all()
+                if pauses is not None:  # the consumer is back for more: it dealt with this one
+                    pauses.took()
         finally:
             stop.set()
-            with taken:
-                taken.notify_all()
+            if pauses is not None:
+                pauses.close()
             # Not started yet (queued behind another reply): it never runs. Running: wait
             # for it to notice the flag, within one forward pass, even when we are being
             # cancelled, so the model is free before the next turn starts.

@@ -36,7 +36,7 @@ MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer.json"
 # Bump when the graph's inputs or outputs or a file's format change: cached
 # directories are rebuilt. 2: blockwise int8 (export/build.py); 3: a ``positions`` input
-# (export/graph.py), for the sampler's approximate cache; 4: per-layer cache buffers
+# (export/graph.py), for an in-block cache since removed; 4: per-layer cache buffers
 # written in place by a fused GroupQueryAttention.
 FORMAT_VERSION = 4
 DEFAULT_NAME = f"smollm2-135m-instruct-onnx-v{FORMAT_VERSION}"

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from model.backend import Attend, Logits, Offsets, Rows, check_draft_step, unfed_draft
+from model.backend import Attend, Logits, Rows
 
 try:
     import onnxruntime as ort
@@ -102,8 +102,8 @@ class OrtCache:
     its ids in and its logits out.
 
     The first ``length`` positions are the committed prefix. A step writes its chunk past
-    them (and past the draft entries it reads), so an uncommitted step changes nothing
-    committed, and a commit only moves ``length``.
+    them, so an uncommitted step changes nothing committed, and a commit only moves
+    ``length``.
     """
 
     def __init__(self, backend: OrtBackend) -> None:
@@ -111,24 +111,10 @@ class OrtCache:
         self.buffers: ort.OrtValue = backend.to_device(self._empty(0))
         self.binding: Any = None
         self.length = 0
-        # offset after the prefix -> (keys, values) (L, n_kv, hd): an uncommitted block's
-        # draft (model/backend.py), copied after the prefix for the steps that read it
-        self.draft: dict[int, tuple[NDArray[Any], NDArray[Any]]] = {}
 
     @property
     def capacity(self) -> int:
         return int(self.buffers.shape()[4])
-
-    def host(self) -> NDArray[Any]:
-        """The buffers as a numpy array on their memory (host memory only)."""
-        if self._backend.device != "cpu":
-            raise ValueError(
-                "the approximate in-block cache (draft entries) needs the KV cache in host "
-                f"memory, and on {self._backend.device} it stays on the device: decode with "
-                "the exact cache (SamplerSettings(approx_cache=False), the default)"
-            )
-        array: NDArray[Any] = self.buffers.numpy()
-        return array
 
     def reserve(self, n: int) -> None:
         """Room for ``n`` positions: a larger buffer, the prefix copied, bound afresh.
@@ -221,7 +207,6 @@ class OrtBackend:
         if not 0 <= length <= cache.length:
             raise ValueError(f"cannot truncate a cache of {cache.length} to {length}")
         cache.length = length
-        cache.draft.clear()
 
     def step(
         self,
@@ -230,27 +215,15 @@ class OrtBackend:
         attend: Attend,
         commit: bool,
         rows: Rows = None,
-        at: Offsets = None,
-        keep: Rows = None,
     ) -> Logits:
         P, T = cache.length, len(ids)
-        offsets = check_draft_step(attend, commit, T, at, keep, bool(cache.draft))
-        if commit:
-            cache.draft.clear()  # the commit pass recomputes the block exactly
-        old = unfed_draft(cache.draft, offsets)  # placed right after the prefix
-        S = P + len(old)
-        if self.max_len < S + T:
-            raise ValueError(f"KV cache full: {P} + {len(old)} + {T} > {self.max_len}")
-        cache.reserve(S + T)
-        kept = np.asarray([] if keep is None else keep, np.int64).tolist()
-        if old or kept:
-            host = cache.host()  # before running: a cache on the GPU refuses drafts
-            for n, o in enumerate(old):
-                host[:, 0, 0, :, P + n], host[:, 1, 0, :, P + n] = cache.draft[o]
+        if self.max_len < P + T:
+            raise ValueError(f"KV cache full: {P} + {T} > {self.max_len}")
+        cache.reserve(P + T)
         io = cache.binding
         io.bind_cpu_input("input_ids", np.ascontiguousarray(ids, dtype=np.int64))
-        io.bind_cpu_input("positions", P + offsets)
-        io.bind_cpu_input("past_length", np.array(S, np.int64))
+        io.bind_cpu_input("positions", np.arange(P, P + T, dtype=np.int64))
+        io.bind_cpu_input("past_length", np.array(P, np.int64))
         io.bind_cpu_input("block", np.array(attend == "block"))
         rows_ = np.arange(T) if rows is None else np.asarray(rows, np.int64)
         io.bind_cpu_input("logit_rows", rows_)
@@ -259,9 +232,6 @@ class OrtBackend:
         logits: Logits = io.get_outputs()[0].numpy()
         if commit:
             cache.length = P + T  # the chunk is already in place at P..P+T-1
-        for c in kept:
-            k, v = host[:, 0, 0, :, S + c], host[:, 1, 0, :, S + c]
-            cache.draft[int(offsets[c])] = (k.copy(), v.copy())
         return logits
 
 

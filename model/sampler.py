@@ -18,11 +18,8 @@ Which ones commit is the *commit rule*, a pure function (:func:`decide`):
 With ``attention="block"`` (BD3-LM, Arriola et al. 2025; Fast-dLLM v2) the prompt is
 prefilled causally into the KV cache once, each noisy block attends to the cache and
 to itself, and a finished block is committed to the cache with one more pass, so the
-cache of finished blocks is exact. With ``approx_cache`` a step feeds only the block
-positions it must (Fast-dLLM's approximate cache inside a block; docs/diffusion.md) and
-reads the committed tokens before the first mask from the backend's draft. With
-``attention="full"`` (LLaDA, Dream as published) every step runs the whole sequence,
-prompt included, without a cache.
+cache of finished blocks is exact. With ``attention="full"`` (LLaDA, Dream as
+published) every step runs the whole sequence, prompt included, without a cache.
 
 With the Dream logit shift (Ye et al. 2025), logits at position ``i`` predict the token
 at ``i + 1``: the first position of a block is predicted by the last row of the pass
@@ -41,7 +38,7 @@ import itertools
 import math
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -79,6 +76,8 @@ class SamplerSettings:
     # inside the budget than blocks of 8 at the same likelihood
     # (docs/results/2026-11-decoding-settings.md)
     block_size: int = 16
+    # "threshold" is served; "lowconf" is LLaDA's published rule, what published LLaDA
+    # and Dream checkpoints answer with (model.nn.hf_formats)
     rule: Rule = "threshold"
     threshold: float = 0.9  # "threshold": commit every masked position above it
     # "threshold": the position committed when none is above it (at least one per step);
@@ -110,23 +109,10 @@ class SamplerSettings:
     # once, not to the budget. Needs ``DiffusionConfig.word_keys`` and ``sentence_ends``.
     # The first sentence streams as before (a listener waits for it)
     stop_repeats: bool = False
-    # Fast-dLLM's approximate cache inside a block (block attention only): a step feeds
-    # the masked positions and the rows it reads; a token committed inside the block is
-    # computed once more, then its keys and values come from the backend's draft, stale
-    # by the tokens committed after it. The block's commit pass recomputes it exactly,
-    # so the conversation's cache stays exact.
-    approx_cache: bool = False
-    # The sizes of a reply's first blocks; the later ones are block_size. A listener
-    # waits for the first sentence, and on a CPU a pass costs about its width while the
-    # model commits about one token per pass at any width (docs/diffusion.md, "Block
-    # schedule", has the measured pass costs)
-    first_blocks: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_steps < 1 or (self.max_steps or 1) < 1:
             raise ValueError(f"block_size, steps_per_block, max_steps must be >= 1: {self}")
-        if any(b < 1 for b in self.first_blocks):
-            raise ValueError(f"first_blocks must be >= 1: {self}")
         if self.rule not in ("threshold", "lowconf"):
             raise ValueError(f"unknown commit rule {self.rule!r}")
         if self.fallback not in ("confident", "leftmost"):
@@ -136,38 +122,20 @@ class SamplerSettings:
 
     @property
     def block_steps(self) -> int:
-        """The most denoising steps a block of ``block_size`` may take."""
-        return self.steps_for(self.block_size)
-
-    def steps_for(self, size: int) -> int:
-        """The most denoising steps a block of ``size`` positions may take."""
-        return size if self.steps_per_block is None else self.steps_per_block
+        """The most denoising steps a block may take."""
+        return self.block_size if self.steps_per_block is None else self.steps_per_block
 
     def blocks(self, max_tokens: int) -> list[tuple[int, int]]:
         """The reply's blocks ``[lo, hi)`` that cover ``max_tokens`` positions (the last
-        one whole, so it may reach past them): ``first_blocks``, then ``block_size``."""
-        out: list[tuple[int, int]] = []
-        lo = 0
-        while lo < max_tokens:
-            size = self.first_blocks[len(out)] if len(out) < len(self.first_blocks) else None
-            out.append((lo, lo + (size or self.block_size)))
-            lo = out[-1][1]
-        return out
+        one whole, so it may reach past them)."""
+        B = self.block_size
+        return [(lo, lo + B) for lo in range(0, max(max_tokens, 0), B)]
 
     def step_budget(self, max_tokens: int) -> int:
         """Denoising steps a reply of at most ``max_tokens`` may take in all."""
         if self.max_steps is not None:
             return self.max_steps
-        return sum(self.steps_for(hi - lo) for lo, hi in self.blocks(max_tokens))
-
-
-def schedule_label(first_blocks: tuple[int, ...]) -> str:
-    """``first_blocks`` for a report: "4.8", "1x16" for sixteen blocks of 1, "none"."""
-    if not first_blocks:
-        return "none"
-    if len(first_blocks) > 2 and len(set(first_blocks)) == 1:
-        return f"{first_blocks[0]}x{len(first_blocks)}"
-    return ".".join(map(str, first_blocks))
+        return self.block_steps * len(self.blocks(max_tokens))
 
 
 # ---------------------------------------------------------------------------- decisions
@@ -337,8 +305,6 @@ def sample(
     if r.limit == 0:
         return r.stats("budget")
     if model.attention == "full":
-        if settings.approx_cache:
-            raise ValueError("approx_cache needs block attention (a cache to draft into)")
         stats = yield from _sample_full(backend, np.asarray(prompt, np.int64), r)
     else:
         stats = yield from _sample_blocks(backend, np.asarray(prompt, np.int64), r, prefix)
@@ -368,19 +334,12 @@ def _sample_blocks(
         r.passes += 1
     for lo, hi in r.blocks:
         block = r.x[lo:hi]  # a view: commits write into r.x
-        drafted = np.zeros(block.size, dtype=bool)  # block offsets held in the draft
 
         def predict(
-            want: Ids,
-            block: Ids = block,
-            last: NDArray[np.float32] = last,
-            drafted: NDArray[np.bool_] = drafted,
+            want: Ids, block: Ids = block, last: NDArray[np.float32] = last
         ) -> NDArray[np.float32]:
             rows = want - 1 if r.model.shift else want  # block row i predicts i + shift
-            if r.settings.approx_cache:
-                logits = _draft_step(backend, cache, block, rows[rows >= 0], drafted, r)
-                r.passes += 1
-            elif (rows >= 0).any():
+            if (rows >= 0).any():
                 logits = backend.step(cache, block, "block", commit=False, rows=rows[rows >= 0])
                 r.passes += 1
             else:  # only the first position, from the pass before: no pass to run (a
@@ -399,33 +358,6 @@ def _sample_blocks(
         last = backend.step(cache, block, "block", commit=True, rows=last_row(block))[-1]
         r.passes += 1
     return r.stats("budget")  # not reached: _finished stops at the last block
-
-
-def _draft_step(
-    backend: StepBackend, cache: Any, block: Ids, rows: Ids, drafted: NDArray[np.bool_], r: _Reply
-) -> NDArray[np.float32]:
-    """One step with the approximate cache: feed every position from the first mask on,
-    the ``rows`` read for logits and the committed tokens not in the draft yet; those
-    fed before the first mask go to the draft (``drafted`` is updated), the rest of the
-    block is read from it. Tokens committed past a mask are recomputed every step: what
-    lies before them is still being written."""
-    masked = block == r.model.mask_id
-    first = int(np.argmax(masked)) if masked.any() else block.size
-    feed = ~drafted  # the draft only holds positions before the first mask (it only moves right)
-    feed[rows] = True
-    at = np.flatnonzero(feed)
-    kept = ~masked[at] & (at < first)
-    logits = backend.step(
-        cache,
-        block[at],
-        "block",
-        commit=False,
-        rows=np.searchsorted(at, rows),
-        at=at,
-        keep=np.flatnonzero(kept),
-    )
-    drafted[at] = kept
-    return logits
 
 
 def _sample_full(
@@ -465,7 +397,7 @@ def _denoise(
     positions ``want`` only (the masked ones: the only rows read, so the only ones the
     model computes) and counts the model passes it runs. Returns False if cancelled."""
     hi = min(end, r.limit)  # live positions: [lo, hi)
-    steps = r.settings.steps_for(end - lo)
+    steps = r.settings.block_steps
     taken = 0  # steps spent on this block
     while (masked := r.x[lo:hi] == r.model.mask_id).any():
         if r.should_stop():

@@ -30,7 +30,7 @@ from model.engine import ReplyEngine, TextGenerator, ThreadedReplyEngine
 from model.openai_chat import ChatServerOptions
 from model.runtime import Device
 
-from .speech import PassGate
+from .speech import SpeechFirst
 from .turn_end import EndOfTurnModel
 
 log = logging.getLogger("quicksilver")
@@ -91,10 +91,10 @@ class Runtime:
     tts: Synthesizer
     reply: ReplyEngine
     asr_name: str
-    max_reply_tokens: int = 64
+    max_reply_tokens: int = 64  # the reply budget (--max-reply-tokens; a turn may ask less)
     workers: dict[WorkerKind, Worker] = field(default_factory=dict)
-    # held while the first sentence of a reply is synthesized (server/turn.py)
-    gate: PassGate = field(default_factory=lambda: PassGate(enabled=False))
+    # the reply model's pauses for a reply's first phrase (server/turn.py)
+    speech_first: SpeechFirst = field(default_factory=lambda: SpeechFirst(enabled=False))
     # scores paused turns' transcripts (server/turn_end.py); None: silence and words only
     turn_end: EndOfTurnModel | None = None
 
@@ -111,7 +111,7 @@ class RuntimeOptions:
     asr: str = DEFAULT_ASR
     engine: EngineName = DEFAULT_ENGINE
     cache_dir: Path | None = None
-    max_reply_tokens: int = 64
+    max_reply_tokens: int = 64  # the reply budget, in tokens
     speech_first: bool | None = None  # None: when the reply model is on the CPU
     device: Device = "auto"  # auto: the GPU when ONNX Runtime and CTranslate2 see one
     turn_model: bool = True  # score paused turns with the reply model (docs/turn_end.md)
@@ -157,7 +157,7 @@ def load_runtime(options: RuntimeOptions) -> Runtime:
     speech_first = options.speech_first
     if speech_first is None:
         speech_first = reply_on_cpu(options.engine, options.device)
-    gate = PassGate(enabled=speech_first)
+    speech = SpeechFirst(enabled=speech_first)
     log.info(
         "speech first (the reply model pauses for a reply's first sentence): %s",
         "on" if speech_first else "off",
@@ -171,13 +171,13 @@ def load_runtime(options: RuntimeOptions) -> Runtime:
             options.engine, options.cache_dir, options.device, options.chat, options.adapter
         ),
     )
-    reply = ThreadedReplyEngine(generator, workers[WorkerKind.REPLY].executor, gate)
+    reply = ThreadedReplyEngine(generator, workers[WorkerKind.REPLY].executor)
     turn_end = turn_end_model(generator) if options.turn_model else None
     log.info(
         "end of turn: %s", "scored by the reply model" if turn_end else "silence and words only"
     )
     return Runtime(
-        vad, asr, tts, reply, asr_name, options.max_reply_tokens, workers, gate, turn_end
+        vad, asr, tts, reply, asr_name, options.max_reply_tokens, workers, speech, turn_end
     )
 
 

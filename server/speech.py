@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
-from collections.abc import AsyncIterator, Callable, Generator
+from collections.abc import AsyncIterator, Generator
 from dataclasses import dataclass
 
 from model.engine import ReplyChunk, ReplyEnd
@@ -114,49 +114,101 @@ class SentenceSplitter:
         return [rest] if rest else []
 
 
-class PassGate:
-    """Holds the reply model between forward passes while urgent work has the CPU.
+class SpeechFirst:
+    """Speech first: the reply model pauses between forward passes while a reply's first
+    phrase goes to speech.
 
     On a CPU host the reply model and Piper each spread over every core; run at the
     same time, each goes at less than half its speed (docs/latency.md, "Speech first"),
-    so the first sentence's audio would wait on the model writing the later ones. While
-    :meth:`hold` is held the model finishes its current pass and waits before the next.
-    A disabled gate (a GPU host: the model does not need the cores) never waits.
+    so the first phrase's audio would wait on the model writing the later sentences.
+    Each reply gets a :class:`ReplyPasses` (:meth:`reply`): until its first phrase is
+    synthesized, its model starts no pass before the turn has taken every piece the
+    model wrote (the phrase may be in the last one), and while any reply's first phrase
+    is being synthesized (:meth:`synthesizing`) no reply model starts a pass. A model
+    thread waits on one condition variable, which the turn's side notifies; nothing
+    polls. Disabled (a GPU host: the model does not need the cores), nothing waits.
     """
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
-        self._lock = threading.Lock()
-        self._holders = 0
-        self._open = threading.Event()
-        self._open.set()
+        self._changed = threading.Condition()
+        self._synthesizing = 0  # first phrases being synthesized now
 
     @property
-    def held(self) -> bool:
-        return not self._open.is_set()
+    def holding(self) -> bool:
+        """A first phrase is being synthesized: no reply model starts a pass."""
+        return self._synthesizing > 0
+
+    def reply(self, speaks: bool) -> ReplyPasses:
+        """The pauses of one reply's model; ``speaks``: its text goes to Piper (a
+        text-only reply never waits for its own speech, only for others')."""
+        return ReplyPasses(self, lockstep=self.enabled and speaks)
 
     @contextlib.contextmanager
-    def hold(self) -> Generator[None, None, None]:
+    def synthesizing(self) -> Generator[None, None, None]:
+        """Held while a reply's first phrase is synthesized."""
         if not self.enabled:
             yield
             return
-        with self._lock:
-            self._holders += 1
-            self._open.clear()
+        with self._changed:
+            self._synthesizing += 1
         try:
             yield
         finally:
-            with self._lock:
-                self._holders -= 1
-                if not self._holders:
-                    self._open.set()
+            with self._changed:
+                self._synthesizing -= 1
+                self._changed.notify_all()
 
-    def wait(self, stop: Callable[[], bool], poll_s: float = 0.02) -> None:
-        """Return once nothing holds the gate, or as soon as ``stop()`` is true (a
-        cancelled reply must not wait for someone else's speech)."""
-        while not self._open.wait(poll_s):
-            if stop():
-                return
+
+class ReplyPasses:
+    """When one reply's model may start its next forward pass (a
+    :class:`model.engine.PassPauses`): the engine reports each piece written and taken,
+    the turn :meth:`release` s it once the first phrase is synthesized."""
+
+    def __init__(self, speech_first: SpeechFirst, lockstep: bool) -> None:
+        self._owner = speech_first
+        self._changed = speech_first._changed
+        self._lockstep = lockstep  # until the first phrase is synthesized
+        self._written = self._taken = 0
+        self._closed = False
+
+    def wrote(self) -> None:
+        with self._changed:
+            self._written += 1
+
+    def took(self) -> None:
+        with self._changed:
+            self._taken += 1
+            self._changed.notify_all()
+
+    def release(self) -> None:
+        """The first phrase is synthesized: the model may run ahead of its speech."""
+        with self._changed:
+            self._lockstep = False
+            self._changed.notify_all()
+
+    def close(self) -> None:
+        """The reply is over or cancelled: a waiting model returns at once (a cancelled
+        reply must not wait for someone else's speech)."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+    def wait(self) -> None:
+        """Return when the model may start its next pass, or once closed."""
+        if not self._owner.enabled:
+            return
+        with self._changed:
+            self._changed.wait_for(self._may_pass)
+
+    def ready(self) -> bool:
+        """The model may start a pass now: :meth:`wait` would return at once."""
+        with self._changed:
+            return not self._owner.enabled or self._may_pass()
+
+    def _may_pass(self) -> bool:
+        caught_up = not self._lockstep or self._taken >= self._written
+        return self._closed or (caught_up and not self._owner._synthesizing)
 
 
 _DETERMINERS = frozenset(["a", "an", "the", "my", "your", "our", "their", "its", "his", "her"])

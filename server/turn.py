@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -58,8 +57,8 @@ class _Chunk:
 def synthesize(rt: Runtime, text: str, out_rate: int, first: bool = False) -> bytes:
     """Blocking: one sentence to PCM16 at the client's rate. A reply's ``first``
     sentence is what the user is waiting for: the reply model pauses between its
-    passes while it is synthesized (``rt.gate``, docs/latency.md "Speech first")."""
-    with rt.gate.hold() if first else contextlib.nullcontext():
+    passes while it is synthesized (``rt.speech_first``, docs/latency.md "Speech first")."""
+    with rt.speech_first.synthesizing() if first else contextlib.nullcontext():
         parts = [int16_to_float32(c) for c in rt.tts.synthesize(text)]
     audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
     return float32_to_pcm16(resample(audio, rt.tts.sample_rate, out_rate))
@@ -139,19 +138,17 @@ async def _produce(
 
     Until the first phrase is synthesized the model runs in lockstep with this loop:
     it starts no pass before the splitter has seen what it wrote, so the phrase's
-    synthesis never shares the CPU with a pass already in flight."""
+    synthesis never shares the CPU with a pass already in flight (``rt.speech_first``)."""
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     stats: GenerationStats | None = None
-    free = threading.Event()  # the model may run ahead of its speech
-    if not (start.speak and rt.gate.enabled):
-        free.set()
+    pauses = rt.speech_first.reply(start.speak)
     try:
         budget = min(rt.max_reply_tokens, start.max_tokens or rt.max_reply_tokens)
         # No name holds the engine's stream: cancelled here (say, while Piper works), this
         # frame's traceback must not keep it alive, so that it is closed and the model
         # stops writing.
-        async for chunk in sentences(rt.reply.stream(conversation, budget, start.tools, free)):
+        async for chunk in sentences(rt.reply.stream(conversation, budget, start.tools, pauses)):
             match chunk:
                 case ToolCall():
                     await deliver(ReplyAction(start.turn_id, chunk))
@@ -164,11 +161,11 @@ async def _produce(
                         synthesize, rt, text, start.output_rate, index == 0
                     )
                     chunks.put_nowait(_Chunk(index, pcm, _ms(t1, loop.time())))
-                    free.set()
+                    pauses.release()
                 case ReplyEnd(stats=s):
                     stats = s
     finally:
-        free.set()
+        pauses.release()
         chunks.put_nowait(None)
     return stats, _ms(t0, loop.time())
 

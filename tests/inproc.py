@@ -25,7 +25,7 @@ from model.engine import ChatMessage, GenerationStats, TextGenerator, ThreadedRe
 from server import protocol as p
 from server.app import App, ServerConfig, start_server
 from server.runtime import Runtime, Worker, WorkerKind
-from server.speech import PassGate
+from server.speech import SpeechFirst
 
 
 @dataclass
@@ -88,9 +88,9 @@ def runtime(asr: ScriptedAsr, replies: TextGenerator, reply_threads: int = 1) ->
     vad, tts = shared_models()
     workers = {kind: Worker(kind.value) for kind in WorkerKind}
     workers[WorkerKind.REPLY] = Worker(WorkerKind.REPLY.value, reply_threads)
-    gate = PassGate(enabled=False)
-    reply = ThreadedReplyEngine(replies, workers[WorkerKind.REPLY].executor, gate)
-    return Runtime(vad, asr, tts, reply, "scripted-asr", 64, workers, gate)  # type: ignore[arg-type]
+    reply = ThreadedReplyEngine(replies, workers[WorkerKind.REPLY].executor)
+    speech = SpeechFirst(enabled=False)
+    return Runtime(vad, asr, tts, reply, "scripted-asr", 64, workers, speech)  # type: ignore[arg-type]
 
 
 @contextlib.asynccontextmanager

@@ -34,14 +34,14 @@ from numpy.typing import NDArray
 
 from export.bench.llamacpp import LLAMA_PYTHON_ENV, LlamaCppWorker, llama_cpp_python
 from export.prompts import QUESTIONS
-from model.backend import Attend, Offsets, Rows, StepBackend
+from model.backend import Attend, Rows, StepBackend
 from model.chat import build_prompt
 from model.diffusion_engine import DiffusionOptions, smollm2_diffusion_config
 from model.engine import ChatMessage, GenerationStats, drain
 from model.generate import greedy
 from model.modeldir import default_model_dir, is_complete, load_tokenizer
 from model.runtime import OrtBackend, RuntimeConfig
-from model.sampler import sample, schedule_label
+from model.sampler import sample
 from model.tokenizer import Tokenizer
 from server.speech import SentenceSplitter
 
@@ -58,12 +58,6 @@ class BenchOptions:
     torch_reference: bool = True
     torch_prompts: int | None = None  # fewer prompts for the slow PyTorch column
     variant: str = "int8"
-    # also time the diffusion sampler with the approximate in-block cache (model/sampler.py
-    # approx_cache), as the "diffusion-approx" engine, ONNX Runtime only
-    approx_cache: bool = False
-    # also time the diffusion sampler with these first blocks (model/sampler.py
-    # first_blocks) as "diffusion-first<sizes>", ONNX Runtime only; None: not
-    first_blocks: tuple[int, ...] | None = None
     rounds: int = 1  # every prompt this many times per engine (ONNX Runtime), interleaved
     # llama.cpp on the same GGUF beside the ONNX Runtime engines (export/bench/llamacpp.py):
     # "auto" (when a Python with llama_cpp is found), "off", or that Python's path
@@ -144,13 +138,10 @@ class CountingBackend:
         attend: Attend,
         commit: bool,
         rows: Rows = None,
-        at: Offsets = None,
-        keep: Rows = None,
     ) -> NDArray[np.float32]:
         T = len(ids)
-        # P leaves out a draft step's draft entries (at most a block): a few % of a pass
         self.steps.append((T, self.inner.cache_length(cache), T if rows is None else len(rows)))
-        return self.inner.step(cache, ids, attend, commit, rows, at, keep)
+        return self.inner.step(cache, ids, attend, commit, rows)
 
 
 Decoder = Callable[[StepBackend, list[int], int], Generator[int, None, GenerationStats]]
@@ -406,12 +397,6 @@ def run_llm_bench(options: BenchOptions) -> dict[str, Any]:
         roofs["torch-fp32"] = Roofline(peak_fp32_torch(), bandwidth_fp32_torch(), 4.0)
     decoders: dict[str, Decoder] = {"ar": ar_decoder(tok)}
     decoders["diffusion"] = diffusion_decoder(tok)
-    if options.approx_cache:
-        decoders["diffusion-approx"] = diffusion_decoder(tok, approx_cache=True)
-    if (first := options.first_blocks) is not None:
-        decoders[f"diffusion-first{schedule_label(first)}"] = diffusion_decoder(
-            tok, first_blocks=first
-        )
     sentence = first_sentence_tokens(tok)
     llama = _llama_cpp_worker(options.llama_cpp)
     if llama is not None:
@@ -528,7 +513,7 @@ def _results(
     def tps(engine: str) -> float | None:
         return r["tokens_per_s"] if (r := row(engine)) else None
 
-    ar, diff, approx = tps("ar"), tps("diffusion"), tps("diffusion-approx")
+    ar, diff = tps("ar"), tps("diffusion")
     a, d = row("ar"), row("diffusion")
     rounds = (
         [x / y for x, y in zip(d["rounds_tokens_per_s"], a["rounds_tokens_per_s"], strict=True)]
@@ -566,7 +551,6 @@ def _results(
         "rows": rows,
         "speedup": (diff / ar) if (ar and diff) else None,
         "speedup_per_round": rounds,
-        "speedup_approx_cache": (approx / ar) if (ar and approx) else None,
         # every diffusion engine's tokens/s over AR's (the variants too)
         "speedup_by_engine": {
             x["engine"]: x["tokens_per_s"] / ar

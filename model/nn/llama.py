@@ -74,9 +74,6 @@ class KVCache:
         self.k = torch.empty(shape, dtype=dtype, device=device)
         self.v = torch.empty(shape, dtype=dtype, device=device)
         self.length = 0  # committed positions
-        # offset after the prefix -> (k, v) (L, B, n_kv, hd): the draft of an uncommitted
-        # block (model.backend.TorchBackend; Fast-dLLM's approximate cache)
-        self.draft: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @property
     def max_len(self) -> int:

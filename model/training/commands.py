@@ -14,8 +14,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from export.commands import block_schedule
-
 if TYPE_CHECKING:
     from model.router import ToolRouter
     from model.spans import SpanPointer
@@ -114,20 +112,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         choices=("on", "off"),
         help="a reply ends before a sentence that repeats its earlier ones (on) or not "
         "(off); repeatable (default: the engines', on)",
-    )
-    llm.add_argument(
-        "--cache",
-        action="append",
-        choices=("exact", "approx"),
-        help="the in-block cache: exact, or Fast-dLLM's approximate one (repeatable; "
-        "default: the engines')",
-    )
-    llm.add_argument(
-        "--first-blocks",
-        action="append",
-        type=block_schedule,
-        help="sizes of a reply's first blocks, e.g. 8 or 4,8; 'none': all of --block-size "
-        "(repeatable; default: the engines')",
     )
     llm.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
     llm.add_argument(
@@ -428,8 +412,6 @@ def _eval_llm(args: argparse.Namespace) -> int:
         end_lookaheads=tuple(args.end_lookahead or ()),
         sentence_ends=tuple(v == "on" for v in args.sentence_end or ()),
         stop_repeats=tuple(v == "on" for v in args.stop_repeats or ()),
-        caches=tuple(args.cache or ()),
-        schedules=tuple(args.first_blocks or ()),
         onnx=args.onnx,
         onnx_variant=args.onnx_variant,
         history=args.history,

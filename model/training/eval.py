@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from model.modeldir import Variant
 from model.nn.llama import Llama
 from model.openings import Opening
-from model.sampler import SamplerSettings, schedule_label
+from model.sampler import SamplerSettings
 from model.tokenizer import Tokenizer
 from model.training.data import decode_batch, prompt_ids, read_heldout, read_jsonl
 from model.training.precision import working_dtype
@@ -69,12 +69,6 @@ class EvalOptions:
     # whether a reply ends before a sentence that repeats it (model/sampler.py
     # stop_repeats); each is run at each other setting; () = the engines' default
     stop_repeats: tuple[bool, ...] = ()
-    # the in-block cache (model/sampler.py approx_cache): "exact" and/or "approx"; each
-    # is run at each other setting; () = the engines' default
-    caches: tuple[str, ...] = ()
-    # the sizes of a reply's first blocks (model/sampler.py first_blocks); each is run
-    # at each other setting; () = the engines' default
-    schedules: tuple[tuple[int, ...], ...] = ()
     # an exported model directory (`quicksilver export --adapter ...`): the diffusion
     # replies come from one of its graphs in ONNX Runtime, as served, instead of PyTorch
     onnx: Path | None = None
@@ -324,7 +318,6 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
     config = f.llama_config()
     ar = Llama.from_state_dict(config, f.state_dict(config), torch.float32)
     B = opts.block_size or SamplerSettings().block_size  # the engines' default
-    widest = max([B, *(n for first in opts.schedules for n in first)])  # the cache's overshoot
     opts = dataclasses.replace(opts, dtype=working_dtype(opts.dtype, log=log))
     dtype = getattr(torch, opts.dtype)
     if opts.onnx:  # the adapter is already merged into the exported graph
@@ -362,7 +355,7 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
 
     rows = [score("ar-greedy", greedy, False), score(f"ar-t{opts.ar_temperature}", sampled, True)]
     samples: dict[str, list[str]] = {"ar-greedy": ref_text, "ar-sampled": text(sampled)}
-    max_len = max(len(p) for p in asked) + opts.max_tokens + widest
+    max_len = max(len(p) for p in asked) + opts.max_tokens + B  # the last block's overshoot
     if opts.onnx:
         from model.assemble import load_onnx_backend
         from model.runtime import RuntimeConfig
@@ -387,9 +380,6 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
         if settings.ends_after_sentence != served.ends_after_sentence:
             name += "-sentend" if settings.ends_after_sentence else "-anyend"
         name += "" if settings.stop_repeats == served.stop_repeats else "-repeats"
-        name += "-approx" if settings.approx_cache else ""
-        if (first := settings.first_blocks) != served.first_blocks:
-            name += f"-first{schedule_label(first)}"
         name += f"-h{opts.history}" if opts.history else ""
         name += f"-ban{ban}" if (ban := opts.opening_ban) not in (None, engine_ban) else ""
         name += "-tools" if opts.system else ""
@@ -413,11 +403,10 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
 def sampler_settings(opts: EvalOptions) -> list[SamplerSettings]:
     """The settings to score: the engines' defaults (:class:`SamplerSettings`) with
     the block size, thresholds, fallbacks, end lookaheads, sentence-end rules, repeat
-    stops, in-block caches, first blocks and steps per block the options name."""
+    stops and steps per block the options name."""
     from model.diffusion_engine import served_sampler
 
     default = served_sampler()
-    approx = {"exact": False, "approx": True}
     return [
         dataclasses.replace(
             default,
@@ -426,19 +415,15 @@ def sampler_settings(opts: EvalOptions) -> list[SamplerSettings]:
             fallback=fallback,  # type: ignore[arg-type]
             steps_per_block=opts.steps_per_block or default.steps_per_block,
             end_lookahead=ahead,
-            approx_cache=cache,
-            first_blocks=first,
             ends_after_sentence=sentend,
             stop_repeats=stop,
         )
-        for fallback, th, ahead, sentend, stop, cache, first in itertools.product(
+        for fallback, th, ahead, sentend, stop in itertools.product(
             opts.fallbacks or (default.fallback,),
             opts.thresholds or (default.threshold,),
             opts.end_lookaheads or (default.end_lookahead,),
             opts.sentence_ends or (default.ends_after_sentence,),
             opts.stop_repeats or (default.stop_repeats,),
-            tuple(approx[c] for c in opts.caches) or (default.approx_cache,),
-            opts.schedules or (default.first_blocks,),
         )
     ]
 

@@ -11,7 +11,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from model.actions import ActionSettings, ContentFree, call_starts, decode_call, shapes
+from model.actions import (
+    ActionSettings,
+    CallOptions,
+    ContentFree,
+    call_starts,
+    decode_call,
+    shapes,
+)
 from model.backend import last_row
 from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt
 from model.diffusion_engine import smollm2_diffusion_config
@@ -68,7 +75,7 @@ def test_whatever_the_weights_a_call_fits_its_schema_and_its_ids(seed: int) -> N
     backend, cache, last, tok = prefilled(seed)
     config = smollm2_diffusion_config(tok)
     before = backend.steps
-    done = decode_call(backend, tok, cache, last, TOOLS, USER, config, block=8)
+    done = decode_call(backend, tok, cache, last, TOOLS, USER, config, CallOptions(8))
     assert done is not None
     tool = next(t for t in TOOLS if t.name == done.call.name)
     validate(tool, done.call.arguments)
@@ -105,7 +112,9 @@ def test_a_string_value_is_refused_when_no_word_of_the_user_fits() -> None:
     """Nothing said to copy: the call cannot be written, and no call is made."""
     say = (Tool("say", "", (Param("text", "string"),)),)
     backend, cache, last, tok = prefilled(0, "")
-    done = decode_call(backend, tok, cache, last, say, "", smollm2_diffusion_config(tok), 8)
+    done = decode_call(
+        backend, tok, cache, last, say, "", smollm2_diffusion_config(tok), CallOptions(8)
+    )
     assert done is None
 
 
@@ -113,7 +122,9 @@ def test_a_cancelled_call_stops_before_its_next_pass() -> None:
     backend, cache, last, tok = prefilled(1)
     before = backend.steps
     config = smollm2_diffusion_config(tok)
-    stop = decode_call(backend, tok, cache, last, TOOLS, USER, config, 8, should_stop=lambda: True)
+    stop = decode_call(
+        backend, tok, cache, last, TOOLS, USER, config, CallOptions(8), should_stop=lambda: True
+    )
     assert stop is None and backend.steps == before
 
 
@@ -276,7 +287,7 @@ def test_a_calibrated_branch_takes_the_option_its_prior_undervalues() -> None:
         at = program[len(ids)] if len(ids) < len(program) else None
         return np.array([1e-12 if o == at else 1.0 for o in options])
 
-    done = decode_call(backend, tok, cache, last, TOOLS, USER, config, block=8, prior=prior)
+    done = decode_call(backend, tok, cache, last, TOOLS, USER, config, CallOptions(8, prior=prior))
     assert done is not None
     assert (done.call.name, done.call.arguments) == ("lights.set", {"on": False})
 

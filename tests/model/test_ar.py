@@ -20,7 +20,8 @@ from model.engine import (
     drain,
 )
 from model.nn.engines import load_ar_generator
-from server.speech import PassGate, Sentence, sentences
+from server.speech import Sentence, SpeechFirst, sentences
+from tests.passes import Watched
 
 pytestmark = pytest.mark.models
 
@@ -61,25 +62,6 @@ class Recording:
             return self.stats
         finally:
             self.finished.set()
-
-
-class WatchedGate(PassGate):
-    """The real gate, noting when a waiter has been held through three of its polls
-    (it is then waiting at the gate, not on its way there)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.polls = 0
-        self.holding = threading.Event()
-
-    def wait(self, stop: Callable[[], bool], poll_s: float = 0.02) -> None:
-        def watched() -> bool:
-            self.polls += 1
-            if self.polls >= 3:
-                self.holding.set()
-            return stop()
-
-        super().wait(watched, poll_s)
 
 
 def test_capital_of_france(ar: ARGenerator) -> None:
@@ -158,18 +140,20 @@ async def test_engine_cancelled_mid_reply_frees_the_worker(ar: ARGenerator) -> N
     assert chunks and all(isinstance(c, str) for c in chunks)  # no ReplyEnd after a cancel
 
 
-async def test_engine_pauses_at_a_held_gate(ar: ARGenerator) -> None:
+async def test_engine_pauses_while_a_first_phrase_is_synthesized(ar: ARGenerator) -> None:
     expected = "".join(drain(ar.generate(FRANCE, 32, lambda: False))[0])
-    recording, gate = Recording(ar), WatchedGate()
+    recording, speech = Recording(ar), SpeechFirst()
+    pauses = Watched(speech, lockstep=False)
     with ThreadPoolExecutor(1) as pool:
-        engine = ThreadedReplyEngine(recording, pool, gate)
+        engine = ThreadedReplyEngine(recording, pool)
 
         async def consume() -> list[object]:
-            return [c async for c in engine.stream(FRANCE, 32)]
+            return [c async for c in engine.stream(FRANCE, 32, pauses=pauses)]
 
-        with gate.hold():
+        with speech.synthesizing():
+            pauses.expect_wait()
             task = asyncio.create_task(consume())
-            assert await asyncio.to_thread(gate.holding.wait, 30)
+            assert await asyncio.to_thread(pauses.asleep)
             # held at its first check: not one forward pass, not one piece
             assert recording.checks == 1 and not task.done()
         chunks = await task
@@ -178,20 +162,22 @@ async def test_engine_pauses_at_a_held_gate(ar: ARGenerator) -> None:
     assert "".join(p for p in pieces if isinstance(p, str)) == expected
 
 
-async def test_engine_cancelled_at_a_held_gate_returns(ar: ARGenerator) -> None:
-    recording, gate = Recording(ar), WatchedGate()
+async def test_engine_cancelled_while_paused_returns(ar: ARGenerator) -> None:
+    recording, speech = Recording(ar), SpeechFirst()
+    pauses = Watched(speech, lockstep=False)
     with ThreadPoolExecutor(1) as pool:
-        engine = ThreadedReplyEngine(recording, pool, gate)
+        engine = ThreadedReplyEngine(recording, pool)
 
         async def consume() -> None:
-            async for _ in engine.stream(LONG, 64):
+            async for _ in engine.stream(LONG, 64, pauses=pauses):
                 pass
 
-        with gate.hold():
+        with speech.synthesizing():
+            pauses.expect_wait()
             task = asyncio.create_task(consume())
-            assert await asyncio.to_thread(gate.holding.wait, 30)  # waiting at the gate
+            assert await asyncio.to_thread(pauses.asleep)  # waiting before its first pass
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            assert recording.finished.is_set()  # without waiting for the gate
+            assert recording.finished.is_set()  # without waiting for the first phrase
     assert recording.stats == GenerationStats(0, 0, "cancel")  # not one pass ran

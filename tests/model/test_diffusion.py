@@ -50,13 +50,9 @@ class RecomputeBackend:
 
     name = "recompute"
 
-    def __init__(
-        self, model: Llama, block_size: int, max_len: int = 256, first: tuple[int, ...] = ()
-    ) -> None:
+    def __init__(self, model: Llama, block_size: int, max_len: int = 256) -> None:
         self.model, self.block_size, self.max_len = model, block_size, max_len
         self.vocab_size = model.config.vocab_size
-        self.first = first
-        self.blocks = SamplerSettings(block_size=block_size, first_blocks=first).blocks(max_len)
 
     def new_cache(self) -> dict[str, Any]:
         return {"ids": [], "prompt": 0}
@@ -72,10 +68,6 @@ class RecomputeBackend:
         seq = cache["ids"] + ids.tolist()
         n_prompt = len(seq) if attend == "causal" else cache["prompt"]
         mask = block_causal_mask(n_prompt, len(seq), self.block_size)
-        if self.first:  # a schedule: each position sees to its own block's end
-            last = [n_prompt + hi - 1 for lo, hi in self.blocks for _ in range(lo, hi)]
-            last = list(range(n_prompt)) + last[: len(seq) - n_prompt]
-            mask = (torch.arange(len(seq))[None, :] <= torch.tensor(last)[:, None])[None, None]
         with torch.inference_mode():
             logits = self.model(torch.tensor([seq]), mask=mask)[0, len(cache["ids"]) :]
         if commit:
@@ -132,7 +124,6 @@ def test_attention_biases_are_used() -> None:
         SamplerSettings(block_size=4, rule="lowconf", steps_per_block=2),
         SamplerSettings(block_size=4, rule="threshold", threshold=0.02, steps_per_block=4),
         SamplerSettings(block_size=3, rule="lowconf", steps_per_block=3, temperature=1.0),
-        SamplerSettings(block_size=4, rule="threshold", threshold=0.02, first_blocks=(2, 3)),
     ],
 )
 def test_kv_cached_blocks_give_the_tokens_of_a_cache_free_recomputation(
@@ -142,7 +133,7 @@ def test_kv_cached_blocks_give_the_tokens_of_a_cache_free_recomputation(
     cfg = DiffusionConfig(mask_id=MASK, end_ids=frozenset({2}), attention="block", shift=shift)
     prompt = [1, 40, 41, 42, 43, 44, 2, 1, 50]
     runs = []
-    recompute = RecomputeBackend(model, settings.block_size, first=settings.first_blocks)
+    recompute = RecomputeBackend(model, settings.block_size)
     for backend in (TorchBackend(model, max_len=64), recompute):
         gen = sample(backend, prompt, cfg, settings, np.random.default_rng(3), max_tokens=11)
         runs.append(drain(gen))
@@ -275,16 +266,16 @@ def test_smollm2_diffusion_engine_runs_and_stops(smollm2_gguf) -> None:  # type:
     assert 2 <= stats.forward_passes <= 1 + 2 * 4 + 1
 
 
-def test_a_block_schedule_sizes_the_cache_and_the_room_for_a_reply() -> None:
-    first = SamplerSettings(block_size=16, first_blocks=(4,))
-    opts = DiffusionOptions(sampler=first, prompt_budget=10, max_reply_tokens=20)
-    assert opts.cache_len == 10 + 20  # blocks [0, 4) and [4, 20)
-    assert replace(opts, max_reply_tokens=21).cache_len == 10 + 36
-    assert replace(opts, max_reply_tokens=0).cache_len == 10
+def test_the_blocks_size_the_cache_and_the_room_for_a_reply() -> None:
+    blocks = SamplerSettings(block_size=4)
+    opts = DiffusionOptions(sampler=blocks, prompt_budget=10, reply_cache_tokens=20)
+    assert opts.cache_len == 10 + 20  # five blocks of 4
+    assert replace(opts, reply_cache_tokens=21).cache_len == 10 + 24  # the last one whole
+    assert replace(opts, reply_cache_tokens=0).cache_len == 10
     gen, _ = tiny_generator()
-    gen.options = replace(gen.options, sampler=first)
+    gen.options = replace(gen.options, sampler=blocks)
     room = gen.backend.max_len
-    assert gen._room(room - 20, 64) == 20 and gen._room(room - 19, 64) == 4
+    assert gen._room(room - 20, 64) == 20 and gen._room(room - 19, 64) == 16
     assert gen._room(room - 30, 3) == 3
     with pytest.raises(ValueError, match="no room for a 4-token block"):
         gen._room(room - 3, 64)

@@ -132,22 +132,6 @@ def test_eval_scores_the_settings_the_engines_serve():
     assert [s.end_lookahead for s in ends] == [0, None]
     sentences = sampler_settings(EvalOptions(sentence_ends=(False, True)))
     assert [s.ends_after_sentence for s in sentences] == [False, True]
-    caches = sampler_settings(EvalOptions(caches=("exact", "approx")))
-    assert [s.approx_cache for s in caches] == [False, True]
-    firsts = sampler_settings(EvalOptions(schedules=((), (4, 8))))
-    assert [s.first_blocks for s in firsts] == [(), (4, 8)]
-
-
-def test_first_blocks_option_takes_sizes_or_none():
-    import argparse
-
-    from export.commands import block_schedule
-
-    assert block_schedule("8") == (8,) and block_schedule("4,8") == (4, 8)
-    assert block_schedule("none") == ()
-    for bad in ("0", "4,", "x", "-8"):
-        with pytest.raises(argparse.ArgumentTypeError, match="'none'"):
-            block_schedule(bad)
 
 
 def test_end_lookahead_option_takes_a_count_or_any():

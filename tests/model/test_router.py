@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from model.actions import decode_call, said_shapes, shape_names, shapes
+from model.actions import CallOptions, decode_call, said_shapes, shape_names, shapes
 from model.diffusion_engine import smollm2_diffusion_config
 from model.engine import ChatMessage, drain
 from model.modeldir import SHIPPED_ADAPTER
@@ -362,11 +362,15 @@ def test_a_routed_call_is_laid_out_as_routed_whatever_the_model_would_write() ->
     for shape in ("timer.cancel()", "lights.set(on=false)", "volume.set(change=down)"):
         backend, cache, last, tok = prefilled(0)
         config = smollm2_diffusion_config(tok)
-        done = decode_call(backend, tok, cache, last, TOOLS, USER, config, block=8, shape=shape)
+        done = decode_call(
+            backend, tok, cache, last, TOOLS, USER, config, CallOptions(8, shape=shape)
+        )
         assert done is not None
         assert shape_name(tools[done.call.name], done.call.arguments) == shape
     with pytest.raises(ValueError, match="is laid out as 'doors"):
-        decode_call(backend, tok, cache, last, TOOLS, USER, config, block=8, shape="doors.lock()")
+        decode_call(
+            backend, tok, cache, last, TOOLS, USER, config, CallOptions(8, shape="doors.lock()")
+        )
 
 
 def test_the_engine_asks_its_router_whether_to_act_and_which_call() -> None:

@@ -23,7 +23,6 @@ from model.sampler import (
     decide,
     propose,
     sample,
-    schedule_label,
     sentence_end_ids,
     word_keys,
 )
@@ -230,40 +229,11 @@ def test_blocks_left_to_right_with_one_commit_pass_between() -> None:
     assert tokens == list(range(10, 18)) and stats == GenerationStats(8, 4, "budget")
 
 
-def test_first_blocks_set_the_first_block_sizes_then_block_size() -> None:
-    b = ScriptBackend(list(range(10, 20)), [0.99] * 10, len(PROMPT))
-    s = SamplerSettings(block_size=4, first_blocks=(2,))
-    assert s.blocks(8) == [(0, 2), (2, 6), (6, 10)]
-    tokens, stats = drain(sample(b, PROMPT, MODEL, s, RNG(0), max_tokens=8))
-    assert [len(ids) for _, _, ids in b.calls] == [3, 2, 2, 4, 4, 4]
-    assert [(a, c) for a, c, _ in b.calls] == [("causal", True)] + [
-        ("block", False),
-        ("block", True),
-    ] * 2 + [("block", False)]
-    assert b.calls[2][2] == [10, 11] and b.calls[4][2] == [12, 13, 14, 15]
-    assert b.denoise_inputs()[-1] == [MASK] * 4  # the last block keeps its size ...
-    assert tokens == list(range(10, 18)) and stats == GenerationStats(8, 6, "budget")  # ... 8
-
-
-def test_each_block_of_a_schedule_may_take_its_own_steps() -> None:
-    s = SamplerSettings(block_size=4, first_blocks=(2, 1))
-    assert s.blocks(8) == [(0, 2), (2, 3), (3, 7), (7, 11)] and s.blocks(0) == []
-    assert s.step_budget(8) == 2 + 1 + 4 + 4
-    assert SamplerSettings(block_size=4, first_blocks=(2, 1), steps_per_block=2).step_budget(8) == 8
-    # an unsure schedule is written one position per step, each block to its own size
-    b = ScriptBackend(list(range(10, 18)), [0.1] * 8, len(PROMPT))
-    tokens, stats = drain(sample(b, PROMPT, MODEL, s, RNG(0), max_tokens=8))
-    assert [len(ids) for ids in b.denoise_inputs()] == [2, 2, 1, 4, 4, 4, 4, 4]
-    assert tokens == list(range(10, 18)) and stats == GenerationStats(8, 1 + 8 + 3, "budget")
-    with pytest.raises(ValueError, match="first_blocks"):
-        SamplerSettings(first_blocks=(8, 0))
-    assert [schedule_label(f) for f in ((), (8,), (4, 8), (1, 1), (1,) * 16)] == [
-        "none",
-        "8",
-        "4.8",
-        "1.1",
-        "1x16",
-    ]
+def test_blocks_cover_the_budget_the_last_one_whole() -> None:
+    s = SamplerSettings(block_size=4)
+    assert s.blocks(8) == [(0, 4), (4, 8)] and s.blocks(9)[-1] == (8, 12) and s.blocks(0) == []
+    assert s.step_budget(9) == 3 * 4
+    assert SamplerSettings(block_size=4, steps_per_block=2).step_budget(9) == 3 * 2
 
 
 def test_end_token_stops_the_reply_and_nothing_after_it_is_generated() -> None:
@@ -515,62 +485,16 @@ def test_a_step_that_reads_only_the_pass_before_runs_no_pass() -> None:
     is one commit pass per token (AR's cost), and a block whose other positions all
     committed first finishes without a pass."""
     model = DiffusionConfig(MASK, frozenset({END}), "block", shift=True)
-    b = Shifted(list(range(10, 16)), [0.1] * 6, len(PROMPT))
-    s = SamplerSettings(block_size=4, first_blocks=(1, 1))
-    tokens, stats = drain(sample(b, PROMPT, model, s, RNG(0), 6))
-    assert tokens == list(range(10, 16))
-    assert b.asked == [[0, 1, 2], [0, 1, 2], [1, 2], [2]]  # only the block of 4 asks
-    assert [len(ids) for a, c, ids in b.calls if c] == [3, 1, 1]  # prefill, two commits
-    assert stats == GenerationStats(6, 3 + 4, "budget")
+    b = Shifted(list(range(10, 14)), [0.1] * 4, len(PROMPT))
+    tokens, stats = drain(sample(b, PROMPT, model, SamplerSettings(block_size=1), RNG(0), 4))
+    assert tokens == list(range(10, 14)) and b.asked == []  # each from the pass before
+    assert [len(ids) for a, c, ids in b.calls if c] == [3, 1, 1, 1]  # prefill, 3 commits
+    assert stats == GenerationStats(4, 4, "budget")
     # position 0 unsure, 1-3 sure: the second step needs only the pass before's row
     b = Shifted([10, 11, 12, 13], [0.1, 0.99, 0.99, 0.99], len(PROMPT))
     tokens, stats = drain(sample(b, PROMPT, model, SamplerSettings(block_size=4), RNG(0), 4))
     assert tokens == [10, 11, 12, 13] and b.asked == [[0, 1, 2]]
     assert stats == GenerationStats(4, 1 + 1, "budget")
-
-
-class Drafting(ScriptBackend):
-    """Takes draft steps (``at``, ``keep``): row i is the scripted row of offset at[i];
-    records each denoising step's offsets and the offsets it keeps."""
-
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        self.fed: list[tuple[list[int], list[int]]] = []
-
-    def step(  # type: ignore[no-untyped-def]
-        self, cache, ids, attend, commit, rows=None, at=None, keep=None
-    ):
-        if attend == "causal" or commit:
-            return super().step(cache, ids, attend, commit, rows)
-        at = list(range(len(ids))) if at is None else [int(o) for o in at]
-        self.fed.append((at, [at[int(k)] for k in ([] if keep is None else keep)]))
-        full = super().step(cache, np.zeros(max(at) + 1, np.int64), attend, commit)
-        return full[at][list(rows)]
-
-
-def test_the_approximate_cache_feeds_the_masked_positions_and_drafts_the_prefix() -> None:
-    b = Drafting([10, 11, 12, 13], [0.1] * 4, len(PROMPT))  # one commit per step, leftmost
-    s = SamplerSettings(block_size=4, approx_cache=True)
-    tokens, stats = drain(sample(b, PROMPT, MODEL, s, RNG(0), 4))
-    assert tokens == [10, 11, 12, 13] and stats.forward_passes == 1 + 4
-    # a committed token is fed once more, kept, then read from the draft
-    assert b.fed == [([0, 1, 2, 3], []), ([0, 1, 2, 3], [0]), ([1, 2, 3], [1]), ([2, 3], [2])]
-
-
-def test_tokens_committed_past_a_mask_are_never_drafted() -> None:
-    b = Drafting([10, 11, 12, 13], [0.1, 0.1, 0.1, 0.99], len(PROMPT))  # 3 commits first
-    tokens, _ = drain(sample(b, PROMPT, MODEL, SamplerSettings(4, approx_cache=True), RNG(0), 4))
-    assert tokens == [10, 11, 12, 13]
-    # offset 3 is fed every step; 0 and 1 are kept once no mask precedes them
-    fed = [([0, 1, 2, 3], []), ([0, 1, 2, 3], []), ([0, 1, 2, 3], [0]), ([1, 2, 3], [1])]
-    assert b.fed == fed
-
-
-def test_the_approximate_cache_needs_block_attention() -> None:
-    model = DiffusionConfig(MASK, frozenset({END}), "full", shift=False)
-    s = SamplerSettings(block_size=4, approx_cache=True)
-    with pytest.raises(ValueError, match="block attention"):
-        drain(sample(ScriptBackend([10] * 4, [0.9] * 4, 3), PROMPT, model, s, RNG(0), 4))
 
 
 def test_cancel_stops_before_the_next_pass() -> None:

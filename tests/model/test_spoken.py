@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from model.actions import decode_call
+from model.actions import CallOptions, decode_call
 from model.diffusion_engine import smollm2_diffusion_config
 from model.spoken import slot_value, spoken_duration, spoken_numbers
 from model.tools import DEFAULT_TOOLS, Param
@@ -71,6 +71,6 @@ def test_the_decoder_lays_the_number_said_whatever_the_model_would_write() -> No
     config = smollm2_diffusion_config(tok)
     timer = [t for t in TOOLS if t.name == "timer.set"]
     before = backend.steps
-    done = decode_call(backend, tok, cache, last, timer, text, config, block=8)
+    done = decode_call(backend, tok, cache, last, timer, text, config, CallOptions(8))
     assert done is not None and done.call.arguments == {"seconds": 150}
     assert done.call.passes == backend.steps - before

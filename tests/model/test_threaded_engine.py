@@ -1,4 +1,5 @@
-"""ThreadedReplyEngine's cancellation across sessions sharing one reply thread.
+"""ThreadedReplyEngine: cancellation across sessions sharing one reply thread, and the
+model's pauses before its passes (speech first, ``server.speech.SpeechFirst``).
 
 The generators here are scripted stand-ins for a model (the real engines run through
 the same class in tests/model/test_ar.py and the end-to-end tests): one blocks until
@@ -16,6 +17,8 @@ from typing import Any
 import pytest
 
 from model.engine import ChatMessage, GenerationStats, ReplyEnd, ThreadedReplyEngine
+from server.speech import SpeechFirst
+from tests.passes import Watched
 
 ASK = [ChatMessage("user", "hello")]
 
@@ -115,7 +118,8 @@ async def test_a_generator_that_cannot_start_ends_the_stream_with_its_error() ->
 
 class Passes:
     """Three passes of one piece each; notes, before each pass, how many pieces the
-    consumer had taken by then (read from the test's own counter)."""
+    consumer had taken by then (read from the test's own counter), and says when it has
+    written them all."""
 
     name = "passes"
     supports_tools = False
@@ -123,6 +127,7 @@ class Passes:
     def __init__(self, taken: list[int]) -> None:
         self.taken = taken
         self.seen: list[int] = []
+        self.finished = threading.Event()
 
     def generate(
         self,
@@ -131,44 +136,91 @@ class Passes:
         should_stop: Callable[[], bool],
         tools: Sequence[Any] = (),
     ) -> Generator[str, None, GenerationStats]:
-        for word in ("One", " two", " three."):
-            if should_stop():
-                break
-            self.seen.append(self.taken[0])
-            yield word
-        return GenerationStats(3, 3, "end")
+        try:
+            for word in ("One", " two", " three."):
+                if should_stop():
+                    return GenerationStats(len(self.seen), len(self.seen), "cancel")
+                self.seen.append(self.taken[0])
+                yield word
+            return GenerationStats(3, 3, "end")
+        finally:
+            self.finished.set()
 
 
-@pytest.mark.parametrize("free_after", [None, 1])
-async def test_lockstep_holds_each_pass_until_the_consumer_took_what_was_written(
-    free_after: int | None,
-) -> None:
-    """In lockstep the model starts a pass only once the consumer is back for more (it
-    may have found the first phrase and want the CPU for its speech); once the event is
-    set it runs ahead. The consumer is slow here, so without lockstep the model would
-    have written every pass before the consumer took its first piece."""
-    taken, free = [0], threading.Event()
+async def _written(gen: Passes) -> None:
+    """Wait until the model has finished (a model held in lockstep never does)."""
+    assert await asyncio.to_thread(gen.finished.wait, 30)
+
+
+async def test_in_lockstep_each_pass_waits_until_the_consumer_took_what_was_written() -> None:
+    """The consumer may have found the first phrase in the last piece and want the CPU
+    for its speech: the model starts no pass before it is back for more."""
+    taken = [0]
     gen = Passes(taken)
     with ThreadPoolExecutor(1) as pool:
+        pauses = SpeechFirst().reply(speaks=True)
         pieces = []
-        async for item in ThreadedReplyEngine(gen, pool).stream(ASK, 8, lockstep=free):
-            await asyncio.sleep(0.05)  # the consumer works on the piece (Piper, say)
+        async for item in ThreadedReplyEngine(gen, pool).stream(ASK, 8, pauses=pauses):
             pieces.append(item)
-            if len(pieces) == free_after:
-                free.set()
             taken[0] += 1
     assert pieces[:3] == ["One", " two", " three."]
-    if free_after is None:
-        assert gen.seen == [0, 1, 2]  # every pass waited for the piece before it
-    else:
-        assert gen.seen[0] == 0 and gen.seen[2] <= 1  # ran ahead of the slow consumer once set
+    assert gen.seen == [0, 1, 2]  # every pass waited for the piece before it
 
 
-async def test_without_lockstep_the_model_runs_ahead_of_a_slow_consumer() -> None:
+@pytest.mark.parametrize("speaks", [True, False])
+async def test_released_or_unspoken_the_model_runs_ahead_of_its_consumer(speaks: bool) -> None:
+    """The consumer holds the first piece until the model has written them all: that
+    only happens if nothing holds the model back."""
+    taken = [0]
+    gen = Passes(taken)
+    with ThreadPoolExecutor(1) as pool:
+        pauses = SpeechFirst().reply(speaks)
+        async for _ in ThreadedReplyEngine(gen, pool).stream(ASK, 8, pauses=pauses):
+            pauses.release()  # the first phrase is synthesized
+            await _written(gen)
+            taken[0] += 1
+    assert gen.seen == [0, 0, 0]
+
+
+async def test_without_pauses_the_model_runs_ahead_of_its_consumer() -> None:
     taken = [0]
     gen = Passes(taken)
     with ThreadPoolExecutor(1) as pool:
         async for _ in ThreadedReplyEngine(gen, pool).stream(ASK, 8):
-            await asyncio.sleep(0.05)
+            await _written(gen)
             taken[0] += 1
     assert gen.seen == [0, 0, 0]
+
+
+async def test_a_reply_dropped_in_lockstep_stops_without_another_pass() -> None:
+    """The consumer leaves after the first piece: the model, waiting for it to come back,
+    is woken by the stream's close and stops instead of waiting forever."""
+    taken = [0]
+    gen = Passes(taken)
+    with ThreadPoolExecutor(1) as pool:
+        stream = ThreadedReplyEngine(gen, pool).stream(
+            ASK, 8, pauses=SpeechFirst().reply(speaks=True)
+        )
+        assert await anext(stream) == "One"
+        async with asyncio.timeout(30):
+            await stream.aclose()
+    assert gen.finished.is_set() and gen.seen == [0]
+
+
+async def test_while_a_first_phrase_is_synthesized_no_reply_starts_a_pass() -> None:
+    """Another turn's first phrase holds this reply before its first pass; the hold let
+    go, it runs to its end."""
+    taken = [0]
+    gen = Passes(taken)
+    speech = SpeechFirst()
+    pauses = Watched(speech, lockstep=False)
+    with ThreadPoolExecutor(1) as pool:
+        stream = ThreadedReplyEngine(gen, pool).stream(ASK, 8, pauses=pauses)
+        with speech.synthesizing():
+            pauses.expect_wait()
+            first = asyncio.ensure_future(anext(stream))
+            assert await asyncio.to_thread(pauses.asleep)  # held at its first pass
+            assert gen.seen == [] and not first.done()
+        assert await first == "One"
+        rest = [item async for item in stream]
+    assert rest[:2] == [" two", " three."] and gen.seen == [0, 0, 0]

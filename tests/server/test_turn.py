@@ -10,21 +10,21 @@ import numpy as np
 import pytest
 
 from audio.tts import Synthesizer
-from server.speech import PassGate
+from server.speech import SpeechFirst
 from server.turn import synthesize
 
 
-class GateWatch:
-    """The real Piper voice, noting whether the gate was held at every chunk."""
+class HoldWatch:
+    """The real Piper voice, noting whether the reply models were held at every chunk."""
 
-    def __init__(self, tts: Synthesizer, gate: PassGate) -> None:
-        self.tts, self.gate = tts, gate
+    def __init__(self, tts: Synthesizer, speech_first: SpeechFirst) -> None:
+        self.tts, self.speech_first = tts, speech_first
         self.sample_rate = tts.sample_rate
         self.held: list[bool] = []
 
     def synthesize(self, text: str) -> Iterator[np.ndarray]:
         for chunk in self.tts.synthesize(text):
-            self.held.append(self.gate.held)
+            self.held.append(self.speech_first.holding)
             yield chunk
 
 
@@ -34,15 +34,15 @@ def tts() -> Synthesizer:
 
 
 def _runtime(tts: Synthesizer) -> Any:
-    gate = PassGate()
-    return SimpleNamespace(tts=GateWatch(tts, gate), gate=gate)
+    speech_first = SpeechFirst()
+    return SimpleNamespace(tts=HoldWatch(tts, speech_first), speech_first=speech_first)
 
 
 @pytest.mark.models
 def test_the_first_sentence_is_synthesized_with_the_model_held(tts: Synthesizer) -> None:
     rt = _runtime(tts)
     pcm = synthesize(rt, "The capital of Italy is Rome.", 16_000, first=True)
-    assert rt.tts.held == [True] and not rt.gate.held  # held throughout, then let go
+    assert rt.tts.held == [True] and not rt.speech_first.holding  # held throughout, then let go
     assert 0.5 * 16_000 < len(pcm) // 2 < 4 * 16_000
 
 

@@ -1,17 +1,17 @@
 """One turn's pipeline (server/turn.py) on a fake runtime: event order, the release,
-pacing, cancellation, failures and the speech-first gate, with no model loaded.
+pacing, cancellation, failures and speech first, with no model loaded.
 
 The fakes implement the interfaces of their real twins: ``FakeAsr.transcribe`` returns
 an ``audio.asr.Transcript``, ``FakeEngine`` is a ``model.engine.ReplyEngine`` (text
 pieces, then a ReplyEnd), ``FakeTts`` has Piper's ``sample_rate`` and
 ``synthesize(text)`` yielding int16 chunks; the worker threads (``server.runtime.Worker``)
-and the gate (``server.speech.PassGate``) are the real ones. The same path runs on the
+and speech first (``server.speech.SpeechFirst``) are the real ones. The same path runs on the
 real models in tests/e2e/test_voice_loop.py (a spoken question through Whisper, the
 served reply engine and Piper: transcript, reply text, audio and metrics; a barge-in
 cancels the turn and none of its audio follows ``reply_cancelled``),
 tests/e2e/test_concurrency.py (many sessions' turns at once), tests/server/test_turn.py
-(``synthesize`` with the real Piper: the gate held for the first sentence only) and
-tests/model/test_ar.py (the real ThreadedReplyEngine streamed, cancelled, gated).
+(``synthesize`` with the real Piper: the models held for the first sentence only) and
+tests/model/test_ar.py (the real ThreadedReplyEngine streamed, cancelled, paused).
 
 Pacing is checked on a frozen event-loop clock that the test moves by hand, so the
 number of frames sent at each instant is exact and nothing depends on how fast this
@@ -44,7 +44,7 @@ from server.session import (
     StartTurn,
     TurnFailed,
 )
-from server.speech import PassGate
+from server.speech import ReplyPasses, SpeechFirst
 from server.turn import Pacing, run_turn
 
 RATE = 16_000  # the fake voice's rate and the client's, unless a test says otherwise
@@ -91,14 +91,16 @@ class FakeEngine:
         self.closed = asyncio.Event()
         self.ended_by: str | None = None
         self.calls: list[tuple[tuple[ChatMessage, ...], int]] = []
-        self.free: list[bool] = []  # whether lockstep was over when each piece was written
+        # whether the model could have run ahead when each piece was written (before the
+        # consumer took it: False in lockstep)
+        self.free: list[bool] = []
 
     async def stream(
         self,
         conversation: Sequence[ChatMessage],
         max_tokens: int,
         tools: Sequence[Tool] = (),
-        lockstep: threading.Event | None = None,
+        pauses: ReplyPasses | None = None,
     ) -> AsyncIterator[ReplyChunk]:
         self.calls.append((tuple(conversation), max_tokens))
         try:
@@ -106,8 +108,12 @@ class FakeEngine:
                 if i == self.block_after:
                     self.blocked.set()
                     await self.unblock.wait()
-                self.free.append(lockstep is None or lockstep.is_set())
+                if pauses is not None:
+                    pauses.wrote()
+                self.free.append(pauses is None or pauses.ready())
                 yield piece
+                if pauses is not None:
+                    pauses.took()
             if self.fail is not None:
                 raise self.fail
             yield ReplyEnd(STATS)
@@ -116,16 +122,18 @@ class FakeEngine:
             self.ended_by = type(exc).__name__
             raise
         finally:
+            if pauses is not None:
+                pauses.close()
             self.closed.set()
 
 
 class FakeTts:
     """Piper's interface: ``ms`` of audio per sentence, in two int16 chunks. It notes
-    whether the reply model's gate was held while each sentence was synthesized, and
+    whether the reply models were held while each sentence was synthesized, and
     can be made to wait (``go``) inside ``synthesize`` (it runs in the TTS thread)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, gate: PassGate, ms: int) -> None:
-        self.loop, self.gate, self.ms = loop, gate, ms
+    def __init__(self, loop: asyncio.AbstractEventLoop, speech: SpeechFirst, ms: int) -> None:
+        self.loop, self.speech, self.ms = loop, speech, ms
         self.sample_rate = RATE
         self.texts: list[str] = []
         self.held: list[bool] = []
@@ -135,7 +143,7 @@ class FakeTts:
 
     def synthesize(self, text: str) -> Iterator[np.ndarray]:
         self.texts.append(text)
-        self.held.append(self.gate.held)
+        self.held.append(self.speech.holding)
         self.loop.call_soon_threadsafe(self.started.set)
         self.go.wait()
         n = self.sample_rate * self.ms // 1000
@@ -197,8 +205,8 @@ async def make_turn() -> AsyncIterator[Any]:
     def make(
         engine: FakeEngine, transcript: str = "What is the capital of Italy?", tts_ms: int = 250
     ) -> Turn:
-        gate = PassGate(enabled=True)
-        asr, tts = FakeAsr(transcript), FakeTts(asyncio.get_running_loop(), gate, tts_ms)
+        speech = SpeechFirst(enabled=True)
+        asr, tts = FakeAsr(transcript), FakeTts(asyncio.get_running_loop(), speech, tts_ms)
         workers = {kind: Worker(kind.value) for kind in WorkerKind}
         rt = Runtime(
             vad=cast(Any, None),
@@ -208,7 +216,7 @@ async def make_turn() -> AsyncIterator[Any]:
             asr_name="fake",
             max_reply_tokens=33,
             workers=workers,
-            gate=gate,
+            speech_first=speech,
         )
         runtimes.append((rt, tts))
         return Turn(rt, engine, asr, tts)
@@ -536,7 +544,7 @@ async def test_only_the_first_sentence_is_synthesized_with_the_model_held(
     await turn.start(text="Tell me about Rome.")
     assert turn.tts.texts == SENTENCES
     assert turn.tts.held == [True, False, False, False]
-    assert not turn.rt.gate.held
+    assert not turn.rt.speech_first.holding
 
 
 async def test_the_model_runs_in_lockstep_until_the_first_phrase_is_synthesized(
