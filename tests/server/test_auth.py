@@ -819,6 +819,7 @@ def test_the_serve_flags_build_the_config(tmp_path: Path) -> None:
         "--token-ttl",
         "120",
         "--insecure-no-auth",
+        "--metrics-no-auth",
     )
     config = auth.config_from_args(args, {auth.ENV_VAR: OTHER_KEY})
     assert config == AuthConfig(
@@ -826,6 +827,7 @@ def test_the_serve_flags_build_the_config(tmp_path: Path) -> None:
         insecure_no_auth=True,
         allowed_origins=("https://app.example.com", "http://kiosk:8080"),
         client_token_ttl_s=120,
+        metrics_no_auth=True,
     )
     defaults = auth.config_from_args(parse("serve"), {})
     assert defaults == AuthConfig()
