@@ -85,10 +85,11 @@ class Limits:
     max_sessions: int = 100  # open sessions; over it: close 1013 with a retry hint
     max_sessions_per_address: int = 20  # one car fleet's NAT may share an address
     # Connections accepted and not yet answered (each may hold MAX_HEADERS x
-    # MAX_HEADER_LINE_BYTES until handshake_timeout_s), in all and from one address;
-    # over either a new connection gets a 503 at once, before its request is read.
+    # MAX_HEADER_LINE_BYTES until handshake_timeout_s), in all, and from one address
+    # as many as it may have sessions (max_sessions_per_address: behind a load
+    # balancer, raising that raises both); over either a new connection gets a 503 at
+    # once, before its request is read.
     max_handshakes: int = 64
-    max_handshakes_per_address: int = 16
     handshake_timeout_s: float = 5.0  # from accept (and TLS) to the request answered
     start_timeout_s: float = 10.0  # an open socket that never sends start
     max_session_s: float = 4 * 3600.0  # then closed with 4005; its token resumes it
@@ -557,7 +558,8 @@ class App:
         self.authenticator = auth.Authenticator(self.config.auth)
         self.minting = auth.Minting.of(self.config.auth)
         limits = self.config.limits
-        self.handshakes = Handshakes(limits.max_handshakes, limits.max_handshakes_per_address)
+        per_address = min(limits.max_handshakes, limits.max_sessions_per_address)
+        self.handshakes = Handshakes(limits.max_handshakes, per_address)
         ttl = self.config.resume_ttl_s
         self.resume = ResumeStore(ttl) if ttl > 0 else None
         self.metrics = ServerMetrics(

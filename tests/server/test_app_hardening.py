@@ -8,11 +8,13 @@ import json
 import stat
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from websockets.asyncio.client import connect
 
+import server.app
 from audio.speech import SpeechFactory
 from server.app import Limits, ServerConfig, _BodyReader
 from server.auth import AuthConfig
@@ -163,7 +165,7 @@ async def test_handshakes_in_flight_are_capped_at_accept_and_time_out() -> None:
     beyond 2 from one address and 3 in all, a connection gets a 503 before anything
     of it is read, and the ones let in are dropped at the handshake timeout."""
     limits = replace(
-        Limits(), max_handshakes=3, max_handshakes_per_address=2, handshake_timeout_s=2.0
+        Limits(), max_handshakes=3, max_sessions_per_address=2, handshake_timeout_s=4.0
     )
     async with serving(config=ServerConfig(limits=limits)) as (url, app):
         held = [await stalled(url, "127.0.0.1"), await stalled(url, "127.0.0.1")]
@@ -211,32 +213,27 @@ async def test_conflicting_content_lengths_on_the_mint_path_are_a_400() -> None:
         assert ok.startswith(b"HTTP/1.1 200 ") and b'"token"' in ok
 
 
-async def test_a_mint_body_is_read_only_with_a_key() -> None:
+async def test_a_mint_body_is_read_only_with_a_key(monkeypatch: pytest.MonkeyPatch) -> None:
     """A body without a valid key is dropped as it arrives, never held; the request
     still gets its 401."""
     body = b'{"ttl_s": 30, "label": "' + b"x" * 60_000 + b'"}'
-    seen: list[_BodyReader] = []
+    readers: list[_BodyReader] = []
 
     class Watched(_BodyReader):
-        def __init__(self, *args: object) -> None:
-            super().__init__(*args)  # type: ignore[arg-type]
-            seen.append(self)
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            readers.append(self)
 
+    monkeypatch.setattr(server.app, "_BodyReader", Watched)
     async with serving(config=ServerConfig(auth=KEYED)) as (url, _):
-        import server.app as app_module
-
-        original = app_module._BodyReader
-        app_module._BodyReader = Watched  # type: ignore[misc]
-        try:
-            head = (
-                "POST /v1/token HTTP/1.1\nHost: 127.0.0.1\n"
-                f"Authorization: Bearer wrong-{KEY}\nContent-Length: {len(body)}\n"
-            )
-            reply = await post(url, head, body)
-        finally:
-            app_module._BodyReader = original  # type: ignore[misc]
+        head = (
+            "POST /v1/token HTTP/1.1\nHost: 127.0.0.1\n"
+            f"Authorization: Bearer wrong-{KEY}\nContent-Length: {len(body)}\n"
+        )
+        reply = await post(url, head, body)
     assert reply.startswith(b"HTTP/1.1 401 ") and b"invalid_api_key" in reply
-    assert seen and seen[0].body == b"" and len(seen[0].buffer) == 0
+    (reader,) = readers
+    assert reader.body == b"" and len(reader.buffer) == 0
 
 
 async def test_the_resume_file_is_private(tmp_path: Path) -> None:
