@@ -692,7 +692,7 @@ class App:
     async def handle(self, ws: ServerConnection) -> None:
         address = str(ws.remote_address[0]) if ws.remote_address else "?"
         opening = self._opening.pop(ws, None)
-        if opening is None:  # every 101 comes from _admit: this is never reached
+        if opening is None:  # gone before its handler ran (lost() dropped it)
             opening = _Opening(address, "", (p.CloseCode.POLICY_VIOLATION, "not admitted"))
         if (refused := opening.refused or self.refusal(address)) is not None:
             code, reason = refused

@@ -91,7 +91,7 @@ class AuthError(ValueError):
 @dataclass(frozen=True)
 class KeyLimits:
     """What one API key may hold of the server's shared token state, so that no key
-    can fill it for the others (docs/security.md, "Limits")."""
+    can fill it for the others (docs/security.md, "Limits per key")."""
 
     mint_burst: int = 60  # tokens a key may mint at once ...
     mint_per_s: float = 1.0  # ... then this many a second
