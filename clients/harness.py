@@ -353,7 +353,8 @@ def fetch_stats(url: str) -> dict[str, object]:
     """``GET /stats`` of the server behind ``url``; {} if it does not answer."""
     http = url.replace("ws://", "http://").replace("wss://", "https://").split("/v1/", 1)[0]
     try:
-        with urllib.request.urlopen(f"{http}/stats", timeout=10) as response:
+        request = urllib.request.Request(f"{http}/stats", headers=auth_headers())
+        with urllib.request.urlopen(request, timeout=10) as response:
             stats: dict[str, object] = json.loads(response.read())
     except (OSError, ValueError):
         return {}

@@ -16,6 +16,7 @@ import functools
 import http
 import json
 import logging
+import os
 import re
 import secrets
 import socket
@@ -27,10 +28,10 @@ import weakref
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, NamedTuple, Protocol, cast
 
 from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, TooManyHeaders
 from websockets.http11 import Request, Response
 from websockets.server import ServerProtocol
 from websockets.streams import StreamReader
@@ -71,6 +72,10 @@ from .turn import Pacing, run_turn
 log = logging.getLogger("quicksilver")
 
 MAX_FRAME_BYTES = 256 * 1024  # websockets closes with 1009 above this
+# A handshake request's headers, held in memory until it is answered: websockets
+# allows 128 lines of 8 KiB each; 32 is twice what browsers and OpenAI's SDK send.
+MAX_HEADERS = 32
+MAX_HEADER_LINE_BYTES = 8 * 1024  # a Cookie or a subprotocol with a client token fits
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,13 @@ class Limits:
 
     max_sessions: int = 100  # open sessions; over it: close 1013 with a retry hint
     max_sessions_per_address: int = 20  # one car fleet's NAT may share an address
+    # Connections accepted and not yet answered (each may hold MAX_HEADERS x
+    # MAX_HEADER_LINE_BYTES until handshake_timeout_s), in all, and from one address
+    # as many as it may have sessions (max_sessions_per_address: behind a load
+    # balancer, raising that raises both); over either a new connection gets a 503 at
+    # once, before its request is read.
+    max_handshakes: int = 64
+    handshake_timeout_s: float = 5.0  # from accept (and TLS) to the request answered
     start_timeout_s: float = 10.0  # an open socket that never sends start
     max_session_s: float = 4 * 3600.0  # then closed with 4005; its token resumes it
     outbox_messages: int = 512  # queued frames to one client (~50 s of paced audio)
@@ -98,7 +110,8 @@ class ServerConfig:
     pacing: Pacing = field(default_factory=Pacing)
     resume_ttl_s: float = 120.0  # how long a dropped session's conversation is kept
     limits: Limits = field(default_factory=Limits)
-    # where parked conversations are saved on shutdown and restored from on start
+    # where parked conversations are saved on shutdown and restored from on start: a
+    # file of its own directory, which is kept private (0700, the file 0600)
     resume_file: Path | None = None
     auth: AuthConfig = field(default_factory=AuthConfig)  # docs/security.md
     tls: ssl.SSLContext | None = None
@@ -477,6 +490,47 @@ class LagMonitor:
         return {"p50_ms": pick(0.5), "p99_ms": pick(0.99), "max_ms": pick(1.0), "n": len(lag)}
 
 
+class Handshakes:
+    """Connections accepted whose opening handshake is not answered yet, in all and
+    per address. Each may hold a request's headers until the handshake timeout, so
+    both counts are capped when the connection is accepted, before anything is read."""
+
+    def __init__(self, limit: int, per_address: int) -> None:
+        self.limit = limit
+        self.per_address = per_address
+        self.refused = 0  # connections turned away at accept, since the start
+        self._by_address: collections.Counter[str] = collections.Counter()
+
+    @property
+    def in_flight(self) -> int:
+        return self._by_address.total()
+
+    def open(self, address: str) -> str | None:
+        """Count a new connection in; why it is refused (a metrics reason), or None."""
+        if self.in_flight >= self.limit:
+            reason = "handshakes"
+        elif self._by_address[address] >= self.per_address:
+            reason = "handshakes_per_address"
+        else:
+            self._by_address[address] += 1
+            return None
+        self.refused += 1
+        return reason
+
+    def done(self, address: str) -> None:
+        self._by_address[address] -= 1
+        if self._by_address[address] <= 0:
+            del self._by_address[address]
+
+
+class _Opening(NamedTuple):
+    """A voice handshake that was answered 101, until its handler runs."""
+
+    address: str
+    owner: str  # auth.Accepted.owner
+    refused: tuple[int, str] | None  # close code and reason: the session is refused
+
+
 @dataclass
 class App:
     """Shared by every connection: the runtime, the config, live counters."""
@@ -489,22 +543,53 @@ class App:
     metrics: ServerMetrics = field(init=False)
     closing: bool = False  # shutting down: new connections are refused
     authenticator: auth.Authenticator = field(init=False)
-    presets: auth.SessionPresets = field(default_factory=auth.SessionPresets)
+    minting: auth.Minting = field(init=False)
+    handshakes: Handshakes = field(init=False)
     # handshakes accepted with a client secret that carries a session config
     _preset_of: weakref.WeakKeyDictionary[ServerConnection, dict[str, Any]] = field(
         default_factory=weakref.WeakKeyDictionary
     )
+    # Admitted, not yet handled: they count as sessions, so a session that was let
+    # in (its client token used up) is never refused for room a moment later.
+    _opening: dict[ServerConnection, _Opening] = field(default_factory=dict)
     _per_address: collections.Counter[str] = field(default_factory=collections.Counter)
 
     def __post_init__(self) -> None:
         self.authenticator = auth.Authenticator(self.config.auth)
+        self.minting = auth.Minting.of(self.config.auth)
+        limits = self.config.limits
+        per_address = min(limits.max_handshakes, limits.max_sessions_per_address)
+        self.handshakes = Handshakes(limits.max_handshakes, per_address)
         ttl = self.config.resume_ttl_s
         self.resume = ResumeStore(ttl) if ttl > 0 else None
         self.metrics = ServerMetrics(
             sessions=lambda: len(self.sessions),
             resumable=lambda: len(self.resume) if self.resume is not None else 0,
             queued=lambda: {k.value: w.pending for k, w in self.rt.workers.items()},
+            handshakes=lambda: self.handshakes.in_flight,
         )
+
+    # -- the connection's life before its session (BodyConnection reports here) --
+
+    def accepted(self, address: str) -> bool:
+        """A connection was accepted: whether it may send its request."""
+        if (reason := self.handshakes.open(address)) is None:
+            return True
+        self.metrics.rejected.labels(reason).inc()
+        return False
+
+    def answered(self, address: str) -> None:
+        """A counted connection's handshake is over (answered, timed out, or gone)."""
+        self.handshakes.done(address)
+
+    def lost(self, connection: ServerConnection) -> None:
+        self._opening.pop(connection, None)  # admitted, but never got to its handler
+
+    def may_mint(self, headers: list[tuple[str, str]]) -> bool:
+        """Whether a mint request's body is worth reading: it carries an API key."""
+        return auth.minting_key(self.config.auth, headers) is not None
+
+    # -- requests --
 
     def route(self, connection: ServerConnection, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]
@@ -512,8 +597,14 @@ class App:
             return self._admit(connection, request, "voice")
         if path == realtime.PATH:
             return self._admit(connection, request, "realtime")
+        headers = list(request.headers.raw_items())
+        refused = self.authenticator.http_access(path, headers, _peer(connection))
+        if refused is not None:
+            self.metrics.rejected.labels(refused.error).inc()
+            return _json_response(connection, refused.reply())
         if path in auth.MINT_PATHS:
-            headers = list(request.headers.raw_items())
+            if isinstance(connection, BodyConnection) and connection.bad_body is not None:
+                return _json_response(connection, connection.bad_body)
             payload = connection.body if isinstance(connection, BodyConnection) else b""
             reply = auth.mint_response(
                 self.config.auth,
@@ -522,7 +613,7 @@ class App:
                 headers,
                 payload,
                 time.time(),
-                self.presets,
+                self.minting,
                 self._check_session,
             )
             return _json_response(connection, reply)
@@ -540,17 +631,28 @@ class App:
         return connection.respond(http.HTTPStatus.NOT_FOUND, body + "\n")
 
     def _admit(self, connection: ServerConnection, request: Request, scope: str) -> Response | None:
-        """A voice endpoint's handshake: credentials and origin (server/auth.py)."""
-        peer = connection.remote_address[0] if connection.remote_address else ""
-        decision = self.authenticator.authenticate(
-            request.path, list(request.headers.raw_items()), str(peer), time.time(), scope
-        )
+        """A voice endpoint's handshake: a WebSocket upgrade, credentials and origin
+        (server/auth.py), room for the session. A client token is used up last, once
+        nothing else refuses the connection, so a failed try leaves it good."""
+        try:
+            connection.protocol.process_request(request)
+        except InvalidHandshake:
+            return None  # websockets' accept() answers it: 426 no upgrade, 400 ...
+        peer = _peer(connection)
+        now = time.time()
+        headers = list(request.headers.raw_items())
+        decision = self.authenticator.check(request.path, headers, peer, now, scope)
+        room = self.refusal(peer)
+        if isinstance(decision, auth.Accepted) and room is None:
+            decision = self.authenticator.claim(decision, now)
         if isinstance(decision, auth.Rejected):
             self.metrics.rejected.labels(decision.error).inc()
             log.warning("refused a handshake from %s: %s", peer, decision.error)
             return _json_response(connection, decision.reply())
         log.info("handshake from %s accepted: %s", peer, decision.describe())
-        if decision.token is not None and (preset := self.presets.take(decision.token.id)):
+        self._opening[connection] = _Opening(peer, decision.owner, room)
+        token = decision.token if room is None else None  # a refused one keeps its preset
+        if token is not None and (preset := self.minting.presets.take(token.id)):
             self._preset_of[connection] = preset
         return None
 
@@ -562,6 +664,10 @@ class App:
         return {
             "sessions": len(self.sessions),
             "resumable": len(self.resume) if self.resume is not None else 0,
+            "handshakes": {
+                "in_flight": self.handshakes.in_flight,
+                "refused": self.handshakes.refused,
+            },
             "loop_lag": self.lag.summary(),
             "queued": pending,
             "tasks": len(asyncio.all_tasks()),
@@ -570,23 +676,27 @@ class App:
     def refusal(self, address: str) -> tuple[int, str] | None:
         """Why a new connection from ``address`` is refused (close code, reason)."""
         limits = self.config.limits
+        let_in = [o.address for o in self._opening.values() if o.refused is None]
         if self.closing:
             return p.CloseCode.GOING_AWAY, "server shutting down; reconnect in a moment"
-        if len(self.sessions) >= limits.max_sessions:
+        if len(self.sessions) + len(let_in) >= limits.max_sessions:
             return (
                 p.CloseCode.TRY_AGAIN_LATER,
                 f"server full ({limits.max_sessions} sessions); retry in {_RETRY_AFTER_S} s",
             )
-        if self._per_address[address] >= limits.max_sessions_per_address:
+        if self._per_address[address] + let_in.count(address) >= limits.max_sessions_per_address:
             n = limits.max_sessions_per_address
             return p.CloseCode.POLICY_VIOLATION, f"too many connections from your address ({n})"
         return None
 
     async def handle(self, ws: ServerConnection) -> None:
         address = str(ws.remote_address[0]) if ws.remote_address else "?"
-        if (refused := self.refusal(address)) is not None:
+        opening = self._opening.pop(ws, None)
+        if opening is None:  # gone before its handler ran (lost() dropped it)
+            opening = _Opening(address, "", (p.CloseCode.POLICY_VIOLATION, "not admitted"))
+        if (refused := opening.refused or self.refusal(address)) is not None:
             code, reason = refused
-            self.metrics.rejected.labels(_REJECTED[code]).inc()
+            self.metrics.rejected.labels(_REJECTED.get(code, "not_admitted")).inc()
             log.warning("refused a connection from %s: %s", address, reason)
             await ws.close(code, reason)
             return
@@ -597,7 +707,8 @@ class App:
             )
         model = _realtime_model(ws.request.path) if ws.request is not None else None
         preset = self._preset_of.pop(ws, None)
-        connection = Connection(ws, self.rt, self.config, self.resume, self.metrics, model, preset)
+        resume = self.resume.for_owner(opening.owner) if self.resume is not None else None
+        connection = Connection(ws, self.rt, self.config, resume, self.metrics, model, preset)
         self.sessions.add(connection)
         self._per_address[address] += 1
         try:
@@ -627,12 +738,18 @@ class App:
             task.cancel()
 
     def save_resumable(self, now: float) -> None:
+        """Write the parked conversations (live resume tokens, transcripts) where only
+        this user can read them: the file 0600 from its creation, its directory 0700."""
         path = self.config.resume_file
         if path is None or self.resume is None:
             return
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.parent.chmod(0o700)  # the resume file's own directory (ServerConfig)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.resume.dump(now, time.time())))
+        tmp.unlink(missing_ok=True)  # O_EXCL below: never write through what was there
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(json.dumps(self.resume.dump(now, time.time())))
         tmp.replace(path)  # atomic: a crash never leaves half a file
         log.info("saved %d resumable conversation(s) to %s", len(self.resume), path)
 
@@ -669,54 +786,168 @@ class _BodyReader(StreamReader):
     that announces one. A POST to a mint path may carry a JSON body, though (OpenAI's
     SDK sends a client secret's session in one): this reader hides that request's
     Content-Length from websockets and reads the body (at most MAX_MINT_BODY_BYTES)
-    once the headers end. Other requests pass through untouched."""
+    once the headers end and ``may_mint`` found an API key in them. A body it does not
+    read (no key; a second Content-Length, which RFC 9112 section 6.3 says to reject;
+    one too large) it drops as it arrives, and ``bad_body`` says what to answer.
+    Every request's header lines are capped in number and length."""
 
-    def __init__(self) -> None:
+    def __init__(self, may_mint: Callable[[list[tuple[str, str]]], bool] | None = None) -> None:
         super().__init__()
         self.body = b""
+        self.bad_body: auth.HttpReply | None = None
+        self._may_mint = may_mint
         self._lines = 0
         self._mint = False
-        self._length = 0
+        self._length: int | None = None
+        self._authorization: list[tuple[str, str]] = []
         self._headers_done = False
+        self._dropping = False
+
+    def feed_data(self, data: bytes | bytearray) -> None:
+        if not self._dropping:
+            super().feed_data(data)
 
     def read_line(
         self, m: int, too_long_exc_type: type[Exception] = RuntimeError
     ) -> Generator[None, None, bytearray]:
-        line = yield from super().read_line(m, too_long_exc_type)
         if self._headers_done:
-            return line
+            return (yield from super().read_line(m, too_long_exc_type))
+        line = yield from super().read_line(min(m, MAX_HEADER_LINE_BYTES), too_long_exc_type)
         self._lines += 1
+        if not line.strip() and self._lines > 1:
+            self._headers_done = True
+            yield from self._end_of_headers()
+            return line
+        if self._lines > MAX_HEADERS + 1:  # + the request line
+            raise TooManyHeaders(f"more than {MAX_HEADERS} headers")
         if self._lines == 1:
             method, _, rest = bytes(line).partition(b" ")
             path = rest.split(b" ", 1)[0].split(b"?", 1)[0].decode("ascii", "replace")
             self._mint = method == b"POST" and path in auth.MINT_PATHS
-        elif self._mint and line[:15].lower() == b"content-length:":
-            value = bytes(line[15:]).strip()
-            if value.isdigit() and int(value) <= auth.MAX_MINT_BODY_BYTES:
-                self._length = int(value)
-                return bytearray(b"X-Quicksilver-Body: read\r\n")
-        elif not line.strip():
-            self._headers_done = True
-            if self._length:
-                self.body = bytes((yield from self.read_exact(self._length)))
+            return line
+        if not self._mint:
+            return line
+        name, _, value = bytes(line).partition(b":")
+        match name.strip().lower():
+            case b"content-length":
+                return self._content_length(value.strip())
+            case b"authorization":
+                self._authorization.append(("Authorization", value.strip().decode("latin-1")))
         return line
+
+    def _content_length(self, value: bytes) -> bytearray:
+        if self._length is not None:
+            self._refuse(400, "conflicting Content-Length headers")
+        elif not value.isdigit():
+            self._refuse(400, "Content-Length is not a number")
+        elif int(value) > auth.MAX_MINT_BODY_BYTES:
+            self._refuse(413, f"the body is over {auth.MAX_MINT_BODY_BYTES} bytes", "too_large")
+        self._length = int(value) if value.isdigit() else 0
+        return bytearray(b"X-Quicksilver-Body: read\r\n")
+
+    def _refuse(self, status: int, message: str, code: str = "bad_request") -> None:
+        if self.bad_body is None:
+            self.bad_body = auth.Rejected(status, code, message).reply()
+
+    def _end_of_headers(self) -> Generator[None, None, None]:
+        if self.bad_body is None:
+            if not self._length:
+                return
+            if self._may_mint is None or self._may_mint(self._authorization):
+                self.body = bytes((yield from self.read_exact(self._length)))
+                return
+        # Unread bytes would be parsed as WebSocket frames; none of them is kept.
+        self._dropping = True
+        del self.buffer[:]
 
 
 class BodyConnection(ServerConnection):
-    """websockets' server connection, reading a mint request's body (:class:`_BodyReader`)."""
+    """websockets' server connection, counted from the moment it is accepted until its
+    handshake is answered (:class:`Handshakes`, through ``app``), and reading a mint
+    request's body (:class:`_BodyReader`)."""
+
+    app: ClassVar[App | None] = None  # set by :meth:`of`
 
     def __init__(self, protocol: ServerProtocol, *args: Any, **kwargs: Any) -> None:
-        reader = _BodyReader()
+        reader = _BodyReader(self.app.may_mint if self.app is not None else None)
         # Nothing has been received yet: the request parser starts over on this reader.
         protocol.reader = reader
         protocol.parser = protocol.parse()
         next(protocol.parser)
         self._reader = reader
+        self._counted = ""  # the peer's address while its handshake is counted
+        self._refused = False  # turned away at accept (Handshakes)
         super().__init__(protocol, *args, **kwargs)
+
+    @classmethod
+    def of(cls, app: App) -> type[BodyConnection]:
+        """This class, its connections reporting to ``app``."""
+        return cast(type[BodyConnection], type(cls.__name__, (cls,), {"app": app}))
 
     @property
     def body(self) -> bytes:
         return self._reader.body
+
+    @property
+    def bad_body(self) -> auth.HttpReply | None:
+        return self._reader.bad_body
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        if self.app is None:
+            return
+        peer = transport.get_extra_info("peername")
+        address = str(peer[0]) if peer else "?"
+        if not self.app.accepted(address):
+            # A canned answer, and what the client sends is dropped unread until it
+            # closes or _LINGER_S passes (closing on unread bytes would reset the
+            # connection, and the answer with it).
+            self._refused = True
+            writer = cast(asyncio.WriteTransport, transport)
+            writer.write(_BUSY)
+            if writer.can_write_eof():
+                writer.write_eof()
+            self.loop.call_later(_LINGER_S, writer.abort)
+            return
+        self._counted = address
+
+    def data_received(self, data: bytes) -> None:
+        if not self._refused:
+            super().data_received(data)
+
+    def eof_received(self) -> None:
+        if not self._refused:
+            super().eof_received()
+
+    async def handshake(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            await super().handshake(*args, **kwargs)
+        finally:
+            self._answered()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._answered()
+        if self.app is not None:
+            self.app.lost(self)
+        super().connection_lost(exc)
+
+    def _answered(self) -> None:
+        if self._counted and self.app is not None:
+            self.app.answered(self._counted)
+        self._counted = ""
+
+
+_LINGER_S = 1.0
+_BUSY_BODY = json.dumps({"error": "busy", "message": "too many connections opening; retry"})
+_BUSY = (
+    "HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nConnection: close\r\n"
+    f"Content-Type: application/json\r\nContent-Length: {len(_BUSY_BODY) + 1}\r\n\r\n"
+    f"{_BUSY_BODY}\n"
+).encode()
+
+
+def _peer(connection: ServerConnection) -> str:
+    return str(connection.remote_address[0]) if connection.remote_address else ""
 
 
 def _subprotocol(_: ServerConnection, offered: Sequence[Subprotocol]) -> Subprotocol | None:
@@ -747,14 +978,17 @@ async def start_server(
     """Start listening; the caller closes the returned server (sessions get 1001)."""
     app = App(rt, config or ServerConfig())
     app.load_resumable(asyncio.get_running_loop().time())
+    auth.redact_credentials(logging.getLogger("websockets.server"))
     server = await serve(
         app.handle,
         host,
         port,
         process_request=app.route,
         select_subprotocol=_subprotocol,
-        create_connection=BodyConnection,
+        create_connection=BodyConnection.of(app),
         max_size=MAX_FRAME_BYTES,
+        # also the TLS handshake's limit (websockets passes it on as ssl_handshake_timeout)
+        open_timeout=app.config.limits.handshake_timeout_s,
         ssl=app.config.tls,
     )
     return server, app

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import base64
 import binascii
+import collections
 import contextlib
 import datetime
 import hashlib
@@ -31,6 +32,7 @@ import heapq
 import hmac
 import ipaddress
 import json
+import logging
 import math
 import os
 import re
@@ -65,12 +67,14 @@ MINT_PATHS = (TOKEN_PATH, CLIENT_SECRETS_PATH)
 MAX_MINT_BODY_BYTES = 64 * 1024
 MAX_LABEL_CHARS = 64
 MAX_PRESETS = 10_000  # client secrets with a session config, minted and not yet used
+STATUS_PATHS = ("/healthz", "/stats", "/metrics")
 
 _KEY_CHARS = re.compile(r"[\x21-\x7e]+")  # visible ASCII: they travel in headers
 _TOKEN_SHAPE = re.compile(r"qs1\.([A-Za-z0-9_-]{1,2048})\.([A-Za-z0-9_-]{43})")
 _LABEL_CHARS = re.compile(r"[\x20-\x7e]*")
 _HOST_NAME = re.compile(r"[a-z0-9._-]+|\[[0-9a-f:.]+\]")  # a DNS name, IPv4, [IPv6]
 _DERIVE_INFO = b"quicksilver client token v1"
+_OWNER_INFO = b"quicksilver owner v1\0"
 
 HeaderSource = Mapping[str, str] | Iterable[tuple[str, str]]
 """A dict, or ``(name, value)`` pairs: pass websockets' ``request.headers.raw_items()``
@@ -85,12 +89,26 @@ class AuthError(ValueError):
 
 
 @dataclass(frozen=True)
+class KeyLimits:
+    """What one API key may hold of the server's shared token state, so that no key
+    can fill it for the others (docs/security.md, "Limits per key")."""
+
+    mint_burst: int = 60  # tokens a key may mint at once ...
+    mint_per_s: float = 1.0  # ... then this many a second
+    used_tokens: int = 10_000  # of the ledger's entries (tokens live an hour at most)
+    presets: int = 1_000  # of the client-secret session configs (MAX_PRESETS)
+
+
+@dataclass(frozen=True)
 class AuthConfig:
     api_keys: frozenset[str] = frozenset()
     insecure_no_auth: bool = False  # serve without keys on a non-loopback address
     allowed_origins: tuple[str, ...] = ()  # besides the server's own origin
     client_token_ttl_s: float = DEFAULT_TOKEN_TTL_S  # when a mint request names none
     max_client_token_ttl_s: float = MAX_TOKEN_TTL_S
+    # /healthz, /stats and /metrics answer without a key (--metrics-no-auth)
+    metrics_no_auth: bool = False
+    key_limits: KeyLimits = KeyLimits()
 
     def __post_init__(self) -> None:
         if not self.max_client_token_ttl_s >= MIN_TOKEN_TTL_S:
@@ -156,6 +174,17 @@ def match_api_key(api_keys: Iterable[str], candidate: str) -> str | None:
 def key_id(api_key: str) -> str:
     """A short fingerprint of a key, for logs: names the key without revealing it."""
     return "k-" + hashlib.sha256(api_key.encode()).hexdigest()[:8]
+
+
+def owner_of(api_key: str) -> str:
+    """Who a key's connections belong to (a resumable conversation, a share of the
+    token ledger): a fingerprint long enough that two keys never share one."""
+    return "key-" + hashlib.sha256(_OWNER_INFO + api_key.encode()).hexdigest()[:32]
+
+
+# The owner of every connection to a server without keys (only this machine, or
+# anyone under --insecure-no-auth, connects: there is nobody to tell apart).
+OPEN_OWNER = "open"
 
 
 def is_loopback(host: str) -> bool:
@@ -313,6 +342,14 @@ def verify_client_token(
 ) -> ClientToken:
     """The token's claims if one of ``secrets_`` signed it and it has not expired;
     :class:`TokenError` otherwise. Single use is the ledger's job."""
+    return signed_claims(token, secrets_, now, max_ttl_s)[0]
+
+
+def signed_claims(
+    token: str, secrets_: Sequence[bytes], now: float, max_ttl_s: float = MAX_TOKEN_TTL_S
+) -> tuple[ClientToken, int]:
+    """:func:`verify_client_token`, and the index in ``secrets_`` of the one that signed
+    it: the key that minted the token."""
     shape = _TOKEN_SHAPE.fullmatch(token)
     if shape is None:
         raise TokenError("invalid_credentials", "malformed client token")
@@ -326,7 +363,7 @@ def verify_client_token(
         raise TokenError("token_expired", "client token expired; mint a new one")
     if claims.expires_at - claims.issued_at > max_ttl_s + 1:  # +1: whole seconds
         raise TokenError("invalid_credentials", "client token lives longer than allowed")
-    return claims
+    return claims, matches.index(True)
 
 
 def _claims(payload_b64: str) -> ClientToken:
@@ -349,33 +386,43 @@ def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-Claim = Literal["ok", "reused", "full"]
+Claim = Literal["ok", "reused", "full", "owner_full"]
 
 
 class TokenLedger:
     """Ids of the client tokens that opened a session, each kept until it expires: a
     token opens one session. Memory is bounded; when full it refuses (fails closed)
-    rather than forgetting an unexpired id, which would let that token in again."""
+    rather than forgetting an unexpired id, which would let that token in again. Each
+    owner (the key that minted the tokens) may hold ``per_owner`` of the entries, so
+    one key, which can mint tokens offline without limit, cannot fill it for all."""
 
-    def __init__(self, max_entries: int = 100_000) -> None:
+    def __init__(self, max_entries: int = 100_000, per_owner: int | None = None) -> None:
         self.max_entries = max_entries
-        self._used: set[str] = set()
+        self.per_owner = max_entries if per_owner is None else per_owner
+        self._used: dict[str, str] = {}  # id -> owner
+        self._held: collections.Counter[str] = collections.Counter()  # owner -> entries
         self._expiry: list[tuple[int, str]] = []  # heap of (expires_at, id)
 
-    def claim(self, token: ClientToken, now: float) -> Claim:
+    def claim(self, token: ClientToken, now: float, owner: str = OPEN_OWNER) -> Claim:
         self._purge(now)
         if token.id in self._used:
             return "reused"
         if len(self._used) >= self.max_entries:
             return "full"
-        self._used.add(token.id)
+        if self._held[owner] >= self.per_owner:
+            return "owner_full"
+        self._used[token.id] = owner
+        self._held[owner] += 1
         heapq.heappush(self._expiry, (token.expires_at, token.id))
         return "ok"
 
     def _purge(self, now: float) -> None:
         # A token is valid while now < expires_at, so from then on its id can go.
         while self._expiry and self._expiry[0][0] <= now:
-            self._used.discard(heapq.heappop(self._expiry)[1])
+            owner = self._used.pop(heapq.heappop(self._expiry)[1])
+            self._held[owner] -= 1
+            if not self._held[owner]:
+                del self._held[owner]
 
     def __len__(self) -> int:
         return len(self._used)
@@ -404,6 +451,9 @@ class Accepted:
     who: Who
     key_id: str | None = None  # the API key's fingerprint (api_key)
     token: ClientToken | None = None  # the token's claims (client_token)
+    # whose the connection is: the key's (for a token, the key that minted it), or
+    # OPEN_OWNER without keys; a parked conversation resumes only for its owner
+    owner: str = OPEN_OWNER
 
     def describe(self) -> str:
         """For the log line of the session: never the credential itself."""
@@ -498,13 +548,16 @@ def select_subprotocol(offered: Sequence[str]) -> str | None:
 
 
 class Authenticator:
-    """Decides each WebSocket handshake; holds the config, the token ledger and the
-    signing secrets derived from the keys."""
+    """Decides each WebSocket handshake and HTTP request; holds the config, the token
+    ledger and the signing secrets derived from the keys."""
 
     def __init__(self, config: AuthConfig, ledger: TokenLedger | None = None) -> None:
         self.config = config
-        self.ledger = ledger if ledger is not None else TokenLedger()
-        self.secrets = [derive_secret(k) for k in sorted(config.api_keys)]
+        per_owner = config.key_limits.used_tokens
+        self.ledger = ledger if ledger is not None else TokenLedger(per_owner=per_owner)
+        keys = sorted(config.api_keys)
+        self.secrets = [derive_secret(k) for k in keys]
+        self._owners = [owner_of(k) for k in keys]  # of the token each secret signed
 
     def authenticate(
         self,
@@ -515,6 +568,19 @@ class Authenticator:
         scope: str = "voice",
     ) -> Decision:
         """Accept or reject one handshake; an accepted client token is used up."""
+        decision = self.check(path_query, headers, remote_host, now, scope)
+        return decision if isinstance(decision, Rejected) else self.claim(decision, now)
+
+    def check(
+        self,
+        path_query: str,
+        headers: HeaderSource,
+        remote_host: str,
+        now: float,
+        scope: str = "voice",
+    ) -> Decision:
+        """:meth:`authenticate` without using the token up: the caller may still refuse
+        the connection (server full), then the token is good for another try."""
         headers = header_list(headers)
         host = _first_header(headers, "Host")
         if not origin_allowed(_first_header(headers, "Origin"), host, self.config):
@@ -525,6 +591,37 @@ class Authenticator:
         if credential is None or not credential.value:
             return Rejected(401, "missing_credentials", _MISSING)
         return self._check(credential, now, scope)
+
+    def claim(self, decision: Accepted, now: float) -> Decision:
+        """Use up a checked client token (a key or an open server has none to use)."""
+        if decision.token is None:
+            return decision
+        match self.ledger.claim(decision.token, now, decision.owner):
+            case "ok":
+                return decision
+            case "reused":
+                return Rejected(401, "token_reused", "this client token already opened a session")
+            case "full":
+                return Rejected(503, "busy", "too many client tokens in flight; retry shortly")
+            case "owner_full":
+                n = self.ledger.per_owner
+                message = f"{n} unexpired tokens of this key opened sessions; retry later"
+                return Rejected(429, "too_many_tokens", message)
+
+    def http_access(self, path: str, headers: HeaderSource, remote_host: str) -> Rejected | None:
+        """Why a plain HTTP request (the page, /healthz, /stats, /metrics) is refused.
+        Without keys the same loopback rule as a handshake holds for every route; with
+        keys the status routes need one, unless --metrics-no-auth."""
+        headers = header_list(headers)
+        if not self.config.enabled:
+            decision = self._open(_first_header(headers, "Host"), remote_host)
+            return decision if isinstance(decision, Rejected) else None
+        if path not in STATUS_PATHS or self.config.metrics_no_auth:
+            return None
+        bearer = _bearer(headers)
+        if bearer is None or match_api_key(self.config.api_keys, bearer) is None:
+            return Rejected(401, "invalid_api_key", f"{path} needs an API key: {_BEARER}")
+        return None
 
     def _open(self, host: str | None, remote_host: str) -> Decision:
         if self.config.insecure_no_auth:
@@ -544,29 +641,21 @@ class Authenticator:
             # page is a key anyone can read) may carry one; the query string may not.
             if credential.source not in ("authorization", "openai_subprotocol"):
                 return Rejected(401, "key_in_url", _KEY_IN_URL)
-            return Accepted("api_key", key_id=key_id(key))
+            return Accepted("api_key", key_id=key_id(key), owner=owner_of(key))
         if not looks_like_client_token(credential.value):
             return Rejected(401, "invalid_credentials", "unknown API key or client token")
         try:
-            token = verify_client_token(
+            token, signer = signed_claims(
                 credential.value, self.secrets, now, self.config.max_client_token_ttl_s
             )
         except TokenError as err:
             return Rejected(401, err.code, err.message)
         if token.scope != scope:
             return Rejected(401, "wrong_scope", f"this token is for the {token.scope} endpoint")
-        return self._claim(token, now)
-
-    def _claim(self, token: ClientToken, now: float) -> Decision:
-        match self.ledger.claim(token, now):
-            case "ok":
-                return Accepted("client_token", token=token)
-            case "reused":
-                return Rejected(401, "token_reused", "this client token already opened a session")
-            case "full":
-                return Rejected(503, "busy", "too many client tokens in flight; retry shortly")
+        return Accepted("client_token", token=token, owner=self._owners[signer])
 
 
+_BEARER = "Authorization: Bearer KEY"
 _MISSING = (
     "this server needs an API key (Authorization: Bearer KEY) or a client token "
     "(?token=, or the quicksilver.token.TOKEN subprotocol)"
@@ -586,31 +675,90 @@ def _host_name(host_header: str) -> str:
 # --- the mint endpoints -----------------------------------------------------------
 
 
+Put = Literal["ok", "full", "owner_full"]
+
+
 class SessionPresets:
     """The session config each client secret was minted with (``POST
     /v1/realtime/client_secrets``), kept until the secret opens its session or expires.
-    Bounded: when full, minting one more is refused (503) rather than forgetting one."""
+    Bounded, in all and per key: when full, minting one more is refused rather than
+    forgetting one."""
 
-    def __init__(self, max_entries: int = MAX_PRESETS) -> None:
+    def __init__(self, max_entries: int = MAX_PRESETS, per_owner: int | None = None) -> None:
         self.max_entries = max_entries
-        self._by_id: dict[str, tuple[int, dict[str, Any]]] = {}  # token id -> expiry, config
+        self.per_owner = max_entries if per_owner is None else per_owner
+        # token id -> expiry, owner, config
+        self._by_id: dict[str, tuple[int, str, dict[str, Any]]] = {}
 
-    def put(self, token_id: str, expires_at: int, session: dict[str, Any], now: float) -> bool:
+    def put(
+        self,
+        token_id: str,
+        expires_at: int,
+        session: dict[str, Any],
+        now: float,
+        owner: str = OPEN_OWNER,
+    ) -> Put:
         self._by_id = {k: v for k, v in self._by_id.items() if v[0] > now}
         if len(self._by_id) >= self.max_entries:
-            return False
-        self._by_id[token_id] = (expires_at, session)
-        return True
+            return "full"
+        if sum(v[1] == owner for v in self._by_id.values()) >= self.per_owner:
+            return "owner_full"
+        self._by_id[token_id] = (expires_at, owner, session)
+        return "ok"
 
     def take(self, token_id: str) -> dict[str, Any] | None:
         entry = self._by_id.pop(token_id, None)
-        return None if entry is None else entry[1]
+        return None if entry is None else entry[2]
 
     def __len__(self) -> int:
         return len(self._by_id)
 
 
+class MintRate:
+    """How fast each key may mint: a token bucket per key, ``burst`` at once, then
+    ``per_s`` a second."""
+
+    def __init__(self, burst: int, per_s: float) -> None:
+        self.burst = burst
+        self.per_s = per_s
+        self._level: dict[str, tuple[float, float]] = {}  # owner -> (tokens left, when)
+
+    def take(self, owner: str, now: float) -> float:
+        """0 when ``owner`` may mint now (the mint is counted); else the seconds until
+        it may."""
+        left, then = self._level.get(owner, (float(self.burst), now))
+        left = min(float(self.burst), left + max(0.0, now - then) * self.per_s)
+        if left < 1:
+            self._level[owner] = (left, now)
+            return (1 - left) / self.per_s
+        self._level[owner] = (left - 1, now)
+        return 0.0
+
+
+@dataclass(frozen=True)
+class Minting:
+    """The mint endpoints' state in one server: session presets, each key's rate."""
+
+    presets: SessionPresets
+    rate: MintRate
+
+    @classmethod
+    def of(cls, config: AuthConfig) -> Minting:
+        limits = config.key_limits
+        return cls(
+            SessionPresets(per_owner=limits.presets),
+            MintRate(limits.mint_burst, limits.mint_per_s),
+        )
+
+
 SessionCheck = Callable[[dict[str, Any]], str | None]
+
+
+def minting_key(config: AuthConfig, headers: HeaderSource) -> str | None:
+    """The configured API key in ``Authorization: Bearer``, None without one: only a
+    key mints (a client token cannot mint more)."""
+    bearer = _bearer(header_list(headers))
+    return None if bearer is None else match_api_key(config.api_keys, bearer)
 
 
 def mint_response(
@@ -620,16 +768,17 @@ def mint_response(
     headers: HeaderSource,
     body: bytes,
     now: float,
-    presets: SessionPresets | None = None,
+    minting: Minting | None = None,
     check: SessionCheck | None = None,
 ) -> HttpReply:
     """``POST /v1/token`` -> ``{"token", "expires_at"}``; ``POST
     /v1/realtime/client_secrets`` -> OpenAI's shape ``{"value", "expires_at",
     "session"}``. Both need an API key in ``Authorization: Bearer`` (a client token
-    cannot mint more). The lifetime comes from the body (``ttl_s``; OpenAI's
-    ``expires_after.seconds``) or a ``ttl_s`` query parameter, clamped to the maximum.
-    A client secret's ``session`` is checked (``check``: why it would be refused) and
-    kept in ``presets`` for the session the secret opens."""
+    cannot mint more), within its rate (``minting``, 429 over it). The lifetime comes
+    from the body (``ttl_s``; OpenAI's ``expires_after.seconds``) or a ``ttl_s`` query
+    parameter, clamped to the maximum. A client secret's ``session`` is checked
+    (``check``: why it would be refused) and kept in ``minting``'s presets for the
+    session the secret opens."""
     path, _, query = path_query.partition("?")
     if path not in MINT_PATHS:
         return _error(404, "not_found", f"tokens are minted at {' and '.join(MINT_PATHS)}")
@@ -637,10 +786,12 @@ def mint_response(
         return replace(_error(405, "method_not_allowed", "use POST"), headers=_ALLOW_POST)
     if not config.enabled:
         return _error(404, "tokens_disabled", "no API keys are configured: nothing needs a token")
-    bearer = _bearer(header_list(headers))
-    key = None if bearer is None else match_api_key(config.api_keys, bearer)
+    key = minting_key(config, headers)
     if key is None:
-        return _error(401, "invalid_api_key", "minting needs an API key: Authorization: Bearer KEY")
+        return _error(401, "invalid_api_key", f"minting needs an API key: {_BEARER}")
+    owner = owner_of(key)
+    if minting is not None and (wait := minting.rate.take(owner, now)) > 0:
+        return _too_many(f"this key mints at most {minting.rate.per_s:g} tokens a second", wait)
     try:
         params = _mint_params(path, query, body, config)
     except TokenError as err:
@@ -653,13 +804,25 @@ def mint_response(
     secret = derive_secret(key)
     token, expires_at = mint_client_token(secret, now, ttl, scope, params.label, token_id)
     session = params.session if params.session and set(params.session) != {"type"} else None
-    if session and presets is not None and not presets.put(token_id, expires_at, session, now):
-        return _error(503, "busy", "too many client secrets in flight; retry shortly")
+    if session and minting is not None:
+        match minting.presets.put(token_id, expires_at, session, now, owner):
+            case "full":
+                return _error(503, "busy", "too many client secrets in flight; retry shortly")
+            case "owner_full":
+                n = minting.presets.per_owner
+                return _too_many(f"this key has {n} client secrets with a session unused", 60)
     if path == TOKEN_PATH:
         answer: dict[str, Any] = {"token": token, "expires_at": expires_at}
     else:
         answer = {"value": token, "expires_at": expires_at, "session": params.session}
     return HttpReply(200, answer, (("Cache-Control", "no-store"),))  # RFC 6749 5.1
+
+
+def _too_many(message: str, retry_after_s: float) -> HttpReply:
+    """429 with Retry-After (RFC 6585 section 4) in whole seconds."""
+    retry = str(max(1, math.ceil(retry_after_s)))
+    reply = _error(429, "rate_limited", f"{message}; retry in {retry} s")
+    return replace(reply, headers=(("Retry-After", retry),))
 
 
 _ALLOW_POST = (("Allow", "POST"),)
@@ -749,6 +912,54 @@ def _label(value: object) -> str | None:
     return value
 
 
+# --- logs -------------------------------------------------------------------------
+
+_CREDENTIALS_IN_LOGS = (
+    # header lines as websockets logs them at DEBUG ("< Authorization: Bearer ...")
+    (re.compile(r"(?im)(\b(?:proxy-)?authorization:|\bcookie:)[^\r\n]*"), r"\1 [redacted]"),
+    # a client token or key offered as a subprotocol, wherever it is quoted
+    (
+        re.compile(
+            rf"({re.escape(TOKEN_SUBPROTOCOL_PREFIX)}|{re.escape(OPENAI_KEY_SUBPROTOCOL_PREFIX)})"
+            r"[^\s,;'\"]+"
+        ),
+        r"\1[redacted]",
+    ),
+    # a credential in a query string (the request line, a URL in an error)
+    (
+        re.compile(r"(?i)([?&](?:token|key|api_key|apikey|access_token|client_secret)=)[^&\s'\"]+"),
+        r"\1[redacted]",
+    ),
+    # a client token anywhere else
+    (re.compile(r"(qs1\.)[A-Za-z0-9_-]+\.[A-Za-z0-9_-]{43}"), r"\1[redacted]"),
+)
+
+
+def redact(text: str) -> str:
+    """``text`` with every credential in it replaced: what a log line may show."""
+    for pattern, replacement in _CREDENTIALS_IN_LOGS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+class RedactCredentials(logging.Filter):
+    """Rewrites a record's message (and traceback) through :func:`redact`: at DEBUG
+    websockets logs every request line and header, keys and tokens included."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = redact(record.getMessage()), ()
+        if record.exc_info:
+            record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+            record.exc_info = None
+        return True
+
+
+def redact_credentials(logger: logging.Logger) -> None:
+    """Give ``logger`` a :class:`RedactCredentials` filter (once)."""
+    if not any(isinstance(f, RedactCredentials) for f in logger.filters):
+        logger.addFilter(RedactCredentials())
+
+
 # --- TLS --------------------------------------------------------------------------
 
 
@@ -795,6 +1006,12 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
         metavar="ORIGIN",
         help="a browser origin that may connect besides the server's own (repeatable)",
     )
+    serve.add_argument(
+        "--metrics-no-auth",
+        action="store_true",
+        help="with API keys: let /healthz, /stats and /metrics answer without one (for a "
+        "scraper or health check that cannot send a key; put them on a trusted network)",
+    )
     serve.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate (chain)")
     serve.add_argument("--tls-key", type=Path, default=None, help="PEM private key")
     serve.add_argument(
@@ -813,6 +1030,7 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> AuthCo
         insecure_no_auth=args.insecure_no_auth,
         allowed_origins=tuple(args.allow_origin),
         client_token_ttl_s=args.token_ttl,
+        metrics_no_auth=args.metrics_no_auth,
     )
 
 

@@ -43,7 +43,8 @@ from .turn_end import EAGERNESS
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # the openai-chat engine's bearer key when --llm-key is not given
 LLM_KEY_ENV = "QUICKSILVER_LLM_KEY"
-RESUME_FILE = "resumable-sessions.json"
+# in a directory of its own, which the server keeps private (0700)
+RESUME_FILE = "resume/resumable-sessions.json"
 
 log = logging.getLogger("quicksilver")
 

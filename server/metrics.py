@@ -37,9 +37,15 @@ class ServerMetrics:
         sessions: Callable[[], int],
         resumable: Callable[[], int],
         queued: Callable[[], dict[str, int]],
+        handshakes: Callable[[], int] = lambda: 0,
     ) -> None:
+        """``handshakes``: connections accepted whose opening handshake is not answered
+        yet (refused ones count in ``rejected``, reasons ``handshakes*``)."""
         self.registry = CollectorRegistry()
         r = self.registry
+        Gauge(
+            "quicksilver_handshakes_in_flight", "Connections not answered yet", registry=r
+        ).set_function(lambda: float(handshakes()))
         Gauge("quicksilver_sessions", "Open voice sessions", registry=r).set_function(
             lambda: float(sessions())
         )
@@ -110,4 +116,6 @@ class JsonFormatter(logging.Formatter):
         }
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:  # formatted already (and redacted: server/auth.py)
+            entry["exception"] = record.exc_text
         return json.dumps(entry)

@@ -5,12 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import stat
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from websockets.asyncio.client import connect
 
+import server.app
 from audio.speech import SpeechFactory
+from server.app import Limits, ServerConfig, _BodyReader
+from server.auth import AuthConfig
 from tests.inproc import ScriptedAsr, ScriptedReplies, pcm16, serving, started, until
 
 pytestmark = pytest.mark.models
@@ -117,3 +124,128 @@ async def test_a_closed_session_does_not_hold_its_slot_for_unread_frames() -> No
         await asyncio.wait_for(connection.closed.wait(), 8)  # well inside the 10 s
         await ws.wait_closed()
         assert ws.close_code == 4002
+
+
+# --- before the handshake (issue 40) ------------------------------------------------
+
+KEY = "test-key-0123456789abcdef"
+KEYED = AuthConfig(api_keys=frozenset({KEY}))
+
+
+def address(url: str) -> tuple[str, int]:
+    host, port = url.split("//")[1].split("/")[0].split(":")
+    return host, int(port)
+
+
+Client = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+async def stalled(url: str, source: str, headers: int = 20) -> Client:
+    """A client that sends a request's line and ``headers`` 8,000-byte headers, and
+    never ends it."""
+    reader, writer = await asyncio.open_connection(*address(url), local_addr=(source, 0))
+    writer.write(b"GET /v1/voice HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+    for i in range(headers):
+        writer.write(f"X-Pad-{i}: {'a' * 8000}\r\n".encode())
+    await writer.drain()
+    return reader, writer
+
+
+async def answer(client: Client) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    reader, writer = client
+    try:
+        return await asyncio.wait_for(reader.read(), 30)
+    finally:
+        writer.close()
+
+
+async def test_handshakes_in_flight_are_capped_at_accept_and_time_out() -> None:
+    """Stalled requests with large headers are what held 50 MB of a server's memory:
+    beyond 2 from one address and 3 in all, a connection gets a 503 before anything
+    of it is read, and the ones let in are dropped at the handshake timeout."""
+    limits = replace(
+        Limits(), max_handshakes=3, max_sessions_per_address=2, handshake_timeout_s=4.0
+    )
+    async with serving(config=ServerConfig(limits=limits)) as (url, app):
+        held = [await stalled(url, "127.0.0.1"), await stalled(url, "127.0.0.1")]
+        over_address = await answer(await stalled(url, "127.0.0.1"))
+        held.append(await stalled(url, "127.0.0.2"))
+        over_all = await answer(await stalled(url, "127.0.0.3"))
+        for refused in (over_address, over_all):
+            assert refused.startswith(b"HTTP/1.1 503 ") and b'"busy"' in refused
+        assert app.handshakes.in_flight == 3 and app.handshakes.refused == 2
+        assert app.metrics.rejected.labels("handshakes_per_address")._value.get() == 1
+        assert app.metrics.rejected.labels("handshakes")._value.get() == 1
+        for client in held:  # the handshake timeout closes them, unanswered
+            assert await answer(client) == b""
+        assert app.handshakes.in_flight == 0
+        assert app.stats()["handshakes"] == {"in_flight": 0, "refused": 2}
+        ws, _ = await started(url)  # nothing of them is left in the way
+        await ws.close()
+
+
+async def test_a_request_with_too_many_or_too_long_headers_is_refused() -> None:
+    async with serving() as (url, _):
+        many = await answer(await stalled(url, "127.0.0.1", headers=40))
+        assert many.startswith(b"HTTP/1.1 431 ")
+        client = await asyncio.open_connection(*address(url))
+        client[1].write(b"GET /v1/voice HTTP/1.1\r\nX-Long: " + b"a" * 9000 + b"\r\n")
+        assert (await answer(client)).startswith(b"HTTP/1.1 431 ")
+
+
+async def post(url: str, head: str, body: bytes = b"") -> bytes:
+    client = await asyncio.open_connection(*address(url))
+    client[1].write(head.replace("\n", "\r\n").encode() + b"\r\n" + body)
+    return await answer(client)
+
+
+async def test_conflicting_content_lengths_on_the_mint_path_are_a_400() -> None:
+    async with serving(config=ServerConfig(auth=KEYED)) as (url, _):
+        head = (
+            f"POST /v1/token HTTP/1.1\nHost: 127.0.0.1\nAuthorization: Bearer {KEY}\n"
+            "Content-Length: 0\nContent-Length: 14\n"
+        )
+        reply = await post(url, head, b'{"ttl_s": 30}\n')
+        assert reply.startswith(b"HTTP/1.1 400 ") and b"conflicting Content-Length" in reply
+        one = f"POST /v1/token HTTP/1.1\nHost: 127.0.0.1\nAuthorization: Bearer {KEY}\n"
+        ok = await post(url, one + "Content-Length: 14\n", b'{"ttl_s": 30}\n')
+        assert ok.startswith(b"HTTP/1.1 200 ") and b'"token"' in ok
+
+
+async def test_a_mint_body_is_read_only_with_a_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A body without a valid key is dropped as it arrives, never held; the request
+    still gets its 401."""
+    body = b'{"ttl_s": 30, "label": "' + b"x" * 60_000 + b'"}'
+    readers: list[_BodyReader] = []
+
+    class Watched(_BodyReader):
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            readers.append(self)
+
+    monkeypatch.setattr(server.app, "_BodyReader", Watched)
+    async with serving(config=ServerConfig(auth=KEYED)) as (url, _):
+        head = (
+            "POST /v1/token HTTP/1.1\nHost: 127.0.0.1\n"
+            f"Authorization: Bearer wrong-{KEY}\nContent-Length: {len(body)}\n"
+        )
+        reply = await post(url, head, body)
+    assert reply.startswith(b"HTTP/1.1 401 ") and b"invalid_api_key" in reply
+    (reader,) = readers
+    assert reader.body == b"" and len(reader.buffer) == 0
+
+
+async def test_the_resume_file_is_private(tmp_path: Path) -> None:
+    file = tmp_path / "resume" / "resumable-sessions.json"
+    async with serving(config=ServerConfig(resume_file=file)) as (url, app):
+        ws, _ = await started(url)
+        await ws.send(json.dumps({"type": "text", "text": "My PIN is 4321."}))
+        await asyncio.wait_for(until(ws, "reply_done"), 30)
+        (session,) = app.sessions
+        await ws.close()
+        await asyncio.wait_for(session.closed.wait(), 30)
+        app.save_resumable(asyncio.get_running_loop().time())
+    assert "4321" in file.read_text()
+    assert stat.S_IMODE(file.stat().st_mode) == 0o600
+    assert stat.S_IMODE(file.parent.stat().st_mode) == 0o700

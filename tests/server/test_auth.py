@@ -9,9 +9,11 @@ import base64
 import hashlib
 import hmac
 import json
+import logging
 import shutil
 import ssl
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -322,7 +324,7 @@ def test_a_full_ledger_refuses_rather_than_forgets() -> None:
 
 def test_an_api_key_in_the_authorization_header_is_accepted() -> None:
     decision = connect(keyed(), Authorization=f"Bearer {KEY}")
-    assert decision == Accepted("api_key", key_id=auth.key_id(KEY))
+    assert decision == Accepted("api_key", key_id=auth.key_id(KEY), owner=auth.owner_of(KEY))
     assert connect(keyed(), Authorization=f"bearer   {KEY}  ") == decision
     assert KEY not in decision.describe()
 
@@ -817,6 +819,7 @@ def test_the_serve_flags_build_the_config(tmp_path: Path) -> None:
         "--token-ttl",
         "120",
         "--insecure-no-auth",
+        "--metrics-no-auth",
     )
     config = auth.config_from_args(args, {auth.ENV_VAR: OTHER_KEY})
     assert config == AuthConfig(
@@ -824,6 +827,7 @@ def test_the_serve_flags_build_the_config(tmp_path: Path) -> None:
         insecure_no_auth=True,
         allowed_origins=("https://app.example.com", "http://kiosk:8080"),
         client_token_ttl_s=120,
+        metrics_no_auth=True,
     )
     defaults = auth.config_from_args(parse("serve"), {})
     assert defaults == AuthConfig()
@@ -896,7 +900,8 @@ def test_openais_subprotocol_carries_a_client_secret_or_a_key() -> None:
 
 
 def test_a_client_secrets_session_is_checked_and_kept_for_its_session() -> None:
-    presets = auth.SessionPresets()
+    minting = auth.Minting.of(CONFIG)
+    presets = minting.presets
     session = {"type": "realtime", "instructions": "Be terse."}
     body = json.dumps({"session": session}).encode()
 
@@ -904,26 +909,186 @@ def test_a_client_secrets_session_is_checked_and_kept_for_its_session() -> None:
         return "no voices" if "audio" in config else None
 
     reply = auth.mint_response(
-        CONFIG, "POST", auth.CLIENT_SECRETS_PATH, BEARER, body, NOW, presets, check
+        CONFIG, "POST", auth.CLIENT_SECRETS_PATH, BEARER, body, NOW, minting, check
     )
     assert reply.status == 200 and len(presets) == 1
     claims = auth.verify_client_token(reply.body["value"], [SECRET], NOW)
     assert presets.take(claims.id) == session and presets.take(claims.id) is None
     bad = json.dumps({"session": {"type": "realtime", "audio": {}}}).encode()
     refused = auth.mint_response(
-        CONFIG, "POST", auth.CLIENT_SECRETS_PATH, BEARER, bad, NOW, presets, check
+        CONFIG, "POST", auth.CLIENT_SECRETS_PATH, BEARER, bad, NOW, minting, check
     )
     assert (refused.status, refused.body["error"]) == (400, "invalid_session")
     assert "no voices" in refused.body["message"] and len(presets) == 0
     plain = auth.mint_response(
-        CONFIG, "POST", auth.CLIENT_SECRETS_PATH, BEARER, b"{}", NOW, presets
+        CONFIG, "POST", auth.CLIENT_SECRETS_PATH, BEARER, b"{}", NOW, minting
     )
     assert plain.status == 200 and len(presets) == 0  # nothing to apply: nothing kept
 
 
 def test_session_presets_are_bounded_and_expire() -> None:
     presets = auth.SessionPresets(max_entries=1)
-    assert presets.put("a", int(NOW) + 10, {"type": "realtime"}, NOW)
-    assert not presets.put("b", int(NOW) + 10, {"type": "realtime"}, NOW)  # full: refused
-    assert presets.put("b", int(NOW) + 10, {"type": "realtime"}, NOW + 10)  # "a" expired
+    assert presets.put("a", int(NOW) + 10, {"type": "realtime"}, NOW) == "ok"
+    assert presets.put("b", int(NOW) + 10, {"type": "realtime"}, NOW) == "full"  # refused
+    assert presets.put("b", int(NOW) + 10, {"type": "realtime"}, NOW + 10) == "ok"  # a expired
     assert presets.take("a") is None and presets.take("b") == {"type": "realtime"}
+
+
+# --- owners, checks before use, status routes, limits per key, logs (issue 40) ------
+
+
+def test_a_connection_belongs_to_its_key_and_a_token_to_the_key_that_minted_it() -> None:
+    both = Authenticator(AuthConfig(api_keys=frozenset({KEY, OTHER_KEY})))
+    by_key = connect(both, Authorization=f"Bearer {KEY}")
+    by_other = connect(both, Authorization=f"Bearer {OTHER_KEY}")
+    minted_by_other = token(secret=auth.derive_secret(OTHER_KEY))
+    by_token = connect(both, Authorization=f"Bearer {minted_by_other}")
+    assert isinstance(by_key, Accepted) and isinstance(by_other, Accepted)
+    assert isinstance(by_token, Accepted)
+    assert by_key.owner == auth.owner_of(KEY) != by_other.owner == auth.owner_of(OTHER_KEY)
+    assert by_token.owner == by_other.owner
+    assert KEY not in by_key.owner and auth.key_id(KEY) != by_key.owner
+    open_ = connect(Authenticator(AuthConfig()))
+    assert isinstance(open_, Accepted) and open_.owner == auth.OPEN_OWNER
+
+
+def test_checking_a_token_does_not_use_it_up() -> None:
+    """The server checks a handshake, may still refuse it (full), and only then uses
+    the token: a refused try leaves it good."""
+    authenticator, value = keyed(), token()
+    checked = authenticator.check("/v1/voice", [("Host", HOST)], "::1", NOW, "voice")
+    assert isinstance(checked, Rejected)  # no credential
+    pairs = [("Host", HOST), ("Authorization", f"Bearer {value}")]
+    for _ in range(3):
+        decision = authenticator.check("/v1/voice", pairs, "::1", NOW)
+        assert isinstance(decision, Accepted) and decision.token is not None
+    assert len(authenticator.ledger) == 0
+    assert isinstance(authenticator.claim(decision, NOW), Accepted)
+    rejected(authenticator.claim(decision, NOW), 401, "token_reused")
+
+
+def http(authenticator: Authenticator, path: str, host: str = HOST, **headers: str) -> object:
+    pairs = [("Host", host), *((k.replace("_", "-"), v) for k, v in headers.items())]
+    return authenticator.http_access(path, pairs, "127.0.0.1")
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/stats", "/metrics"])
+def test_status_routes_need_a_key_when_keys_are_configured(path: str) -> None:
+    rejected(http(keyed(), path), 401, "invalid_api_key")  # type: ignore[arg-type]
+    rejected(http(keyed(), path, Authorization=f"Bearer {token()}"), 401, "invalid_api_key")  # type: ignore[arg-type]
+    assert http(keyed(), path, Authorization=f"Bearer {KEY}") is None
+    assert http(keyed(metrics_no_auth=True), path) is None  # --metrics-no-auth
+    assert http(keyed(), "/") is None  # the demo page itself needs no key
+
+
+@pytest.mark.parametrize("path", ["/", "/web/app.js", "/healthz", "/stats", "/metrics", "/x"])
+def test_without_keys_every_http_route_needs_a_loopback_host(path: str) -> None:
+    keyless = Authenticator(AuthConfig())
+    assert http(keyless, path) is None
+    assert http(keyless, path, host="localhost:8765") is None
+    rejected(http(keyless, path, host="evil.example:8765"), 403, "forbidden_host")  # type: ignore[arg-type]
+    assert http(Authenticator(AuthConfig(insecure_no_auth=True)), path, "evil.example") is None
+
+
+def test_minting_is_rate_limited_per_key() -> None:
+    limits = auth.KeyLimits(mint_burst=3, mint_per_s=0.5)
+    config = AuthConfig(api_keys=frozenset({KEY, OTHER_KEY}), key_limits=limits)
+    minting = auth.Minting.of(config)
+
+    def mint_at(now: float, key: str = KEY) -> auth.HttpReply:
+        headers = {"Authorization": f"Bearer {key}"}
+        return auth.mint_response(config, "POST", auth.TOKEN_PATH, headers, b"", now, minting)
+
+    assert [mint_at(NOW).status for _ in range(3)] == [200, 200, 200]
+    over = mint_at(NOW)
+    assert (over.status, over.body["error"]) == (429, "rate_limited")
+    assert ("Retry-After", "2") in over.headers  # one more in 1 / 0.5 s
+    assert mint_at(NOW, OTHER_KEY).status == 200  # another key has its own rate
+    assert mint_at(NOW + 2).status == 200
+    assert mint_at(NOW + 2).status == 429
+    unauthenticated = auth.mint_response(config, "POST", auth.TOKEN_PATH, {}, b"", NOW, minting)
+    assert unauthenticated.status == 401  # counts against nobody
+
+
+def test_client_secret_presets_are_capped_per_key() -> None:
+    config = AuthConfig(api_keys=frozenset({KEY, OTHER_KEY}), key_limits=auth.KeyLimits(presets=2))
+    minting = auth.Minting.of(config)
+    body = json.dumps({"session": {"instructions": "Be brief."}}).encode()
+
+    def mint_secret(key: str) -> auth.HttpReply:
+        headers = {"Authorization": f"Bearer {key}"}
+        return auth.mint_response(
+            config, "POST", auth.CLIENT_SECRETS_PATH, headers, body, NOW, minting
+        )
+
+    assert [mint_secret(KEY).status for _ in range(2)] == [200, 200]
+    over = mint_secret(KEY)
+    assert (over.status, over.body["error"]) == (429, "rate_limited")
+    assert "client secrets" in over.body["message"] and len(minting.presets) == 2
+    assert mint_secret(OTHER_KEY).status == 200
+
+
+def test_one_key_cannot_fill_the_used_token_ledger() -> None:
+    """Tokens minted offline (quicksilver token) pass no mint rate: the ledger itself
+    gives each key a share, and refuses that key's next one with a 429."""
+    config = AuthConfig(
+        api_keys=frozenset({KEY, OTHER_KEY}), key_limits=auth.KeyLimits(used_tokens=2)
+    )
+    authenticator = Authenticator(config)
+    for _ in range(2):
+        assert isinstance(connect(authenticator, Authorization=f"Bearer {token()}"), Accepted)
+    rejected(connect(authenticator, Authorization=f"Bearer {token()}"), 429, "too_many_tokens")
+    other = token(secret=auth.derive_secret(OTHER_KEY))
+    assert isinstance(connect(authenticator, Authorization=f"Bearer {other}"), Accepted)
+    later = connect(authenticator, now=NOW + 61, Authorization=f"Bearer {token(ttl=120)}")
+    assert isinstance(later, Accepted)  # the first two expired: room again
+
+
+def test_the_ledger_share_is_freed_when_tokens_expire() -> None:
+    ledger = TokenLedger(max_entries=10, per_owner=1)
+    assert ledger.claim(claims("a", NOW + 10), NOW, "k1") == "ok"
+    assert ledger.claim(claims("b", NOW + 10), NOW, "k1") == "owner_full"
+    assert ledger.claim(claims("b", NOW + 10), NOW, "k2") == "ok"
+    assert ledger.claim(claims("c", NOW + 20), NOW + 10, "k1") == "ok"
+
+
+def test_credentials_are_redacted_from_log_lines() -> None:
+    value = token()
+    lines = {
+        f"< GET /v1/voice?token={value} HTTP/1.1": "?token=[redacted]",
+        f"< GET /v1/token?ttl_s=5&api_key={KEY}": "&api_key=[redacted]",
+        f"< Authorization: Bearer {KEY}": "Authorization: [redacted]",
+        f"< authorization: {KEY}": "authorization: [redacted]",
+        f"< Sec-WebSocket-Protocol: quicksilver.v1, quicksilver.token.{value}": (
+            "quicksilver.v1, quicksilver.token.[redacted]"
+        ),
+        f"< Sec-WebSocket-Protocol: realtime, openai-insecure-api-key.{KEY}": (
+            "openai-insecure-api-key.[redacted]"
+        ),
+        f"> Sec-WebSocket-Protocol: quicksilver.token.{value}": "quicksilver.token.[redacted]",
+        f"invalid header {value!r}": "qs1.[redacted]",
+    }
+    for line, shown in lines.items():
+        redacted = auth.redact(line)
+        assert KEY not in redacted and value not in redacted and shown in redacted, redacted
+    assert auth.redact("< Host: 127.0.0.1:8765") == "< Host: 127.0.0.1:8765"
+
+
+def test_the_log_filter_rewrites_messages_and_tracebacks() -> None:
+    record = logging.LogRecord(
+        "websockets.server",
+        logging.DEBUG,
+        "",
+        0,
+        "< %s: %s",
+        ("Authorization", f"Bearer {KEY}"),
+        None,
+    )
+    try:
+        raise ValueError(f"bad subprotocol quicksilver.token.{token()}")
+    except ValueError:
+        record.exc_info = sys.exc_info()
+    assert auth.RedactCredentials().filter(record)
+    assert record.getMessage() == "< Authorization: [redacted]"
+    assert record.exc_info is None and record.exc_text is not None
+    assert "quicksilver.token.[redacted]" in record.exc_text and "qs1." not in record.exc_text

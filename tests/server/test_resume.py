@@ -1,0 +1,53 @@
+"""server/resume.py: parked conversations resume only for their owner, and a saved
+file keeps who that is (issue 40). The time is passed in, as in the session."""
+
+from __future__ import annotations
+
+import pytest
+
+from model.engine import ChatMessage
+from server.protocol import ProtocolError
+from server.resume import ResumeStore
+
+PIN = [ChatMessage("user", "My PIN is 4321."), ChatMessage("assistant", "Noted.")]
+
+
+def refused(store: ResumeStore, token: str, now: float) -> str:
+    with pytest.raises(ProtocolError) as err:
+        store.take(token, now)
+    return err.value.code
+
+
+def test_a_conversation_resumes_only_for_its_owner_and_another_does_not_use_it_up() -> None:
+    store = ResumeStore(ttl_s=60)
+    store.for_owner("key-a").park("tok", PIN, now=0.0)
+    assert refused(store.for_owner("key-b"), "tok", 1.0) == "bad_resume_token"
+    assert refused(store, "tok", 1.0) == "bad_resume_token"  # nobody's view
+    assert len(store) == 1
+    assert store.for_owner("key-a").take("tok", 2.0) == PIN
+    assert refused(store.for_owner("key-a"), "tok", 3.0) == "bad_resume_token"  # single use
+
+
+def test_an_expired_conversation_says_so_only_to_its_owner() -> None:
+    store = ResumeStore(ttl_s=10)
+    store.for_owner("key-a").park("tok", PIN, now=0.0)
+    assert refused(store.for_owner("key-b"), "tok", 11.0) == "bad_resume_token"
+    assert refused(store.for_owner("key-a"), "tok", 11.0) == "resume_expired"
+
+
+def test_the_saved_file_keeps_each_conversations_owner() -> None:
+    store = ResumeStore(ttl_s=60)
+    store.for_owner("key-a").park("a", PIN, now=0.0)
+    store.for_owner("key-b").park("b", PIN[:1], now=0.0)
+    saved = store.dump(now=10.0, wall=1_000.0)
+    restored = ResumeStore(ttl_s=60)
+    assert restored.load(saved, now=500.0, wall=1_005.0) == 2
+    assert refused(restored.for_owner("key-b"), "a", 501.0) == "bad_resume_token"
+    assert restored.for_owner("key-a").take("a", 501.0) == PIN
+    assert restored.for_owner("key-b").take("b", 501.0) == PIN[:1]
+
+
+def test_a_file_without_owners_is_not_restored() -> None:
+    old = {"version": 1, "parked": {"t": {"expires_at": 2e9, "conversation": []}}}
+    with pytest.raises(ValueError, match="version"):
+        ResumeStore().load(old, now=0.0, wall=1e9)
