@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from export.bench.llamacpp import LLAMA_PYTHON_ENV, LlamaCppWorker, llama_cpp_python
+from bench.llamacpp import LLAMA_PYTHON_ENV, LlamaCppWorker, llama_cpp_python
 from export.prompts import QUESTIONS
 from model.backend import Attend, Offsets, Rows, StepBackend
 from model.chat import build_prompt
@@ -65,7 +65,7 @@ class BenchOptions:
     # first_blocks) as "diffusion-first<sizes>", ONNX Runtime only; None: not
     first_blocks: tuple[int, ...] | None = None
     rounds: int = 1  # every prompt this many times per engine (ONNX Runtime), interleaved
-    # llama.cpp on the same GGUF beside the ONNX Runtime engines (export/bench/llamacpp.py):
+    # llama.cpp on the same GGUF beside the ONNX Runtime engines (bench/llamacpp.py):
     # "auto" (when a Python with llama_cpp is found), "off", or that Python's path
     llama_cpp: str = "auto"
 

@@ -3,7 +3,7 @@
     quicksilver bench loop --url ws://127.0.0.1:PORT/v1/voice --wavs DIR [--runs 2] [--json F]
     quicksilver bench loop --serve [--engine E] [--eagerness low] --manifest DIR/manifest.json
 
-Streams WAVs (``python -m export.bench.speechset`` makes them) through a real server on
+Streams WAVs (``python -m bench.speechset`` makes them) through a real server on
 loopback like an open microphone: one session, real-time PCM16 frames, the WAV's
 trailing silence and then more silence until the reply is done and for a second after
 it, one utterance after another; the first WAV is also spoken once first as an unscored
@@ -624,7 +624,7 @@ class OwnServer:
     """``quicksilver serve --port 0`` on loopback, as a user starts it; stopped by PID."""
 
     def __init__(self, args: Sequence[str], log: Path, timeout_s: float = 900) -> None:
-        cmd = [sys.executable, "-m", "server.cli", "serve", "--host", "127.0.0.1", "--port", "0"]
+        cmd = [sys.executable, "-m", "cli", "serve", "--host", "127.0.0.1", "--port", "0"]
         with log.open("w") as err:
             self.proc = subprocess.Popen(
                 [*cmd, *args],
@@ -767,7 +767,7 @@ def _measure(args: argparse.Namespace, utterances: list[Utterance]) -> dict[str,
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m export.bench.loop",
+        prog="python -m bench.loop",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

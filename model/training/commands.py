@@ -1,7 +1,7 @@
 """``quicksilver data``, ``quicksilver train``, ``quicksilver eval llm``, ``quicksilver
 eval actions``, ``quicksilver eval sessions`` and ``quicksilver router``.
 
-Registered in server/cli.py; torch and the model code are imported only when a command
+Registered in cli/main.py; torch and the model code are imported only when a command
 runs, so ``quicksilver serve`` never pays for them.
 """
 
