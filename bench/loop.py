@@ -409,7 +409,7 @@ def summarize(reports: Sequence[UtteranceReport]) -> dict[str, Any]:
 
 def git_commit() -> str | None:
     """The measured checkout's commit (with ``+dirty`` for uncommitted changes)."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[1]
     try:
         head = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True
