@@ -150,7 +150,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     llm.add_argument("--seed", type=int, default=0)
     llm.add_argument("--threads", type=int, default=2)
     llm.set_defaults(run=_eval_llm)
-    llm.add_argument("--log-level", default="INFO")  # cli.py adds it to top-level ones
+    llm.add_argument("--log-level", default="INFO")  # cli/main.py adds it to top-level ones
 
     acts = _held_out_parser(
         ev_sub, "actions", "tool calls of the served engine on held-out commands and chat"
