@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 
@@ -39,18 +41,18 @@ class Row:
 def layout_table(text: str) -> list[Row]:
     """The rows of the "### Layout" table. In the "may import" cell the names in
     backticks count, except inside parentheses, which explain; ``tests/`` (which may
-    import anything) is left out."""
-    section = text.split("### Layout", 1)[1]
+    import anything) is left out. A row it cannot read is an error, not a row less."""
+    section = text.split("### Layout", 1)[1].split("\n#", 1)[0]
+    lines = [line.strip() for line in section.splitlines() if line.startswith("|")]
     rows = []
-    for line in section.splitlines()[1:]:
-        if line.startswith("#"):
-            break
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    for line in lines[2:]:  # after the header and its rule
+        cells = [c.strip() for c in line.strip("|").split("|")]
         folder = re.fullmatch(r"`([a-z_/]+)/`", cells[0])
-        if len(cells) != 3 or folder is None or folder[1] == "tests":
-            continue
-        allowed = re.findall(r"`([a-z_.]+)`", re.sub(r"\([^)]*\)", "", cells[2]))
-        rows.append(Row(folder[1].replace("/", "."), tuple(allowed)))
+        if len(cells) != 3 or folder is None:
+            raise ValueError(f"README, Layout: not a row of three cells: {line}")
+        if folder[1] != "tests":
+            allowed = re.findall(r"`([a-z_.]+)`", re.sub(r"\([^)]*\)", "", cells[2]))
+            rows.append(Row(folder[1].replace("/", "."), tuple(allowed)))
     return rows
 
 
@@ -224,6 +226,8 @@ def test_the_table_reader_and_the_rule() -> None:
     )
     rows = layout_table(text)
     assert rows == [Row("a", ("b.c", "d")), Row("a.f", ()), Row("b", ("a",)), Row("d", ("a.f",))]
+    with pytest.raises(ValueError, match="not a row"):
+        layout_table(text.replace("| f |", "| f | g |"))
     assert allowed("a.x", "b.c.y", rows) and allowed("a.x", "d.z", rows)
     assert allowed("a.x", "a.y", rows) and allowed("d.x", "a.f.g", rows)
     assert not allowed("a.x", "b.z", rows)  # only b.c is named
