@@ -83,6 +83,13 @@ def problems(text: str, parsed: dict[str, list[argparse.Action]]) -> list[str]:
             if not names:
                 out.append(f"{command}: {action.option_strings[-1]} is not in the README")
                 continue
+            if isinstance(action, argparse.BooleanOptionalAction):
+                # --x / --no-x: the README shows the one that changes the default
+                change = action.option_strings[bool(action.default)]
+                if names != [change]:
+                    shows = " ".join(names)
+                    out.append(f"{command}: shows {shows}, not {change}, which changes the default")
+                continue
             value = doc.get(names[0], common.get(names[0]))
             if (wrong := wrong_default(action, value)) is not None:
                 out.append(f"{command}: {names[0]} shows {value}, the default is {wrong}")
@@ -120,6 +127,7 @@ def test_the_check_finds_what_the_readme_gets_wrong() -> None:
     serve.add_argument("--asr", default="auto")
     serve.add_argument("--tools", choices=("auto", "none"), default="auto")
     serve.add_argument("--log-level", default="INFO")
+    serve.add_argument("--spans", action=argparse.BooleanOptionalAction, default=True)
     bench = sub.add_parser("bench").add_subparsers()
     loop = bench.add_parser("loop")
     loop.add_argument("--url")
@@ -132,7 +140,7 @@ def test_the_check_finds_what_the_readme_gets_wrong() -> None:
 
     good = (
         "quicksilver serve [--port 8765] [--asr auto|tiny.en|DIR]  # a comment --nope\n"
-        "                  [--tools auto|none]\n"
+        "                  [--tools auto|none] [--no-spans]\n"
         "quicksilver bench loop [--url URL]\n"
         "quicksilver COMMAND ... [--log-level INFO|DEBUG]\n"
     )
@@ -142,6 +150,9 @@ def test_the_check_finds_what_the_readme_gets_wrong() -> None:
     ]
     assert problems(readme(good.replace("--asr auto|", "--asr tiny.en|auto|")), parsed) == [
         "serve: --asr shows tiny.en|auto|tiny.en|DIR, the default is auto"
+    ]
+    assert problems(readme(good.replace("--no-spans", "--spans")), parsed) == [
+        "serve: shows --spans, not --no-spans, which changes the default"
     ]
     assert problems(readme(good.replace("8765", "80")), parsed) == [
         "serve: --port shows 80, the default is 8765"
