@@ -130,18 +130,20 @@ def test_live_glasses_without_portaudio_say_what_to_install() -> None:
 
 async def test_the_microphone_sends_silence_then_the_utterance_paced_and_stamped() -> None:
     received: list[bytes] = []
+    heard = asyncio.Event()
 
     async def record(ws: ServerConnection) -> None:
         async for frame in ws:
             assert isinstance(frame, bytes)
             received.append(frame)
+            heard.set()
 
     speech = Pcm(np.arange(1, 8 * 320 + 1, dtype=np.int16), 16000)  # 8 frames, no zeros
     async with serve(record, "127.0.0.1", 0) as server:
         port = server.sockets[0].getsockname()[1]
         async with connect(f"ws://127.0.0.1:{port}") as ws:
             mic = Microphone(ws, 16000)
-            await asyncio.sleep(0.1)  # an open microphone: silence while nothing is said
+            await asyncio.wait_for(heard.wait(), 10)  # open: silence while nothing is said
             playback = mic.play(speech, marks=(0, 5))
             finished = await asyncio.wait_for(playback.finished, 10)
             await mic.close()
