@@ -1,9 +1,11 @@
 """Pieces every Python client shares: WAV files, paced streaming, sessions, reconnection.
 
-The glasses and car clients, the load test and the latency harness all build on these:
-audio in and out (:class:`Pcm`, WAV files, real-time :class:`Pacer`), the ``start`` /
-``ready`` handshake with an optional resume token, reply audio per turn with the audio
-of cancelled turns dropped (:class:`TurnAudio`), and reconnection with backoff.
+The glasses and car clients, the load test, the latency harness and the loop benchmark
+(``bench/loop.py``) all build on these: audio in and out (:class:`Pcm`, WAV files,
+real-time :class:`Pacer`, an open :class:`Microphone`), the ``start`` / ``ready``
+handshake with an optional resume token (:func:`open_session`), reply audio per turn
+with the audio of cancelled turns dropped (:class:`TurnAudio`), and reconnection with
+backoff.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from websockets.asyncio.client import ClientConnection
+from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from server import protocol as p
@@ -135,6 +137,59 @@ class Pacer:
 
 
 @dataclass
+class Playback:
+    """An utterance queued on a :class:`Microphone` (times are ``time.monotonic()``):
+    ``started`` holds when its first frame was due, ``sent[i]`` when frame ``i`` had
+    gone out (for the frames asked for), ``finished`` is set after its last frame."""
+
+    pcm: Pcm
+    started: asyncio.Future[float] = field(default_factory=asyncio.Future)
+    finished: asyncio.Future[float] = field(default_factory=asyncio.Future)
+    sent: dict[int, asyncio.Future[float]] = field(default_factory=dict)
+
+
+class Microphone:
+    """An open microphone: sends audio at real time forever, the queued utterances one
+    after another and silence whenever there is none, as a worn device that is on."""
+
+    def __init__(self, ws: ClientConnection, rate: int, frame_ms: int = FRAME_MS) -> None:
+        self.ws, self.rate, self.frame_ms = ws, rate, frame_ms
+        self.queue: asyncio.Queue[Playback] = asyncio.Queue()
+        self.task = asyncio.create_task(self._stream())
+
+    def play(self, pcm: Pcm, marks: tuple[int, ...] = ()) -> Playback:
+        """Queue ``pcm``; the returned playback stamps the frames numbered in ``marks``."""
+        playback = Playback(pcm)
+        playback.sent = {i: asyncio.Future() for i in marks}
+        self.queue.put_nowait(playback)
+        return playback
+
+    async def _stream(self) -> None:
+        pacer = Pacer()
+        quiet = frames(silence(self.rate, self.frame_ms / 1000), self.frame_ms)[0]
+        while True:
+            playback = None if self.queue.empty() else self.queue.get_nowait()
+            chunks = frames(playback.pcm, self.frame_ms) if playback else [quiet]
+            for i, chunk in enumerate(chunks):
+                due = pacer.t0 + pacer.sent_s
+                await pacer.wait(len(chunk) / 2 / self.rate)
+                await self.ws.send(chunk)
+                if playback is None:
+                    continue
+                if i == 0:
+                    playback.started.set_result(due)
+                if i in playback.sent:
+                    playback.sent[i].set_result(time.monotonic())
+            if playback is not None:
+                playback.finished.set_result(time.monotonic())
+
+    async def close(self) -> None:
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, ConnectionClosed, OSError):
+            await self.task
+
+
+@dataclass
 class TurnAudio:
     """Reply audio received per turn; cancelled turns' audio is dropped."""
 
@@ -184,6 +239,29 @@ async def start_session(
         case p.Error(code=code, message=text):
             raise ClientError(f"server refused the session: {code}: {text}")
     raise ClientError(f"expected ready, got {message.type}")
+
+
+async def open_session(url: str, rate: int, client: str) -> tuple[ClientConnection, p.Ready]:
+    """Connect (with $QUICKSILVER_API_KEY's credential, if any) and start a session; a
+    server that is not there is a :class:`ClientError` saying so."""
+    try:
+        ws = await connect(url, open_timeout=30, max_size=None, additional_headers=auth_headers())
+    except (OSError, TimeoutError) as exc:
+        raise unreachable(url, exc) from None
+    try:
+        return ws, await start_session(ws, rate, client)
+    except BaseException:
+        await ws.close()
+        raise
+
+
+def load_average() -> float | None:
+    """This machine's 1-minute load average (None where the OS has none): a busy
+    machine's latency figures mean little without it."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
 
 
 def backoff(

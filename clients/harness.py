@@ -24,18 +24,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import os
 import sys
-import time
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
 from server import protocol as p
@@ -44,18 +41,18 @@ from .common import (
     Arrival,
     ClientError,
     Inbox,
-    Pacer,
+    Microphone,
     Pcm,
     auth_headers,
-    frames,
+    load_average,
+    open_session,
     read_wav,
-    silence,
     speech_bounds,
-    start_session,
-    unreachable,
 )
 
 PERCENTILES = (50, 95, 99)
+# --plot's matplotlib is an extra of its own (pyproject.toml), not a dependency
+PLOT_INSTALL = "pip install -e '.[plot]'"
 CLIENT_STAGES = ("final_transcript_ms", "first_audio_ms", "reply_done_ms")
 SERVER_STAGES = (
     "endpointing_ms",
@@ -85,13 +82,13 @@ class Utterance:
         return cls(path.name, pcm, onset, end)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Spoken:
     """When an utterance's speech started and ended, as sent (``time.monotonic()``)."""
 
     utterance: Utterance
-    onset_at: asyncio.Future[float] = field(default_factory=asyncio.Future)
-    end_at: asyncio.Future[float] = field(default_factory=asyncio.Future)
+    onset_at: asyncio.Future[float]
+    end_at: asyncio.Future[float]
 
 
 @dataclass
@@ -112,40 +109,23 @@ class TurnRecord:
 
 
 class Talker:
-    """One simulated client: real-time audio out, stamped events in."""
+    """One simulated client: an open microphone out, stamped events in."""
 
-    def __init__(self, index: int, ws: ClientConnection, rate: int) -> None:
+    def __init__(
+        self, index: int, ws: ClientConnection, rate: int, mic: Microphone | None = None
+    ) -> None:
         self.index = index
         self.ws = ws
-        self.rate = rate
-        self.queue: asyncio.Queue[Spoken] = asyncio.Queue()
         self.inbox = Inbox(ws)
-        self.streamer = asyncio.create_task(self._stream())
+        self.mic = mic or Microphone(ws, rate)
 
     def say(self, utterance: Utterance) -> Spoken:
-        spoken = Spoken(utterance)
-        self.queue.put_nowait(spoken)
-        return spoken
-
-    async def _stream(self) -> None:
-        """Audio forever: queued utterances, 20 ms of silence whenever there is none."""
-        pacer = Pacer()
-        quiet = frames(silence(self.rate, 0.02))[0]
-        while True:
-            spoken = None if self.queue.empty() else self.queue.get_nowait()
-            chunks = frames(spoken.utterance.pcm) if spoken else [quiet]
-            for i, chunk in enumerate(chunks):
-                await pacer.wait(len(chunk) / 2 / self.rate)
-                await self.ws.send(chunk)
-                if spoken is not None and i == spoken.utterance.onset_frame:
-                    spoken.onset_at.set_result(time.monotonic())
-                if spoken is not None and i == spoken.utterance.end_frame:
-                    spoken.end_at.set_result(time.monotonic())
+        onset, end = utterance.onset_frame, utterance.end_frame
+        playback = self.mic.play(utterance.pcm, marks=(onset, end))
+        return Spoken(utterance, playback.sent[onset], playback.sent[end])
 
     async def close(self) -> None:
-        self.streamer.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await self.streamer
+        await self.mic.close()
         await self.inbox.close()
         await self.ws.close()
 
@@ -295,11 +275,7 @@ class Progress:
 
 
 async def connect_talker(url: str, index: int, rate: int, client: str) -> Talker:
-    try:
-        ws = await connect(url, open_timeout=30, max_size=None, additional_headers=auth_headers())
-    except (OSError, TimeoutError) as exc:
-        raise unreachable(url, exc) from None
-    await start_session(ws, rate, client)
+    ws, _ = await open_session(url, rate, client)
     return Talker(index, ws, rate)
 
 
@@ -329,7 +305,7 @@ async def run(opts: Options) -> dict[str, object]:
         raise ValueError("all WAVs must have the same sample rate")
     per_session = opts.turns * (2 if opts.barge_in else 1)
     progress = Progress(opts.sessions * per_session)
-    load_before = _load()
+    load_before = load_average()
     jobs = [session(opts, i, utterances, progress) for i in range(opts.sessions)]
     results = await asyncio.gather(*jobs)
     progress.end()
@@ -337,16 +313,8 @@ async def run(opts: Options) -> dict[str, object]:
     stats = await asyncio.to_thread(fetch_stats, opts.url)
     summary = summarize(records, opts)
     summary["loop_lag"] = stats.get("loop_lag")
-    summary["load_avg_1m"] = {"start": load_before, "end": _load()}  # busy machine caveat
+    summary["load_avg_1m"] = {"start": load_before, "end": load_average()}
     return {"summary": summary, "turns": [asdict(r) for r in records]}
-
-
-def _load() -> float | None:
-    """The client machine's 1-minute load average (None where the OS has none)."""
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:
-        return None
 
 
 def fetch_stats(url: str) -> dict[str, object]:
@@ -404,6 +372,14 @@ def summarize(records: list[TurnRecord], opts: Options) -> dict[str, object]:
         summary.update(percentiles(stops, "barge_in_stop_ms"))
         summary.update(percentiles(events, "barge_in_cancelled_event_ms"))
     return summary
+
+
+def _have_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def plot(report: dict[str, object], out: Path) -> None:
@@ -467,7 +443,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=1)
     parser.add_argument("--turns", type=int, default=3, help="turns per session")
     parser.add_argument("--json", type=Path, required=True, help="write the report here")
-    parser.add_argument("--plot", type=Path, help="write a PNG figure here")
+    parser.add_argument(
+        "--plot", type=Path, help=f"write a PNG figure here (needs matplotlib: {PLOT_INSTALL})"
+    )
     parser.add_argument("--barge-in", action="store_true", help="interrupt every reply")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds per turn")
     parser.add_argument("--gap", type=float, default=1.0, help="silence between turns (s)")
@@ -475,6 +453,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.sessions < 1 or args.turns < 1:
         parser.error("--sessions and --turns must be at least 1")
+    if args.plot and not _have_matplotlib():
+        parser.error(f"--plot needs matplotlib: {PLOT_INSTALL}")
     opts = Options(
         args.url, args.wav, args.sessions, args.turns, args.barge_in, args.timeout, args.gap,
         args.stagger,

@@ -31,6 +31,7 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,15 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from server import protocol as p
 
-from .common import FRAME_MS, Pacer, auth_headers, frames, silence, start_session
+from .common import (
+    FRAME_MS,
+    Microphone,
+    Pacer,
+    auth_headers,
+    frames,
+    silence,
+    start_session,
+)
 from .fuzz import http_base, http_get, read_proc, require_loopback
 from .harness import Talker, TurnRecord, Utterance, run_turn
 
@@ -52,20 +61,25 @@ QUESTIONS = (
 GROWTH_KEYS = ("rss_kb", "fds", "threads", "tasks")
 
 
-class SoakTalker(Talker):
-    """A worn device: mostly quiet (a burst of silence every ``idle_gap_s``), and while
-    it talks, its question then real-time silence until the scheduler says the turn
-    is over (the server needs the silence to hear the end of the turn)."""
+class SoakMicrophone(Microphone):
+    """A worn device's microphone: mostly quiet (a burst of silence every ``idle_gap_s``),
+    and while its session talks, the question then real-time silence until the scheduler
+    says the turn is over (the server needs the silence to hear the end of the turn)."""
 
     def __init__(
-        self, index: int, ws: ClientConnection, rate: int, idle_gap_s: float, burst_ms: int
+        self,
+        ws: ClientConnection,
+        rate: int,
+        idle_gap_s: float,
+        burst_ms: int,
+        seed: int,
+        talking: Callable[[], bool],
     ) -> None:
         self.idle_gap_s = idle_gap_s
         self.burst_frames = max(1, burst_ms // FRAME_MS)
-        self.talking = False
-        self.closing = False
-        self.rng = random.Random(index)
-        super().__init__(index, ws, rate)
+        self.rng = random.Random(seed)
+        self.talking = talking
+        super().__init__(ws, rate)
 
     async def _stream(self) -> None:
         quiet = frames(silence(self.rate, FRAME_MS / 1000))[0]
@@ -73,7 +87,7 @@ class SoakTalker(Talker):
         while True:
             gap = self.idle_gap_s * self.rng.uniform(0.5, 1.5)
             try:
-                spoken = await asyncio.wait_for(self.queue.get(), gap)
+                playback = await asyncio.wait_for(self.queue.get(), gap)
             except TimeoutError:
                 pacer = Pacer()
                 for _ in range(self.burst_frames):
@@ -81,17 +95,26 @@ class SoakTalker(Talker):
                     await self.ws.send(quiet)
                 continue
             pacer = Pacer()  # a fresh clock: the idle time was not streamed
-            u = spoken.utterance
-            for i, chunk in enumerate(frames(u.pcm)):
+            for i, chunk in enumerate(frames(playback.pcm)):
                 await pacer.wait(len(chunk) / 2 / self.rate)
                 await self.ws.send(chunk)
-                if i == u.onset_frame:
-                    spoken.onset_at.set_result(time.monotonic())
-                if i == u.end_frame:
-                    spoken.end_at.set_result(time.monotonic())
-            while self.talking and self.queue.empty():
+                if i in playback.sent:
+                    playback.sent[i].set_result(time.monotonic())
+            while self.talking() and self.queue.empty():
                 await pacer.wait(seconds)
                 await self.ws.send(quiet)
+
+
+class SoakTalker(Talker):
+    """A session of the soak, on a :class:`SoakMicrophone`."""
+
+    def __init__(
+        self, index: int, ws: ClientConnection, rate: int, idle_gap_s: float, burst_ms: int
+    ) -> None:
+        self.talking = False
+        self.closing = False
+        mic = SoakMicrophone(ws, rate, idle_gap_s, burst_ms, index, lambda: self.talking)
+        super().__init__(index, ws, rate, mic)
 
     @property
     def dropped(self) -> bool:

@@ -1,7 +1,6 @@
-"""``quicksilver export`` and ``quicksilver bench llm``.
+"""``quicksilver export``.
 
-Both import torch only when they run (export needs it; the benchmark's PyTorch
-reference column does), so registering them costs the server nothing.
+Export imports torch only when it runs, so registering it costs the server nothing.
 """
 
 from __future__ import annotations
@@ -42,67 +41,6 @@ def register(sub: Any) -> None:
     ex.add_argument("--no-check", action="store_true", help="skip the parity checks")
     ex.set_defaults(run=run_export)
 
-    bench = sub.add_parser("bench", help="benchmarks")
-    bench_sub = bench.add_subparsers(dest="bench", required=True)
-    llm = bench_sub.add_parser("llm", help="autoregressive vs diffusion reply engines")
-    llm.add_argument("--json", type=Path, default=None, help="write the results here")
-    llm.add_argument("--model-dir", type=Path, default=None, help="exported model directory")
-    llm.add_argument("--cache-dir", type=Path, default=None)
-    llm.add_argument(
-        "--prompts", type=_at_least_one, default=20, help="how many of the fixed questions"
-    )
-    llm.add_argument("--budgets", type=int, nargs="+", default=[32, 64])
-    llm.add_argument("--no-torch", action="store_true", help="skip the PyTorch reference")
-    llm.add_argument(
-        "--torch-prompts",
-        type=int,
-        default=None,
-        help="prompts for the PyTorch reference (0: none, as --no-torch)",
-    )
-    llm.add_argument(
-        "--rounds",
-        type=_at_least_one,
-        default=1,
-        help="answer every prompt this many times per ONNX engine (interleaved; the "
-        "speedup of each round is printed)",
-    )
-    llm.add_argument(
-        "--llama-cpp",
-        default="auto",
-        metavar="auto|off|PYTHON",
-        help="llama.cpp on the same GGUF beside the ONNX engines: auto (when "
-        "$QUICKSILVER_LLAMA_CPP_PYTHON is set or llama_cpp imports here), off, or the "
-        "path of a Python that has llama-cpp-python (docs/export.md)",
-    )
-    llm.set_defaults(run=run_bench)
-    llm.add_argument("--log-level", default="INFO")
-    register_bench_loop(bench_sub)
-    register_bench_passes(bench_sub)
-
-
-def register_bench_loop(bench_sub: Any) -> None:
-    """``quicksilver bench loop``: WAVs through a real server, as a user hears it."""
-    from export.bench import loop
-
-    _register_module(bench_sub, "loop", "end of speech -> first reply audio, per turn", loop)
-
-
-def register_bench_passes(bench_sub: Any) -> None:
-    """``quicksilver bench passes``: one forward pass's cost by width and cache length."""
-    from export.bench import passes
-
-    help = "cost of one forward pass: 1-32 tokens x 100/1000 cached, per step graph"
-    _register_module(bench_sub, "passes", help, passes)
-
-
-def _register_module(bench_sub: Any, name: str, help: str, module: Any) -> None:
-    """A bench command whose module has ``add_arguments(parser)`` and ``run_command``."""
-    parser = bench_sub.add_parser(
-        name, help=help, formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
-    module.add_arguments(parser)
-    parser.set_defaults(run=module.run_command)
-
 
 def run_export(args: argparse.Namespace) -> int:
     from export.build import BuildOptions, build_atomic
@@ -129,37 +67,4 @@ def run_export(args: argparse.Namespace) -> int:
         print(f"  {name:20s} {f['bytes'] / 1e6:8.1f} MB  sha256 {f['sha256'][:16]}")
     for variant, p in manifest["parity"].items():
         print(f"  parity {variant}: {json.dumps(p)}")
-    return 0
-
-
-def _at_least_one(text: str) -> int:
-    n = int(text)
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"needs 1 or more, got {n}")
-    return n
-
-
-def run_bench(args: argparse.Namespace) -> int:
-    from export.bench.llamacpp import LlamaCppError
-    from export.bench.llm import BenchOptions, print_table, run_llm_bench
-
-    model_dir = args.model_dir or default_model_dir(args.cache_dir)
-    options = BenchOptions(
-        model_dir=model_dir,
-        prompts=args.prompts,
-        budgets=tuple(args.budgets),
-        torch_reference=not args.no_torch and args.torch_prompts != 0,
-        torch_prompts=args.torch_prompts,
-        rounds=args.rounds,
-        llama_cpp=args.llama_cpp,
-    )
-    try:
-        results = run_llm_bench(options)
-    except LlamaCppError as exc:
-        print(f"quicksilver bench llm: {exc}", file=sys.stderr)
-        return 1
-    print_table(results)
-    if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=2))
-        print(f"wrote {args.json}")
     return 0

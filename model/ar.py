@@ -28,7 +28,7 @@ from model.tools import Tool, ToolCall
 @dataclass(frozen=True)
 class AROptions:
     # fp32: bf16 decodes faster on an AMX CPU but its greedy replies drift from fp32's on
-    # some prompts (python -m export.bench.ar measures both); opt in where speed wins.
+    # some prompts (python -m bench.ar measures both); opt in where speed wins.
     dtype: str = "float32"  # a torch dtype name; the PyTorch engine only
     prompt_budget: int = 1024  # tokens of conversation kept (oldest turns dropped first)
     system_prompt: str = SPOKEN_SYSTEM_PROMPT

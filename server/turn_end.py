@@ -215,7 +215,7 @@ class TurnEndPolicy:
     scores complete), one with a dangling last word unless the model calls it
     complete ("What are you looking at?"). The
     defaults (:meth:`from_eagerness`) were chosen on the tuning half of
-    ``export.bench.turn_end``'s labelled set and checked on its held-out half
+    ``bench.turn_end``'s labelled set and checked on its held-out half
     (docs/turn_end.md).
     """
 

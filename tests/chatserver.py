@@ -22,7 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from export.bench.llamacpp import LLAMA_PYTHON_ENV, llama_cpp_python
+from bench.llamacpp import LLAMA_PYTHON_ENV, llama_cpp_python
 
 DONE = "[DONE]"
 # a Python with llama-cpp-python and its server extras (docs/realtime.md says how to build

@@ -52,7 +52,7 @@ def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory, model_cache: Path) -> Iterator[ServerProcess]:
-    """``python -m server.cli serve --port 0`` with the default models, one per test run
+    """``python -m cli serve --port 0`` with the default models, one per test run
     (its adapter calls tools: sessions that name none get the default device tools)."""
     log = tmp_path_factory.mktemp("server") / "server.log"
     srv = start_server(log, "--cache-dir", str(model_cache))

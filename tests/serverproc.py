@@ -1,6 +1,6 @@
 """A real Quicksilver server process on a free loopback port, for end-to-end tests.
 
-The server runs as its own process (``python -m server.cli serve --port 0``) with the
+The server runs as its own process (``python -m cli serve --port 0``) with the
 default offline models, exactly as a user starts it; the tests talk to it with real
 ``websockets`` clients and real synthesized speech.
 """
@@ -66,7 +66,7 @@ class ServerProcess:
 def start_server(log: Path, *args: str, timeout: float = 600) -> ServerProcess:
     """Start the server and wait for the line with its URL (models load first; in an
     empty ``--cache-dir`` the reply model is built first, a minute or more)."""
-    cmd = [sys.executable, "-m", "server.cli", "serve", "--host", "127.0.0.1", "--port", "0"]
+    cmd = [sys.executable, "-m", "cli", "serve", "--host", "127.0.0.1", "--port", "0"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with log.open("w") as err:  # the child writes its own copy of the descriptor
         proc = subprocess.Popen(

@@ -98,8 +98,8 @@ def install(tmp_path_factory: pytest.TempPathFactory) -> Install:
 
 def test_wheel_ships_the_adapter(install: Install) -> None:
     code = (
-        "import json, sys, model.modeldir as m, server.cli; print(json.dumps({"
-        "'adapter': str(m.shipped_adapter()), 'cli': server.cli.__file__, 'path': sys.path}))"
+        "import json, sys, model.modeldir as m, cli.main; print(json.dumps({"
+        "'adapter': str(m.shipped_adapter()), 'cli': cli.main.__file__, 'path': sys.path}))"
     )
     python = install.venv / "bin" / "python"
     out = json.loads(_run([python, "-c", code], cwd=install.outside, env=install.env).stdout)

@@ -1,7 +1,7 @@
 """``quicksilver data``, ``quicksilver train``, ``quicksilver eval llm``, ``quicksilver
 eval actions``, ``quicksilver eval sessions`` and ``quicksilver router``.
 
-Registered in server/cli.py; torch and the model code are imported only when a command
+Registered in cli/main.py; torch and the model code are imported only when a command
 runs, so ``quicksilver serve`` never pays for them.
 """
 
@@ -134,7 +134,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     llm.add_argument("--seed", type=int, default=0)
     llm.add_argument("--threads", type=int, default=2)
     llm.set_defaults(run=_eval_llm)
-    llm.add_argument("--log-level", default="INFO")  # cli.py adds it to top-level ones
+    llm.add_argument("--log-level", default="INFO")  # cli/main.py adds it to top-level ones
 
     acts = _held_out_parser(
         ev_sub, "actions", "tool calls of the served engine on held-out commands and chat"

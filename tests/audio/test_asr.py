@@ -14,7 +14,7 @@ from audio.speech import (
     pad,
     word_error_rate,
 )
-from export.bench.asr import noisy_copy
+from bench.asr import noisy_copy
 from tests.speech import needs_espeak
 
 models = pytest.mark.models

@@ -1,7 +1,9 @@
-"""Client building blocks without a server: ground truth, percentiles, backoff, playback."""
+"""Client building blocks without a server: ground truth, percentiles, backoff, playback,
+the open microphone."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import subprocess
 import sys
@@ -10,10 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from websockets.asyncio.client import connect
+from websockets.asyncio.server import ServerConnection, serve
 
 from audio.speech import write_wav
-from clients import devices
-from clients.common import Pcm, backoff, speech_bounds
+from clients import devices, harness
+from clients.common import Microphone, Pcm, backoff, frames, speech_bounds
 from clients.harness import Utterance, percentiles
 from tests.serverproc import ROOT
 
@@ -122,3 +126,45 @@ def test_live_glasses_without_portaudio_say_what_to_install() -> None:
     run = run_client("clients.glasses", "--url", "ws://127.0.0.1:9/v1/voice")
     assert run.returncode == 2
     assert "quicksilver[audio]" in run.stderr
+
+
+async def test_the_microphone_sends_silence_then_the_utterance_paced_and_stamped() -> None:
+    received: list[bytes] = []
+    heard = asyncio.Event()
+
+    async def record(ws: ServerConnection) -> None:
+        async for frame in ws:
+            assert isinstance(frame, bytes)
+            received.append(frame)
+            heard.set()
+
+    speech = Pcm(np.arange(1, 8 * 320 + 1, dtype=np.int16), 16000)  # 8 frames, no zeros
+    async with serve(record, "127.0.0.1", 0) as server:
+        port = server.sockets[0].getsockname()[1]
+        async with connect(f"ws://127.0.0.1:{port}") as ws:
+            mic = Microphone(ws, 16000)
+            await asyncio.wait_for(heard.wait(), 10)  # open: silence while nothing is said
+            playback = mic.play(speech, marks=(0, 5))
+            finished = await asyncio.wait_for(playback.finished, 10)
+            await mic.close()
+    started, sent = playback.started.result(), {i: f.result() for i, f in playback.sent.items()}
+    # paced, never early: frame k goes out no sooner than 20 ms * k after the first was
+    # due (the event loop's timers may fire within its clock resolution of that)
+    assert started <= sent[0] and started + 5 * 0.02 - 0.001 <= sent[5] <= finished
+    first = received.index(frames(speech)[0])
+    assert first > 0 and not any(np.frombuffer(b"".join(received[:first]), np.int16))
+    assert received[first : first + 8] == frames(speech)
+
+
+def test_the_harness_refuses_plot_without_matplotlib_and_names_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an install without it sees
+    wav = write_wav(tmp_path / "q.wav", np.zeros(1600, np.float32))
+    report = tmp_path / "report.json"
+    args = ["--url", "ws://127.0.0.1:9/v1/voice", "--wav", str(wav), "--json", str(report)]
+    with pytest.raises(SystemExit) as exited:
+        harness.main([*args, "--plot", str(tmp_path / "report.png")])
+    assert exited.value.code == 2
+    assert "--plot needs matplotlib: pip install -e '.[plot]'" in capsys.readouterr().err
+    assert not report.exists()  # refused before the run, not after it

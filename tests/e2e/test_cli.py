@@ -62,7 +62,7 @@ async def test_signal_closes_every_session_with_1001_and_exits_0(
 
 
 def test_help_and_bad_engine() -> None:
-    cmd = [sys.executable, "-m", "server.cli"]
+    cmd = [sys.executable, "-m", "cli"]
     run = subprocess.run([*cmd, "serve", "--help"], cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0 and "--asr" in run.stdout and "--engine" in run.stdout
     run = subprocess.run(

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import export.build
-from export.bench.llm import (
+from bench.llm import (
     CountingBackend,
     Decoder,
     Dims,
@@ -20,6 +20,7 @@ from export.bench.llm import (
     step_flops,
     time_engines,
 )
+from cli.main import main
 from export.build import ensure_model_dir
 from model.modeldir import (
     DEFAULT_NAME,
@@ -27,7 +28,6 @@ from model.modeldir import (
     is_complete,
     load_tokenizer,
 )
-from server.cli import main
 from tests.export.conftest import TINY, ort_backend, tiny_source
 
 TINY_DIMS = Dims(
@@ -203,7 +203,7 @@ def test_bench_times_the_ar_decoder_and_counts_its_passes(tiny_dir: Path) -> Non
 
 
 def test_bench_times_the_first_sentence(tiny_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from export.bench.llm import BenchOptions, print_table, run_llm_bench
+    from bench.llm import BenchOptions, print_table, run_llm_bench
 
     r = run_llm_bench(BenchOptions(tiny_dir, prompts=2, budgets=(8,), torch_reference=False))
     assert [row["engine"] for row in r["rows"]] == ["ar", "diffusion"]
@@ -216,7 +216,7 @@ def test_bench_times_the_first_sentence(tiny_dir: Path, capsys: pytest.CaptureFi
 
 
 def test_the_first_sentence_needs_its_end_mark_and_the_space_after_it(tiny_dir: Path) -> None:
-    from export.bench.llm import first_sentence_tokens
+    from bench.llm import first_sentence_tokens
 
     tok = load_tokenizer(tiny_dir)
     count = first_sentence_tokens(tok)
@@ -228,7 +228,7 @@ def test_the_first_sentence_needs_its_end_mark_and_the_space_after_it(tiny_dir: 
 
 @pytest.mark.models
 def test_the_first_sentence_in_smollm2_tokens(smollm2_gguf) -> None:  # type: ignore[no-untyped-def]
-    from export.bench.llm import first_sentence_tokens
+    from bench.llm import first_sentence_tokens
     from model.tokenizer import Tokenizer
 
     tok = Tokenizer(smollm2_gguf.tokenizer_data())
@@ -241,7 +241,7 @@ def test_the_first_sentence_in_smollm2_tokens(smollm2_gguf) -> None:  # type: ig
 def test_bench_interleaves_the_engines_per_prompt_and_rotates_who_goes_first(
     tiny_dir: Path,
 ) -> None:
-    from export.bench.llm import diffusion_decoder
+    from bench.llm import diffusion_decoder
 
     tok = load_tokenizer(tiny_dir)
     order: list[str] = []
@@ -273,7 +273,7 @@ def test_bench_interleaves_the_engines_per_prompt_and_rotates_who_goes_first(
 def test_bench_reports_the_speedup_of_every_round(
     tiny_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from export.bench.llm import BenchOptions, print_table, run_llm_bench
+    from bench.llm import BenchOptions, print_table, run_llm_bench
 
     r = run_llm_bench(
         BenchOptions(tiny_dir, prompts=2, budgets=(8,), torch_reference=False, rounds=2)

@@ -254,7 +254,7 @@ def test_the_held_out_commands_stay_fixed():
 def test_data_actions_command_writes_the_tool_corpus(tmp_path, monkeypatch, capsys):
     """``quicksilver data --actions`` (docs/training.md) reaches make_actions with its
     counts; asking for two corpora at once is refused."""
-    from server.cli import main
+    from cli.main import main
 
     seen = {}
 

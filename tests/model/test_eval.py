@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from cli.main import main
 from model.training.eval import (
     GOALS,
     Replies,
@@ -16,7 +17,6 @@ from model.training.eval import (
     per_token,
     reply_nll,
 )
-from server.cli import main
 from tests.model.conftest import tiny_model, tiny_tokenizer
 
 

@@ -238,9 +238,9 @@ def test_configure_sets_the_window_and_ban_the_options_ask_for() -> None:
 def test_the_command_runs_a_session_on_the_served_ar_engine(tmp_path, capsys) -> None:
     """`quicksilver eval sessions` end to end: two turns on the int8 AR engine, no
     scoring model; the table and the JSON agree."""
+    from cli.main import main
     from model.assemble import engine_model_dir
     from model.modeldir import is_complete
-    from server.cli import main
 
     if not is_complete(engine_model_dir("smollm2-ar-onnx"), "int8"):
         pytest.skip("no exported AR model (quicksilver serve --engine smollm2-ar-onnx builds it)")

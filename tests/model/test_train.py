@@ -303,7 +303,7 @@ def test_train_device_refuses_a_gpu_index_past_the_last(monkeypatch):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a host without a GPU")
 def test_train_command_refuses_a_missing_gpu_before_loading(tmp_path, capsys):
-    from server.cli import main
+    from cli.main import main
 
     argv = ["train", "--out", str(tmp_path / "run"), "--set", "device=cuda"]
     assert main(argv) == 2
@@ -338,8 +338,8 @@ def test_model_commands_run_without_the_server_and_refuse_a_missing_gpu(tmp_path
 
 
 def test_train_command_names_a_missing_base_file(tmp_path, capsys, monkeypatch):
+    from cli.main import main
     from model.nn.gguf import GGUF_ENV
-    from server.cli import main
 
     monkeypatch.setenv(GGUF_ENV, str(tmp_path / "none.gguf"))
     assert main(["train", "--out", str(tmp_path / "run")]) == 1

@@ -172,7 +172,7 @@ async def test_sigterm_drains_turns_then_closes_with_1001_and_saves_resumable(
     ws, ready = await started(urls[0])
     await ws.send(json.dumps({"type": "text", "text": "Tell me a story."}))
     await asyncio.to_thread(replies.started.wait, 30)
-    stop.set()  # what SIGTERM does (server/cli.py)
+    stop.set()  # what SIGTERM does (cli/main.py)
     await asyncio.sleep(0.2)
     with pytest.raises(OSError):  # no longer accepting
         await connect(urls[0], open_timeout=5)

@@ -1,5 +1,5 @@
 """The learned end of turn: the policy's tiers (pure logic), and the real scorer's
-decisions on the held-out half of export.bench.turn_end's labelled set.
+decisions on the held-out half of bench.turn_end's labelled set.
 
 The bars are the held-out figures of docs/results/2026-12-end-of-turn.md minus a margin
 (the set is a few dozen requests per class: one request is 1.4 points of recall).
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from export.bench.turn_end import Example, labelled_set, paused_prefixes, prf
+from bench.turn_end import Example, labelled_set, paused_prefixes, prf
 from server.turn_end import (
     EAGERNESS,
     EndOfTurnModel,

@@ -3,7 +3,7 @@
     quicksilver bench loop --url ws://127.0.0.1:PORT/v1/voice --wavs DIR [--runs 2] [--json F]
     quicksilver bench loop --serve [--engine E] [--eagerness low] --manifest DIR/manifest.json
 
-Streams WAVs (``python -m export.bench.speechset`` makes them) through a real server on
+Streams WAVs (``python -m bench.speechset`` makes them) through a real server on
 loopback like an open microphone: one session, real-time PCM16 frames, the WAV's
 trailing silence and then more silence until the reply is done and for a second after
 it, one utterance after another; the first WAV is also spoken once first as an unscored
@@ -48,22 +48,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from clients.common import (
     Arrival,
     ClientError,
     Inbox,
-    Pacer,
+    Microphone,
     Pcm,
-    auth_headers,
-    frames,
+    load_average,
+    open_session,
     read_wav,
-    silence,
     speech_bounds,
-    start_session,
-    unreachable,
 )
 from server import protocol as p
 
@@ -133,50 +129,6 @@ def _utterance(path: Path, entry: dict[str, Any] | None) -> Utterance:
 
 
 # --- one session: an open microphone and what comes back ------------------------------
-
-
-@dataclass
-class Playback:
-    """An utterance queued on the microphone; ``started`` holds the time its first frame
-    was due (``time.monotonic()``), ``finished`` is set after its last frame."""
-
-    pcm: Pcm
-    started: asyncio.Future[float] = field(default_factory=asyncio.Future)
-    finished: asyncio.Future[float] = field(default_factory=asyncio.Future)
-
-
-class Microphone:
-    """Sends audio at real time forever: queued utterances, silence between them."""
-
-    def __init__(self, ws: ClientConnection, rate: int, frame_ms: int) -> None:
-        self.ws, self.rate, self.frame_ms = ws, rate, frame_ms
-        self.queue: asyncio.Queue[Playback] = asyncio.Queue()
-        self.task = asyncio.create_task(self._stream())
-
-    def play(self, pcm: Pcm) -> Playback:
-        playback = Playback(pcm)
-        self.queue.put_nowait(playback)
-        return playback
-
-    async def _stream(self) -> None:
-        pacer = Pacer()
-        quiet = frames(silence(self.rate, self.frame_ms / 1000), self.frame_ms)[0]
-        while True:
-            playback = None if self.queue.empty() else self.queue.get_nowait()
-            chunks = frames(playback.pcm, self.frame_ms) if playback else [quiet]
-            for i, chunk in enumerate(chunks):
-                due = pacer.t0 + pacer.sent_s
-                await pacer.wait(len(chunk) / 2 / self.rate)
-                await self.ws.send(chunk)
-                if playback is not None and i == 0:
-                    playback.started.set_result(due)
-            if playback is not None:
-                playback.finished.set_result(time.monotonic())
-
-    async def close(self) -> None:
-        self.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, ConnectionClosed):
-            await self.task
 
 
 @dataclass
@@ -331,13 +283,7 @@ class Options:
 async def one_run(opts: Options, run: int) -> tuple[list[UtteranceReport], p.Ready]:
     """One session: the warm-up, then every utterance in order."""
     rate = opts.utterances[0].pcm.rate
-    try:
-        ws = await connect(
-            opts.url, open_timeout=30, max_size=None, additional_headers=auth_headers()
-        )
-    except (OSError, TimeoutError) as exc:
-        raise unreachable(opts.url, exc) from None
-    ready = await start_session(ws, rate, "bench-loop")
+    ws, ready = await open_session(opts.url, rate, "bench-loop")
     inbox, mic = Inbox(ws), Microphone(ws, rate, opts.frame_ms)
     plan = [(opts.utterances[0], True)] if opts.warmup else []
     plan += [(u, False) for u in opts.utterances]
@@ -409,7 +355,7 @@ def summarize(reports: Sequence[UtteranceReport]) -> dict[str, Any]:
 
 def git_commit() -> str | None:
     """The measured checkout's commit (with ``+dirty`` for uncommitted changes)."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[1]
     try:
         head = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True
@@ -428,12 +374,11 @@ def git_commit() -> str | None:
 
 
 def machine() -> dict[str, Any]:
-    load: float | None
-    try:
-        load = round(os.getloadavg()[0], 2)
-    except OSError:
-        load = None
-    return {"cpus": os.cpu_count(), "load_avg_1m": load, "time": time.strftime("%Y-%m-%d %H:%M")}
+    return {
+        "cpus": os.cpu_count(),
+        "load_avg_1m": load_average(),
+        "time": time.strftime("%Y-%m-%d %H:%M"),
+    }
 
 
 async def run(opts: Options) -> dict[str, Any]:
@@ -624,7 +569,7 @@ class OwnServer:
     """``quicksilver serve --port 0`` on loopback, as a user starts it; stopped by PID."""
 
     def __init__(self, args: Sequence[str], log: Path, timeout_s: float = 900) -> None:
-        cmd = [sys.executable, "-m", "server.cli", "serve", "--host", "127.0.0.1", "--port", "0"]
+        cmd = [sys.executable, "-m", "cli", "serve", "--host", "127.0.0.1", "--port", "0"]
         with log.open("w") as err:
             self.proc = subprocess.Popen(
                 [*cmd, *args],
@@ -767,7 +712,7 @@ def _measure(args: argparse.Namespace, utterances: list[Utterance]) -> dict[str,
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m export.bench.loop",
+        prog="python -m bench.loop",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,6 +1,6 @@
 """Benchmark: SmolLM2 greedy decoding, eager PyTorch, fp32 vs bf16, on 2 threads.
 
-    python -m export.bench.ar [repeats]
+    python -m bench.ar [repeats]
 
 Prints medians over repeats (interleaved, so both dtypes see the same machine load)
 and the bf16/fp32 ratio, and whether both produce the same greedy tokens.

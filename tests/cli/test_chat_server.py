@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from cli.main import LLM_KEY_ENV, _parser, chat_server_options
 from model.openai_chat import ChatServerOptions
-from server.cli import LLM_KEY_ENV, _parser, chat_server_options
 
 CHAT = ("--engine", "openai-chat", "--llm-url", "http://h:8000/v1", "--llm-model", "m")
 

@@ -1,8 +1,8 @@
-"""export.bench.wire runs a whole turn through both wires (its figures are not judged)."""
+"""bench.wire runs a whole turn through both wires (its figures are not judged)."""
 
 from __future__ import annotations
 
-from export.bench.wire import one_turn
+from bench.wire import one_turn
 
 
 def test_both_wires_carry_a_turn_to_its_first_audio() -> None:

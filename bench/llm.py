@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from export.bench.llamacpp import LLAMA_PYTHON_ENV, LlamaCppWorker, llama_cpp_python
+from bench.llamacpp import LLAMA_PYTHON_ENV, LlamaCppWorker, llama_cpp_python
 from export.prompts import QUESTIONS
 from model.backend import Attend, Rows, StepBackend
 from model.chat import build_prompt
@@ -59,7 +59,7 @@ class BenchOptions:
     torch_prompts: int | None = None  # fewer prompts for the slow PyTorch column
     variant: str = "int8"
     rounds: int = 1  # every prompt this many times per engine (ONNX Runtime), interleaved
-    # llama.cpp on the same GGUF beside the ONNX Runtime engines (export/bench/llamacpp.py):
+    # llama.cpp on the same GGUF beside the ONNX Runtime engines (bench/llamacpp.py):
     # "auto" (when a Python with llama_cpp is found), "off", or that Python's path
     llama_cpp: str = "auto"
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The loop benchmark on a GPU host, in one prepared run (issue 21, "GPU path"):
 #
-#   OUT=/tmp/gpu-loop bash export/bench/gpu_loop.sh
+#   OUT=/tmp/gpu-loop bash bench/gpu_loop.sh
 #
 # On a CUDA host with this checkout installed as the README says, plus onnxruntime-gpu
 # swapped in for onnxruntime (docs/export.md, "On a GPU host"): builds the fp16 reply
@@ -28,7 +28,7 @@ grep -q CUDAExecutionProvider "$OUT/gpu.txt" || { echo "onnxruntime-gpu is not i
 
 # the fp16 graph of base + shipped adapter, into the cache the server reads (first time only)
 timeout 240 "$QS" export --fp16 --adapter model/adapters --cache-dir "$CACHE" >"$OUT/export.log" 2>&1 || true
-timeout 120 "$PY" -m export.bench.speechset --out "$OUT/speech" --set all --n 6 >"$OUT/speechset.log" 2>&1
+timeout 120 "$PY" -m bench.speechset --out "$OUT/speech" --set all --n 6 >"$OUT/speechset.log" 2>&1
 
 "$QS" serve --device cuda --port 0 --cache-dir "$CACHE" >"$OUT/serve.out" 2>"$OUT/serve.log" &
 SERVER=$!
@@ -41,5 +41,5 @@ for _ in $(seq 240); do
 done
 [ -n "$URL" ] || { echo "server did not start" >&2; exit 1; }
 
-timeout 300 "$PY" -m export.bench.loop --url "$URL" --manifest "$OUT/speech/manifest.json" \
+timeout 300 "$PY" -m bench.loop --url "$URL" --manifest "$OUT/speech/manifest.json" \
   --runs 2 --json "$OUT/loop-gpu.json" | tee "$OUT/loop-gpu.txt"

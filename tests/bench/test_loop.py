@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from audio.speech import SpeechFactory
-from export.bench.loop import STAGES, load_utterances, peer_result
-from export.bench.speechset import Voice, write_set
-from server.cli import main
+from bench.loop import STAGES, load_utterances, peer_result
+from bench.speechset import Voice, write_set
+from cli.main import main
 from tests.serverproc import ServerProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.models]

@@ -1,6 +1,6 @@
 """What the OpenAI Realtime codec costs a turn against protocol v1, on the same turn.
 
-    python -m export.bench.wire [--rounds 30] [--seconds 3]
+    python -m bench.wire [--rounds 30] [--seconds 3]
 
 Both wires drive the same sans-I/O session (server/session.py) with the same turn: the
 user's audio (``--seconds`` of it, in 100 ms frames as a microphone sends them: v1 binary

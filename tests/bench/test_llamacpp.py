@@ -1,4 +1,4 @@
-"""llama.cpp as an engine of ``quicksilver bench llm`` (export/bench/llamacpp.py).
+"""llama.cpp as an engine of ``quicksilver bench llm`` (bench/llamacpp.py).
 
 The real twin runs llama-cpp-python on the SmolLM2 GGUF where it is built (it compiles
 llama.cpp: ``$QUICKSILVER_LLAMA_CPP_PYTHON``, docs/export.md). Beside it, a stand-in
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from export.bench.llamacpp import LlamaCppError, LlamaCppWorker, llama_cpp_python
-from export.bench.llm import LLAMA_ENGINE, LLAMA_RUNTIME, BenchOptions, print_table, run_llm_bench
+from bench.llamacpp import LlamaCppError, LlamaCppWorker, llama_cpp_python
+from bench.llm import LLAMA_ENGINE, LLAMA_RUNTIME, BenchOptions, print_table, run_llm_bench
 from model.engine import ChatMessage, GenerationStats, drain
 from tests.model.conftest import smollm2_gguf  # noqa: F401 (a fixture)
 

@@ -15,6 +15,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import NoReturn
 
+from bench.commands import register as register_bench
 from export.commands import register as register_export
 from model.assemble import (
     DEFAULT_ENGINE,
@@ -31,14 +32,13 @@ from model.openai_chat import ChatServerOptions
 from model.runtime import Device
 from model.tools import DEFAULT_TOOLS, Tool, parse_tools
 from model.training.commands import register as register_model_commands
-
-from . import auth, realtime
-from . import protocol as p
-from .app import Limits, ServerConfig, run_until
-from .metrics import JsonFormatter
-from .runtime import DEFAULT_ASR, RuntimeOptions, load_runtime
-from .session import SessionConfig
-from .turn_end import EAGERNESS
+from server import auth, realtime
+from server import protocol as p
+from server.app import Limits, ServerConfig, run_until
+from server.metrics import JsonFormatter
+from server.runtime import DEFAULT_ASR, RuntimeOptions, load_runtime
+from server.session import SessionConfig
+from server.turn_end import EAGERNESS
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # the openai-chat engine's bearer key when --llm-key is not given
@@ -165,6 +165,7 @@ def _parser() -> argparse.ArgumentParser:
     # Other commands register themselves here: each module's register(sub) adds a
     # subparser with set_defaults(run=function taking the parsed args, returning rc).
     register_export(sub)
+    register_bench(sub)
     auth.register(sub)
     for command in sub.choices.values():
         command.formatter_class = argparse.ArgumentDefaultsHelpFormatter
@@ -333,7 +334,3 @@ def prepare_model(
         from export.build import ensure_model_dir
 
         ensure_model_dir(cache_dir, variant, engine_adapter(engine, adapter))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """The loop benchmark's speech: spoken-assistant requests as WAV files and a manifest.
 
-    python -m export.bench.speechset --out DIR [--set complete|paused|all] [--n 8] [--seed 0]
+    python -m bench.speechset --out DIR [--set complete|paused|all] [--n 8] [--seed 0]
 
 Two sets, each voice rendered by Piper (joe) or espeak-ng (en-us, en-gb, en-us+f3 at
 different speeds), 16 kHz mono PCM16:

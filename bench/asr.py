@@ -1,4 +1,4 @@
-"""Measure the audio stack on the project's own test speech: ``python -m export.bench.asr``.
+"""Measure the audio stack on the project's own test speech: ``python -m bench.asr``.
 
 Prints the figures quoted in docs/audio.md: ASR word error rate and latency for each
 Whisper model, VAD cost per frame, Piper time to first chunk, resampler delays, and

@@ -1,6 +1,6 @@
 """How long a barge-in waits when the reply it cancels is queued behind another's.
 
-    python -m export.bench.cancel [--rounds 5] [--engine diffusion-onnx]
+    python -m bench.cancel [--rounds 5] [--engine diffusion-onnx]
 
 Two sessions share the process's one reply thread. Session A asks for a long reply;
 while A's reply is being written, session B's reply waits in the queue, and B's user

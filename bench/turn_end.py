@@ -1,6 +1,6 @@
-"""Learned end of turn, measured: ``python -m export.bench.turn_end``.
+"""Learned end of turn, measured: ``python -m bench.turn_end``.
 
-    python -m export.bench.turn_end [--model-dir DIR] [--voices piper espeak] [--no-asr]
+    python -m bench.turn_end [--model-dir DIR] [--voices piper espeak] [--no-asr]
                                     [--window sized|full] [--cache DIR] [--repeats 30] [--tune]
 
 The labelled set (:func:`labelled_set`, fixed and seeded): complete requests a voice

@@ -1,4 +1,4 @@
-"""``quicksilver bench passes`` (export/bench/passes.py) on the tiny model's graphs."""
+"""``quicksilver bench passes`` (bench/passes.py) on the tiny model's graphs."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from export.bench.passes import time_passes
-from server.cli import main
+from bench.passes import time_passes
+from cli.main import main
 
 
 def test_every_file_width_and_cache_length_gets_a_median(tiny_dir: Path) -> None:

@@ -98,7 +98,7 @@ class LlamaCppWorker:
         return GenerationStats(tokens, int(msg["passes"]), msg["stopped_by"])
 
     def decoder(self, stop_ids: Collection[int]) -> Any:
-        """A bench decoder (``export.bench.llm.Decoder``): it ignores the backend it is
+        """A bench decoder (``bench.llm.Decoder``): it ignores the backend it is
         given, as llama.cpp runs its own copy of the weights."""
 
         def run(b: StepBackend, prompt: list[int], n: int) -> Generator[int, None, GenerationStats]:
