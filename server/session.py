@@ -1201,7 +1201,7 @@ class Session:
         self._turn = None
         return [CancelTurn(turn.id)]
 
-    def _cancel_turn(self, reason: str) -> list[Effect]:
+    def _cancel_turn(self, reason: p.CancelReason) -> list[Effect]:
         turn = self._turn
         if turn is None or not turn.released:
             return []
@@ -1216,7 +1216,7 @@ class Session:
         self._to(State.LISTENING)
         out: list[Effect] = [CancelTurn(turn.id)]
         if reason != "closed":
-            cancelled = p.ReplyCancelled(turn.id, reason, spoken)  # type: ignore[arg-type]
+            cancelled = p.ReplyCancelled(turn.id, reason, spoken)
             out += [Send(cancelled), Send(self._metrics(turn, None)), *self._after_reply()]
         return out
 
