@@ -39,6 +39,7 @@ from websockets.typing import Subprotocol
 from . import auth, metrics, realtime
 from . import protocol as p
 from .auth import AuthConfig
+from .lifecycle import Lifecycle
 from .metrics import ServerMetrics
 from .realtime import Emit, Out, Realtime
 from .resume import ResumeStore
@@ -127,6 +128,8 @@ class Wire(Protocol):
 
     def encode(self, message: p.ServerMessage) -> list[str]: ...
 
+    def lifecycle(self, event: Lifecycle) -> list[str]: ...
+
     def audio(self, effect: SendAudio) -> str | bytes: ...
 
 
@@ -150,6 +153,10 @@ class VoiceWire:
 
     def encode(self, message: p.ServerMessage) -> list[str]:
         return [p.encode(message)]
+
+    def lifecycle(self, event: Lifecycle) -> list[str]:
+        """v1 has a message for each of these (sent beside them): nothing to add."""
+        return []
 
     def audio(self, effect: SendAudio) -> bytes:
         return p.pack_audio(effect.turn_id, effect.seq, effect.pcm)
@@ -276,6 +283,9 @@ class Connection:
                     samples = len(pcm) // 2
                     self.unwritten[turn_id] = self.unwritten.get(turn_id, 0) + samples
                     self._put(_Frame(turn_id, sentence, samples, self.wire.audio(effect)))
+                case Lifecycle():
+                    for text in self.wire.lifecycle(effect):
+                        self._put(text)
                 case RunVad(samples=samples):
                     probs = await self.rt.worker(WorkerKind.VAD).run(
                         self.rt.vad.process, self.vad_state, samples

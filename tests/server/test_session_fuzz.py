@@ -120,9 +120,9 @@ class Run:
     def __post_init__(self) -> None:
         remember = self.session._remember  # every message the conversation gains
 
-        def recorded(message: ChatMessage) -> None:
+        def recorded(message: ChatMessage, item_id: str | None = None) -> None:
             self.appended.append(message)
-            remember(message)
+            remember(message, item_id)
 
         self.session._remember = recorded  # type: ignore[method-assign]
 
