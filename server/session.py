@@ -506,11 +506,6 @@ class Session:
         """Sample rate of the reply audio (0 before start)."""
         return self._output_rate
 
-    @property
-    def hearing(self) -> bool:
-        """An utterance is being heard (or waits to be final)."""
-        return self._utterance is not None
-
     def message(self, item_id: str) -> ChatMessage | None:
         """The conversation's message of this id (None: there is none)."""
         for i, message_id in enumerate(self._ids):
@@ -532,6 +527,19 @@ class Session:
         """The turn whose reply is under way (ReplyStarted emitted, ReplyEnded not yet)."""
         turn = self._turn
         return turn.id if turn is not None and turn.released and turn.started else None
+
+    def plays(self, turn_id: int) -> bool:
+        """The turn's audio still goes to the client: it is released and not cancelled."""
+        turn = self._current(turn_id)
+        return turn is not None and turn.released
+
+    def unwritten_s(self, turn_id: int) -> float:
+        """Seconds of the turn's reply audio handed out and not written to the client yet
+        (its ledger's; 0 for a turn that no longer plays)."""
+        turn = self._current(turn_id)
+        if turn is None or not turn.audio.rate:
+            return 0.0
+        return turn.audio.unwritten / turn.audio.rate
 
     def text_allowance(self, now: float | None = None) -> tuple[float, float]:
         """The text bucket at ``now`` (None: the last event's time), untouched: replies

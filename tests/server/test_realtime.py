@@ -856,8 +856,8 @@ def test_idle_timeout_commits_silence_and_answers_once() -> None:
 def test_idle_timeout_waits_while_speech_is_heard() -> None:
     d, _ = make()
     d.send(vad(type="server_vad", idle_timeout_ms=1000))
-    d.frames(0.9, 10)  # the VAD hears speech: an utterance is open
-    assert d.session.hearing
+    heard = d.frames(0.9, 10)  # the VAD hears speech: an utterance is open
+    assert types(heard) == ["input_audio_buffer.speech_started"]
     assert [e for e in d.send(append(pcm(1.5))) if e] == []
     assert [e for e in d.send(append(pcm(0.5))) if e] == []
 

@@ -32,6 +32,7 @@ from server.lifecycle import (
 from server.realtime import Realtime
 from server.session import (
     Amend,
+    AudioWritten,
     FinalTranscript,
     PartialTranscript,
     ReplyAction,
@@ -233,3 +234,22 @@ def test_reply_audio_is_named_by_its_frame_even_with_no_response_open() -> None:
     delta = json.loads(d.codec.audio(frame))
     assert (delta["response_id"], delta["item_id"]) == ("resp_t99", "item_r99")
     assert len(base64.b64decode(delta["delta"])) == 100  # mu-law: a byte a sample
+
+
+def test_the_session_says_what_of_a_turns_audio_is_unwritten_and_whether_it_plays() -> None:
+    """The connection paces and drops frames by the session's ledger, not a count of
+    its own."""
+    d = make()
+    d.write_audio = False  # the client reads nothing yet
+    turn = released_turn(d)
+    d.send(ReplySentence(turn, 0, "Paris is the capital.", 40.0))
+    (frame,) = of(d.send(ReplyAudio(turn, 0, b"\x00\x00" * 2205, 4410, 20.0)), SendAudio)
+    assert d.s.plays(turn) and d.s.unwritten_s(turn) == 0.1  # 2205 samples at 22.05 kHz
+    d.send(AudioWritten(turn, 0, 2205))
+    assert d.s.unwritten_s(turn) == 0.0
+    d.send(ReplyAudio(turn, 0, b"\x00\x00" * 2205, 4410, None))
+    d.now += 1.0
+    d.speak(3)  # a barge-in: what is still queued never plays
+    assert not d.s.plays(turn) and d.s.unwritten_s(turn) == 0.0
+    assert d.s.message(reply_item(turn)) == ChatMessage("assistant", "Paris is")
+    assert isinstance(frame, SendAudio) and frame.seq == 0
