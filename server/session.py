@@ -426,7 +426,7 @@ class _Turn:
     asr_logprob: float | None = None  # how sure the ASR was of the transcript's words
     end_of_turn: str | None = None  # the policy's tier when the turn was released
     user_committed: bool = False
-    action: p.Action | None = None  # the tool call the reply made
+    call: CallAdded | None = None  # the tool call the reply made
     action_text: str = ""  # that call as the conversation keeps it
     action_passes: int = 0
     results: list[ChatMessage] = field(default_factory=list)  # action_results meanwhile
@@ -437,7 +437,6 @@ class _Turn:
     metadata: dict[str, str] | None = None  # Respond's, for the wire
     requested: bool = False  # a Respond asked for it: its reply starts when released
     started: bool = False  # its reply began (ReplyStarted was emitted)
-    call: CallAdded | None = None  # its action, as the wires are told of it
     held: list[Effect] = field(default_factory=list)
     # Until the first audio frame goes out, the reply is not heard: its text waits for
     # that frame (nothing of an answer withdrawn before it is shown either), and its
@@ -452,6 +451,11 @@ class _Turn:
     first_sentence_ms: float | None = None
     tts_first_ms: float | None = None
     first_audio_time: float | None = None
+
+
+def _action(call: CallAdded) -> p.Action:
+    """The v1 message of a tool call."""
+    return p.Action(call.turn_id, call.call_id, call.name, call.arguments)
 
 
 class Session:
@@ -1211,17 +1215,16 @@ class Session:
         answer withdrawn before it is heard must not have acted either)."""
         turn = self._current(event.turn_id)
         tool = next((t for t in self.tools if t.name == event.call.name), None)
-        if turn is None or tool is None or turn.action is not None:
+        if turn is None or tool is None or turn.call is not None:
             return []
         call_id = f"call_{turn.id}"
         args = dict(event.call.arguments)
-        turn.action = p.Action(turn.id, call_id, tool.name, args)
         turn.call = CallAdded(turn.id, call_item(turn.id), call_id, tool.name, args, turn.keep)
         turn.action_text, turn.action_passes = render_call(tool, args), event.call.passes
         self._calls[call_id] = tool.name
         while len(self._calls) > MAX_OPEN_CALLS:
             del self._calls[next(iter(self._calls))]
-        told: list[Effect] = [Send(turn.action), turn.call]
+        told: list[Effect] = [Send(_action(turn.call)), turn.call]
         if turn.first_audio_time is None and turn.speak:
             turn.unheard_text += told
             return []
@@ -1234,7 +1237,7 @@ class Session:
             return self._error("unknown_call_id", f"no action {event.call_id!r} awaits a result")
         body = json.dumps({"name": name, "output": event.output}, ensure_ascii=False)
         turn = self._turn
-        if turn is not None and turn.action is not None and turn.action.call_id == event.call_id:
+        if turn is not None and turn.call is not None and turn.call.call_id == event.call_id:
             turn.results.append(ChatMessage("tool", body))  # after the reply, once it ends
         else:
             self._remember(ChatMessage("tool", body))
@@ -1243,8 +1246,8 @@ class Session:
     @staticmethod
     def _acted(turn: _Turn) -> bool:
         """The turn's action went out to the client."""
-        a = turn.action
-        return a is not None and Send(a) not in turn.unheard_text and Send(a) not in turn.held
+        c = turn.call
+        return c is not None and c not in turn.unheard_text and c not in turn.held
 
     def _remember_reply(self, turn: _Turn, spoken: str) -> None:
         """What the conversation keeps of a reply: the call it made (if the client got
@@ -1343,7 +1346,7 @@ class Session:
             reply_tokens=stats.tokens if stats else 0,
             forward_passes=stats.forward_passes if stats else 0,
             end_of_turn=turn.end_of_turn,
-            action=turn.action.name if turn.action is not None else None,
+            action=turn.call.name if turn.call is not None else None,
             action_passes=turn.action_passes,
         )
 
