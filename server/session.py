@@ -407,6 +407,22 @@ class _Utterance:
 
 
 @dataclass
+class _Shape:
+    """How a turn is answered: as the session was configured when it began, or as the
+    Respond that asked for it says."""
+
+    speak: bool = True  # False: a text-only reply, complete once its text is sent
+    instructions: str | None = None  # the system prompt of this reply
+    max_tokens: int | None = None
+    reply: bool = True  # False: transcribe only (Realtime's create_response false)
+    keep: bool = True  # False: out of band, its reply is not remembered
+    history: tuple[ChatMessage, ...] | None = None  # instead of the conversation
+    output_format: str | None = None  # Configure's label of the reply audio's format
+    metadata: dict[str, str] | None = None  # Respond's, for the wire
+    requested: bool = False  # a Respond asked for it: its reply starts when released
+
+
+@dataclass
 class _Turn:
     """A reply in flight: speculative until released."""
 
@@ -415,12 +431,7 @@ class _Turn:
     utterance_start: int | None = None  # first sample of the user speech it answers
     released: bool = False
     speculative: bool = False  # started during the trailing silence
-    speak: bool = True  # False: a text-only reply, complete once its text is sent
-    instructions: str | None = None  # the system prompt of this reply
-    max_tokens: int | None = None
-    reply: bool = True  # False: transcribe only (Realtime's create_response false)
-    keep: bool = True  # False: out of band, its reply is not remembered
-    history: tuple[ChatMessage, ...] | None = None  # instead of the conversation
+    shape: _Shape = field(default_factory=_Shape)
     transcript: str | None = None
     complete_p: float | None = None  # the end-of-turn score, once it is in
     asr_logprob: float | None = None  # how sure the ASR was of the transcript's words
@@ -433,9 +444,6 @@ class _Turn:
     user_item: str | None = None  # the id its user words have in the conversation
     announced: bool = False  # the wire added the user item itself (Respond.user_item)
     speech_ms: int = 0  # how long its speech was
-    output_format: str | None = None  # Configure's label of the reply audio's format
-    metadata: dict[str, str] | None = None  # Respond's, for the wire
-    requested: bool = False  # a Respond asked for it: its reply starts when released
     started: bool = False  # its reply began (ReplyStarted was emitted)
     held: list[Effect] = field(default_factory=list)
     # Until the first audio frame goes out, the reply is not heard: its text waits for
@@ -780,14 +788,15 @@ class Session:
         out = self._drop_speculation()
         self._utterance = None
         turn = self._new_turn(self._new_turn_id(), now)
+        shape = turn.shape
         if event.instructions is not None:
-            turn.instructions = event.instructions
+            shape.instructions = event.instructions
         if event.speak is not None:
-            turn.speak = event.speak
+            shape.speak = event.speak
         if event.max_tokens is not None:
-            turn.max_tokens = event.max_tokens
-        turn.keep, turn.history, turn.reply = event.keep, event.history, True
-        turn.requested, turn.metadata = True, event.metadata
+            shape.max_tokens = event.max_tokens
+        shape.keep, shape.history, shape.reply = event.keep, event.history, True
+        shape.requested, shape.metadata = True, event.metadata
         if event.audio is not None:
             turn.user_item, turn.announced = event.user_item, event.user_item is not None
             turn.speech_ms = len(event.audio) * 1000 // SAMPLE_RATE
@@ -866,7 +875,7 @@ class Session:
         turn = self._turn
         if turn is None or not turn.released or turn.utterance_start is None:
             return False
-        if not turn.speak and turn.sentences:  # a text reply is seen as it is sent
+        if not turn.shape.speak and turn.sentences:  # a text reply is seen as it is sent
             return False
         if turn.first_audio_time is not None and turn.first_audio_time <= self._sample_time(
             start, now
@@ -1024,10 +1033,7 @@ class Session:
             None if speech is None else speech.start,
             speculative=speculative,
             transcript=transcript,
-            speak=self.speak,
-            instructions=self.instructions,
-            max_tokens=self.max_tokens,
-            reply=self.respond,
+            shape=_Shape(self.speak, self.instructions, self.max_tokens, self.respond),
         )
         if speech is not None or transcript is not None:
             turn.user_item = user_item(turn_id)
@@ -1040,20 +1046,21 @@ class Session:
     ) -> list[Effect]:
         self._turn = turn
         turn.audio = AudioLedger(self._output_rate)
-        turn.output_format = self.output_format
-        history = tuple(self.conversation) if turn.history is None else turn.history
-        if turn.instructions is not None:  # the reply engines take a leading system message
-            history = (ChatMessage("system", turn.instructions), *history)
+        turn.shape.output_format = self.output_format
+        shape = turn.shape
+        history = tuple(self.conversation) if shape.history is None else shape.history
+        if shape.instructions is not None:  # the reply engines take a leading system message
+            history = (ChatMessage("system", shape.instructions), *history)
         start = StartTurn(
             turn.id,
             audio,
             text,
             history,
             self._output_rate,
-            turn.speak,
+            turn.shape.speak,
             self.tools,
-            max_tokens=turn.max_tokens,
-            reply=turn.reply,
+            max_tokens=turn.shape.max_tokens,
+            reply=turn.shape.reply,
         )
         out: list[Effect] = [start]
         if release:
@@ -1069,7 +1076,7 @@ class Session:
         if turn.transcript is not None:
             out.append(Send(p.TranscriptFinal(turn.id, turn.transcript)))
             out += self._heard(turn)
-        if turn.requested:
+        if turn.shape.requested:
             out += self._start_reply(turn)
         out += turn.held
         turn.held.clear()
@@ -1087,7 +1094,7 @@ class Session:
                 turn.id, turn.user_item, turn.transcript, turn.speech_ms, turn.announced
             )
             out.append(heard)
-        if turn.reply and turn.transcript.strip():
+        if turn.shape.reply and turn.transcript.strip():
             out += self._start_reply(turn)
         return out
 
@@ -1100,11 +1107,11 @@ class Session:
         started = ReplyStarted(
             turn.id,
             reply_item(turn.id),
-            turn.speak,
-            turn.keep,
-            turn.output_format,
-            turn.max_tokens,
-            turn.metadata,
+            turn.shape.speak,
+            turn.shape.keep,
+            turn.shape.output_format,
+            turn.shape.max_tokens,
+            turn.shape.metadata,
             requests,
         )
         return [started]
@@ -1119,7 +1126,9 @@ class Session:
         """The wires' word that the reply ended (when it had started)."""
         if not turn.started:
             return []
-        audio = turn.audio.heard(turn.sentences) if turn.speak and turn.audio.written else None
+        audio = (
+            turn.audio.heard(turn.sentences) if turn.shape.speak and turn.audio.written else None
+        )
         call = turn.call if self._acted(turn) else None
         ended = ReplyEnded(
             turn.id,
@@ -1127,11 +1136,11 @@ class Session:
             status,
             reason,
             text,
-            turn.speak,
-            turn.keep,
-            turn.output_format,
-            turn.max_tokens,
-            turn.metadata,
+            turn.shape.speak,
+            turn.shape.keep,
+            turn.shape.output_format,
+            turn.shape.max_tokens,
+            turn.shape.metadata,
             call,
             audio,
         )
@@ -1164,7 +1173,7 @@ class Session:
 
     @staticmethod
     def _spoken(turn: _Turn) -> str:
-        if not turn.speak:  # a text reply: its sentences were sent as they came
+        if not turn.shape.speak:  # a text reply: its sentences were sent as they came
             return " ".join(turn.sentences)
         return turn.audio.spoken(turn.sentences)
 
@@ -1204,8 +1213,10 @@ class Session:
         if turn.first_sentence_ms is None:
             turn.first_sentence_ms = event.elapsed_ms
         text = p.ReplyText(turn.id, event.index, event.text)
-        added = SentenceAdded(turn.id, reply_item(turn.id), event.index, event.text, turn.speak)
-        if turn.first_audio_time is None and turn.speak:
+        added = SentenceAdded(
+            turn.id, reply_item(turn.id), event.index, event.text, turn.shape.speak
+        )
+        if turn.first_audio_time is None and turn.shape.speak:
             turn.unheard_text += [Send(text), added]
             return []
         return self._emit(turn, Send(text), added)
@@ -1219,13 +1230,15 @@ class Session:
             return []
         call_id = f"call_{turn.id}"
         args = dict(event.call.arguments)
-        turn.call = CallAdded(turn.id, call_item(turn.id), call_id, tool.name, args, turn.keep)
+        turn.call = CallAdded(
+            turn.id, call_item(turn.id), call_id, tool.name, args, turn.shape.keep
+        )
         turn.action_text, turn.action_passes = render_call(tool, args), event.call.passes
         self._calls[call_id] = tool.name
         while len(self._calls) > MAX_OPEN_CALLS:
             del self._calls[next(iter(self._calls))]
         told: list[Effect] = [Send(_action(turn.call)), turn.call]
-        if turn.first_audio_time is None and turn.speak:
+        if turn.first_audio_time is None and turn.shape.speak:
             turn.unheard_text += told
             return []
         return self._emit(turn, *told)
@@ -1295,7 +1308,7 @@ class Session:
             event.sentence,
             event.sentence_samples,
             reply_item(turn.id),
-            turn.output_format,
+            turn.shape.output_format,
         )
         return [*out, audio]
 
@@ -1321,7 +1334,7 @@ class Session:
         turn.unheard_text.clear()
         text = " ".join(turn.sentences)
         kept = text if turn.audio.unwritten <= 0 else self._spoken(turn)
-        if turn.keep:  # an out-of-band reply joins no conversation
+        if turn.shape.keep:  # an out-of-band reply joins no conversation
             self._remember_reply(turn, kept)
         self._turn = None
         self._to(State.LISTENING)
@@ -1379,7 +1392,7 @@ class Session:
             if turn.user_committed and self.conversation and self.conversation[-1] == said:
                 self.conversation.pop()
                 self._ids.pop()
-        elif turn.keep:
+        elif turn.shape.keep:
             self._remember_reply(turn, spoken)
         self._to(State.LISTENING)
         out: list[Effect] = [CancelTurn(turn.id)]
