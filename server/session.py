@@ -22,6 +22,7 @@ conversation keeps only the part sent as audio.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import cached_property
@@ -1078,7 +1079,7 @@ class Session:
             out += self._heard(turn)
         if turn.shape.requested:
             out += self._start_reply(turn)
-        out += turn.held
+        out += self._shown(turn, turn.held)
         turn.held.clear()
         if turn.finished is not None:
             out += self._complete(turn, turn.finished)
@@ -1183,7 +1184,7 @@ class Session:
 
     def _emit(self, turn: _Turn, *effects: Effect) -> list[Effect]:
         if turn.released:
-            return list(effects)
+            return self._shown(turn, effects)
         turn.held += effects
         return []
 
@@ -1257,6 +1258,13 @@ class Session:
         return []
 
     @staticmethod
+    def _shown(turn: _Turn, effects: Iterable[Effect]) -> list[Effect]:
+        """What goes out of a reply's text and call: the wires hear of them only within
+        the reply (ReplyStarted); a turn that is not answered has none, but a stray
+        sentence must not name a reply that never started."""
+        return [e for e in effects if turn.started or not isinstance(e, SentenceAdded | CallAdded)]
+
+    @staticmethod
     def _acted(turn: _Turn) -> bool:
         """The turn's action went out to the client."""
         c = turn.call
@@ -1298,7 +1306,7 @@ class Session:
             turn.first_audio_time = now
             turn.tts_first_ms = event.tts_ms
             self._to(State.SPEAKING)
-            out += turn.unheard_text
+            out += self._shown(turn, turn.unheard_text)
             turn.unheard_text.clear()
         seq = turn.audio.queue(event.sentence, len(event.pcm) // 2, event.sentence_samples)
         audio = SendAudio(
@@ -1330,7 +1338,7 @@ class Session:
 
     def _complete(self, turn: _Turn, event: ReplyFinished) -> list[Effect]:
         out = self._flush_audio(turn, self._now)  # the reply is done: nothing to doubt
-        out += turn.unheard_text  # a reply with no audio at all
+        out += self._shown(turn, turn.unheard_text)  # a reply with no audio at all
         turn.unheard_text.clear()
         text = " ".join(turn.sentences)
         kept = text if turn.audio.unwritten <= 0 else self._spoken(turn)

@@ -108,6 +108,9 @@ def test_noise_is_heard_and_never_answered() -> None:
     turn = spoken_turn(d, "")
     out = d.silence(12)
     assert kinds(out) == [UserHeard]  # no reply starts for it
+    out = d.send(ReplySentence(turn, 0, "Stray.", 10.0))  # the pipeline is not trusted
+    out += d.send(ReplyAudio(turn, 0, AUDIO, 100, 20.0))
+    assert of(out, SentenceAdded) == []  # it would name a reply that never started
     out = d.send(ReplyFinished(turn, None, None))
     (closed,) = of(out, TurnClosed)
     assert isinstance(closed, TurnClosed) and not closed.replied
