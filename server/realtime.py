@@ -673,13 +673,9 @@ class Realtime:
             case ReplyStarted():
                 return self._open_response(event)
             case SentenceAdded(turn_id=turn, item_id=item_id, index=index, text=text):
+                part = "output_audio_transcript" if event.speak else "output_text"
                 delta = text if index == 0 else " " + text
-                speak = event.speak
-                kind = (
-                    "response.output_audio_transcript.delta"
-                    if speak
-                    else "response.output_text.delta"
-                )
+                kind = f"response.{part}.delta"
                 return [self._event(kind, **_ids(turn, item_id), delta=delta)]
             case CallAdded():
                 return self._function_call(event)
