@@ -28,6 +28,7 @@ import numpy as np
 
 from server import protocol as p
 from server.app import VoiceWire, Wire
+from server.lifecycle import Lifecycle
 from server.realtime import Realtime
 from server.session import (
     Event,
@@ -124,6 +125,8 @@ def _encoded(wire: Wire, effects: Any, clock: list[float]) -> list[Any]:
             _timed(clock, partial(wire.encode, effect.message))
         elif isinstance(effect, SendAudio):
             _timed(clock, partial(wire.audio, effect))
+        elif isinstance(effect, Lifecycle):
+            _timed(clock, partial(wire.lifecycle, effect))
         else:
             rest.append(effect)
     return rest

@@ -40,6 +40,7 @@ from websockets.typing import Subprotocol
 from . import auth, metrics, realtime
 from . import protocol as p
 from .auth import AuthConfig
+from .lifecycle import Lifecycle
 from .metrics import ServerMetrics
 from .realtime import Emit, Out, Realtime
 from .resume import ResumeStore
@@ -140,6 +141,8 @@ class Wire(Protocol):
 
     def encode(self, message: p.ServerMessage) -> list[str]: ...
 
+    def lifecycle(self, event: Lifecycle) -> list[str]: ...
+
     def audio(self, effect: SendAudio) -> str | bytes: ...
 
 
@@ -163,6 +166,10 @@ class VoiceWire:
 
     def encode(self, message: p.ServerMessage) -> list[str]:
         return [p.encode(message)]
+
+    def lifecycle(self, event: Lifecycle) -> list[str]:
+        """v1 has a message for each of these (sent beside them): nothing to add."""
+        return []
 
     def audio(self, effect: SendAudio) -> bytes:
         return p.pack_audio(effect.turn_id, effect.seq, effect.pcm)
@@ -210,11 +217,12 @@ class Connection:
         self.outbox: asyncio.Queue[str | bytes | _Frame | Close | object] = asyncio.Queue(
             config.limits.outbox_messages + 1  # + room for the final close
         )
+        # A turn's audio (what was queued, written, whether it still plays) is the
+        # session's to keep (Session.plays, .unwritten_s); here: its task, and how long
+        # the turn now writing waited on the client.
         self.turns: dict[int, tuple[asyncio.Task[None], asyncio.Event]] = {}
         self.tasks: set[asyncio.Task[object]] = set()
-        self.cancelled: set[int] = set()  # turns whose queued audio is dropped
-        self.unwritten: dict[int, int] = {}  # turn -> samples queued, not yet written
-        self.stalled: dict[int, float] = {}  # turn -> seconds it waited on the client
+        self.behind: tuple[int, float] = (0, 0.0)  # turn, seconds it waited on the client
         self.write_waiters: list[asyncio.Future[None]] = []  # woken by each frame written
         self.aborted = False
         self.closed = asyncio.Event()  # run() has returned
@@ -287,8 +295,10 @@ class Connection:
                         log.info("metrics %s %s", self.session.id, p.encode(message))
                 case SendAudio(turn_id=turn_id, pcm=pcm, sentence=sentence):
                     samples = len(pcm) // 2
-                    self.unwritten[turn_id] = self.unwritten.get(turn_id, 0) + samples
                     self._put(_Frame(turn_id, sentence, samples, self.wire.audio(effect)))
+                case Lifecycle():
+                    for text in self.wire.lifecycle(effect):
+                        self._put(text)
                 case RunVad(samples=samples):
                     probs = await self.rt.worker(WorkerKind.VAD).run(
                         self.rt.vad.process, self.vad_state, samples
@@ -297,8 +307,6 @@ class Connection:
                 case StartPartial():
                     self._spawn(self._partial(effect))
                 case StartTurn():
-                    # a turn held open goes on under the id of its dropped speculation
-                    self.cancelled.discard(effect.turn_id)
                     released = asyncio.Event()
                     task = asyncio.create_task(
                         run_turn(self.rt, effect, released, self.deliver, self.config.pacing)
@@ -309,8 +317,7 @@ class Connection:
                     # a turn whose transcript came back empty may have ended already
                     if (entry := self.turns.get(turn_id)) is not None:
                         entry[1].set()
-                case CancelTurn(turn_id=turn_id):
-                    self.cancelled.add(turn_id)  # before reply_cancelled is queued
+                case CancelTurn(turn_id=turn_id):  # its queued audio no longer plays
                     await self._cancel(turn_id)
                 case Close(code=code):
                     if self.metrics is not None:
@@ -338,22 +345,20 @@ class Connection:
         log.warning("session %s: closing a slow client: %s", self.session.id, why)
         self.aborted = True
         while not self.outbox.empty():
-            item = self.outbox.get_nowait()
-            if isinstance(item, _Frame):
-                self._written(item)
+            self.outbox.get_nowait()
+        self._wake_writers()
         self.expire(p.CloseCode.SLOW_CONSUMER, f"client too slow: {why}")
 
     async def _keep_up(self, turn_id: int) -> None:
         """Pace a turn's audio by what the client has taken, not only by the clock: wait
         while more than the pacing lead is queued."""
-        rate = self.session.output_rate
-        while self.unwritten.get(turn_id, 0) > self.config.pacing.lead_ms / 1000 * rate:
+        while self.session.unwritten_s(turn_id) > self.config.pacing.lead_ms / 1000:
             if not await self._wait_for_client(turn_id):
                 return
 
     async def _drained(self, turn_id: int) -> None:
         """Wait until every queued frame of the turn is written (or dropped)."""
-        while self.unwritten.get(turn_id, 0) > 0:
+        while self.session.unwritten_s(turn_id) > 0:
             if not await self._wait_for_client(turn_id):
                 return
 
@@ -369,20 +374,17 @@ class Connection:
         self.write_waiters.append(waiter)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(waiter, 0.25)
-        stalled = self.stalled.get(turn_id, 0.0) + self.loop.time() - t0
-        self.stalled[turn_id] = stalled
+        turn, behind = self.behind
+        stalled = (behind if turn == turn_id else 0.0) + self.loop.time() - t0
+        self.behind = (turn_id, stalled)
         limit = self.config.limits.max_audio_backlog_s
         if stalled > limit:
             self._abort(f"more than {limit:g} s behind real time")
             return False
         return True
 
-    def _written(self, frame: _Frame) -> None:
-        left = self.unwritten.get(frame.turn_id, 0) - frame.samples
-        if left > 0:
-            self.unwritten[frame.turn_id] = left
-        else:
-            self.unwritten.pop(frame.turn_id, None)
+    def _wake_writers(self) -> None:
+        """A frame was written or dropped: the turns waiting on the client look again."""
         waiters, self.write_waiters = self.write_waiters, []
         for waiter in waiters:
             if not waiter.done():
@@ -392,7 +394,6 @@ class Connection:
         entry = self.turns.get(turn_id)
         if entry is not None and entry[0] is task:
             del self.turns[turn_id]
-        self.stalled.pop(turn_id, None)
 
     async def _cancel(self, turn_id: int) -> None:
         entry = self.turns.pop(turn_id, None)
@@ -424,13 +425,14 @@ class Connection:
                     case Close(code=code, reason=reason):
                         await self.ws.close(code, reason)
                         return
-                    case _Frame(turn_id=turn_id) if turn_id in self.cancelled:
-                        self._written(item)  # barged in: never sent
+                    case _Frame(turn_id=turn_id) if not self.session.plays(turn_id):
+                        self._wake_writers()  # barged in: never sent
                     case _Frame():
                         await self.ws.send(item.data)
-                        self._written(item)
                         written = AudioWritten(item.turn_id, item.sentence, item.samples)
-                        await self.apply(self.session.receive(written, self.loop.time()))
+                        effects = self.session.receive(written, self.loop.time())
+                        self._wake_writers()  # the ledger has counted it
+                        await self.apply(effects)
                     case str() | bytes():
                         await self.ws.send(item)
             except ConnectionClosed:

@@ -163,11 +163,15 @@ class ReplyDone:
     text: str
 
 
+# Why a reply stopped before its end ("closed": the session ended; no message says so).
+CancelReason = Literal["barge_in", "continued", "client_cancel", "new_input", "error", "closed"]
+
+
 @dataclass(frozen=True)
 class ReplyCancelled:
     type: ClassVar[str] = "reply_cancelled"
     turn_id: int
-    reason: Literal["barge_in", "continued", "client_cancel", "new_input", "error", "closed"]
+    reason: CancelReason
     spoken_text: str  # what the conversation keeps: the part already sent as audio
 
 

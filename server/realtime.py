@@ -3,16 +3,20 @@
 The official ``openai`` SDKs (``client.realtime.connect()``) and the voice tools built
 on them speak this protocol. :class:`Realtime` parses their client events into the
 events of the same :class:`server.session.Session` that protocol v1 drives, and turns
-the session's messages and reply audio into Realtime server events with ids; the
-pipeline and the models are shared. Like the session it does no I/O and reads no
-clock: server/app.py sends what it returns and runs the session's effects.
+the session's lifecycle events (server/lifecycle.py), messages and reply audio into
+Realtime server events with ids; the pipeline and the models are shared. The session
+owns every turn's state: the codec keeps none of a turn or a response, only its
+settings, the manual input buffer and the items the client was told of. Like the
+session it does no I/O and reads no clock: server/app.py sends what it returns and runs
+the session's effects.
 
 Audio is PCM16 at 24 kHz (``audio/pcm``, the GA protocol's only PCM rate) or G.711
 mu-law / A-law at 8 kHz (``audio/pcmu``, ``audio/pcma``, telephony), base64 in JSON
 events; the session resamples input to its 16 kHz and asks the turn pipeline for
 speech at the output format's rate. The codec keeps the conversation's items (what
-``conversation.item.retrieve`` reads back) and which message of the session's
-conversation each stands for (what ``.delete`` and ``.truncate`` change). What this
+``conversation.item.retrieve`` reads back); an item that stands for a message of the
+session's conversation has that message's id (what ``.delete`` and ``.truncate``
+change), and a response is named by the turn it answers. What this
 server does not do is answered with an ``error`` event (``not_supported``), never
 ignored.
 """
@@ -36,6 +40,20 @@ from model.engine import ChatMessage
 from model.tools import Tool, ToolError, parse_tools
 
 from . import protocol as p
+from .lifecycle import (
+    CallAdded,
+    HeardAudio,
+    Lifecycle,
+    ReplyEnded,
+    ReplyStarted,
+    SentenceAdded,
+    TranscriptGrew,
+    TurnClosed,
+    TurnOpened,
+    TurnWithdrawn,
+    UserHeard,
+    user_item,
+)
 from .session import (
     Amend,
     AudioBytes,
@@ -48,9 +66,7 @@ from .session import (
     Session,
     SessionConfig,
     StartTurn,
-    State,
     UserText,
-    truncate_to_sent,
 )
 from .turn_end import Eagerness
 
@@ -215,46 +231,6 @@ class Settings:
     tracing: str | None = None
 
 
-@dataclass
-class _Response:
-    id: str
-    item_id: str
-    speak: bool
-    output_format: str
-    keep: bool = True  # False: out of band, not in the conversation
-    max_output_tokens: int | None = None
-    metadata: Json | None = None
-    done: bool = False
-    sentences: dict[int, str] = field(default_factory=dict)
-    sentence_samples: dict[int, int] = field(default_factory=dict)  # whole, per sentence
-    sent_samples: dict[int, int] = field(default_factory=dict)  # sent as audio so far
-    calls: list[Json] = field(default_factory=list)  # function_call items, in output order
-
-
-@dataclass(frozen=True)
-class _Heard:
-    """What of an assistant item's audio was sent: what truncate cuts."""
-
-    rate: int
-    sentences: list[str]
-    sentence_samples: dict[int, int]
-    sent_samples: dict[int, int]
-
-    @property
-    def ms(self) -> int:
-        return sum(self.sent_samples.values()) * 1000 // self.rate
-
-    def cut(self, audio_end_ms: int) -> tuple[str, _Heard]:
-        """The words heard in the first ``audio_end_ms``, and the audio left."""
-        left = audio_end_ms * self.rate // 1000
-        heard: dict[int, int] = {}
-        for i in range(len(self.sentences)):
-            heard[i] = min(self.sent_samples.get(i, 0), left)
-            left -= heard[i]
-        text = truncate_to_sent(self.sentences, heard, self.sentence_samples)
-        return text, replace(self, sent_samples=heard)
-
-
 class Realtime:
     """One connection's codec: client events in, session effects and server events out."""
 
@@ -277,15 +253,11 @@ class Realtime:
         self._base_eagerness = session.config.eagerness
         self.settings = Settings(model, ServerVad.of(self._base), transcription={"model": asr})
         self._n = 0
+        # The conversation's items as the client was last told of them (what
+        # conversation.item.retrieve reads back); an item of a message has its id.
         self._items: list[str] = []  # conversation item ids, oldest first
         self._store: dict[str, Json] = {}  # item id -> the item as last sent
-        self._bound: dict[str, ChatMessage] = {}  # item id -> its message in the session
-        self._heard_audio: dict[str, _Heard] = {}  # assistant item id -> its audio sent
-        self._user_items: dict[int, str] = {}  # turn -> its user item (speech)
-        self._speech_ms: dict[int, tuple[int, int]] = {}  # turn -> speech start, stop
-        self._partials: dict[int, str] = {}  # turn -> transcription sent as deltas
-        self._committed: dict[int, str] = {}  # turn -> the manual commit it answers
-        self._responses: dict[int, _Response] = {}  # turn -> its response
+        self._heard_audio: dict[str, HeardAudio] = {}  # assistant item id -> its audio sent
         self._buffer = bytearray()  # manual turns: PCM16 appended since the last commit
         self._pending: tuple[str, bytes, int] | None = None  # committed: item, PCM16, rate
         self._input_ms = 0.0  # audio appended so far
@@ -411,6 +383,7 @@ class Realtime:
             max_tokens=s.max_output_tokens,
             interrupt=vad.interrupt_response if vad is not None else True,
             tools=s.tools if s.tool_choice == "auto" else (),
+            output_format=s.output_format,
         )
 
     def _append(self, value: object, now: float) -> list[Out]:
@@ -447,7 +420,9 @@ class Realtime:
         idle_from = self._idle_from
         if idle_from is None or self._input_ms - idle_from < vad.idle_timeout_ms:
             return []
-        if self.session.state is not State.LISTENING or self.session.hearing:
+        # Only while nothing is heard or answered: the session knows (if_idle).
+        answer = list(self.session.receive(Respond(unprompted=True, if_idle=True), now))
+        if not answer:
             return []
         self._idle_from = None  # once, until a response ends again
         item_id = self._id("item")
@@ -464,11 +439,7 @@ class Realtime:
             self._event("conversation.item.added", previous_item_id=previous, item=item),
             self._event("conversation.item.done", previous_item_id=previous, item=item),
         ]
-        request = Respond(unprompted=True)
-        return [
-            *map(Emit, events),
-            *self._start_response(request, _Response("", "", True, ""), now),
-        ]
+        return [*map(Emit, events), *answer]
 
     def _commit(self, now: float) -> list[Out]:
         if self.settings.vad is not None:  # the turn heard so far ends now
@@ -526,9 +497,8 @@ class Realtime:
             raise RealtimeError("invalid_value", f"item {item_id!r} already exists", "item.id")
         if message.audio is not None:
             return self._hold_audio(item_id, message.audio, RATES[self.settings.input_format])
-        out: list[Out] = list(self.session.receive(UserText(message.text), now))
+        out: list[Out] = list(self.session.receive(UserText(message.text, item_id), now))
         previous = self._add_item(item_id)
-        self._bind(item_id, "user", message.text)
         item = {
             **_item(item_id, "user", "completed"),
             "content": [{"type": "input_text", "text": message.text}],
@@ -575,17 +545,12 @@ class Realtime:
             )
         return item_id
 
-    def _active_item(self, item_id: str) -> bool:
-        return any(r.item_id == item_id and not r.done for r in self._responses.values())
-
     def _delete(self, item_id: str, now: float) -> list[Out]:
-        if self._active_item(item_id) or item_id in self._committed.values():
+        if self.session.in_progress(item_id):
             raise RealtimeError(
                 "item_in_progress", f"item {item_id!r} is being answered: cancel first", "item_id"
             )
-        out: list[Out] = []
-        if (message := self._bound.pop(item_id, None)) is not None:
-            out += self.session.receive(Amend(message, None), now)
+        out: list[Out] = list(self.session.receive(Amend(item_id, None), now))
         if self._pending is not None and self._pending[0] == item_id:
             self._pending = None  # committed audio never answered
         self._forget(item_id)
@@ -604,7 +569,7 @@ class Realtime:
             raise RealtimeError(
                 "invalid_value", "only assistant message items can be truncated", "item_id"
             )
-        if self._active_item(item_id):
+        if self.session.in_progress(item_id):
             raise RealtimeError(
                 "item_in_progress", "the response is still in progress: cancel it first", "item_id"
             )
@@ -618,12 +583,8 @@ class Realtime:
                 "audio_end_ms",
             )
         text, self._heard_audio[item_id] = heard.cut(audio_end_ms)
-        out: list[Out] = []
-        if (message := self._bound.pop(item_id, None)) is not None:
-            new = ChatMessage("assistant", text) if text else None
-            out += self.session.receive(Amend(message, new), now)
-            if new is not None:
-                self._bound[item_id] = new
+        new = ChatMessage("assistant", text) if text else None
+        out: list[Out] = list(self.session.receive(Amend(item_id, new), now))
         self._put({**item, "content": [_part(True, text)]})
         truncated = self._event(
             "conversation.item.truncated",
@@ -634,35 +595,23 @@ class Realtime:
         return [*out, Emit(truncated)]
 
     def _respond(self, params: object, now: float) -> list[Out]:
+        """Ask the session for a reply; its response opens when the reply starts."""
         request = _response_params({} if params is None else params, self._reference)
+        respond = replace(request.respond, keep=request.keep, metadata=request.metadata)
+        if request.max_tokens is not None:
+            respond = replace(respond, max_tokens=request.max_tokens)
         if request.keep and self._pending is not None:  # the committed audio, at 16 kHz
-            _, pcm, rate = self._pending
-            request.respond = replace(
-                request.respond, audio=resample(pcm16_to_float32(pcm), rate, SAMPLE_RATE)
-            )
-        shape = _Response("", "", True, "", request.keep, request.max_tokens, request.metadata)
-        return self._start_response(request.respond, shape, now)
-
-    def _start_response(self, request: Respond, shape: _Response, now: float) -> list[Out]:
-        """Ask the session for a reply; its response opens when the turn starts."""
-        request = replace(request, keep=shape.keep)
-        if shape.max_output_tokens is not None:
-            request = replace(request, max_tokens=shape.max_output_tokens)
-        out: list[Out] = list(self.session.receive(request, now))
-        start = next((e for e in out if isinstance(e, StartTurn)), None)
-        if start is None:  # refused: the session's error is in out
-            return out
-        if request.audio is not None and self._pending is not None:
             item_id, pcm, rate = self._pending
-            self._committed[start.turn_id] = item_id
-            self._speech_ms[start.turn_id] = (0, len(pcm) * 500 // rate)
+            audio = resample(pcm16_to_float32(pcm), rate, SAMPLE_RATE)
+            respond = replace(respond, audio=audio, user_item=item_id)
+        out: list[Out] = list(self.session.receive(respond, now))
+        if respond.audio is not None and any(isinstance(e, StartTurn) for e in out):
             self._pending = None
-        opened = self._open_response(start.turn_id, start.speak, shape, now)
-        return [*map(Emit, opened), *out]
+        return out
 
     def _reference(self, item_id: str, param: str) -> ChatMessage:
         """An ``item_reference`` of response.create's input: the message it stands for."""
-        message = self._bound.get(item_id)
+        message = self.session.message(item_id) if item_id in self._store else None
         if message is None:
             raise RealtimeError(
                 "item_not_found", f"no message item {item_id!r} in the conversation", param
@@ -672,8 +621,8 @@ class Realtime:
     def _cancel(self, response_id: object, now: float) -> list[Out]:
         if response_id is not None and not isinstance(response_id, str):
             raise RealtimeError("invalid_type", "response_id must be a string", "response_id")
-        active = [r.id for r in self._responses.values() if not r.done]
-        if response_id is not None and response_id not in active:
+        active = self.session.replying()
+        if response_id is not None and (active is None or response_id != _response_id(active)):
             raise RealtimeError(
                 "response_cancel_not_active", f"response {response_id!r} is not in progress"
             )
@@ -685,324 +634,236 @@ class Realtime:
     # -- server events --
 
     def encode(self, message: p.ServerMessage) -> list[str]:
-        """A session message as the Realtime server events it means (maybe none)."""
+        """A session message as the Realtime server events it means (maybe none): what
+        happens to a turn is translated from the lifecycle events beside them."""
         match message:
             case p.Ready():
                 return [self._event("session.created", session=self._session_object())]
             case p.SpeechStarted(turn_id=turn, audio_ms=ms):
-                item_id = self._user_items.setdefault(turn, self._id("item"))
-                start = self._speech_ms.get(turn, (ms, ms))[0]  # again when speech resumes
-                self._speech_ms[turn] = (start, ms)
-                return [
-                    self._event(
-                        "input_audio_buffer.speech_started", audio_start_ms=ms, item_id=item_id
-                    )
-                ]
+                kind, field = "input_audio_buffer.speech_started", "audio_start_ms"
+                return [self._event(kind, **{field: ms}, item_id=user_item(turn))]
             case p.SpeechStopped(turn_id=turn, audio_ms=ms):
-                item_id = self._user_items.setdefault(turn, self._id("item"))
-                self._speech_ms[turn] = (self._speech_ms.get(turn, (ms, ms))[0], ms)
                 self._idle_from = float(ms)
-                return [
-                    self._event(
-                        "input_audio_buffer.speech_stopped", audio_end_ms=ms, item_id=item_id
-                    )
-                ]
-            case p.TranscriptPartial(turn_id=turn, text=text):
-                return self._partial(turn, text)
-            case p.TranscriptFinal(turn_id=turn, text=text):
-                return self._heard(turn, text)
-            case p.ReplyText(turn_id=turn, index=index, text=text):
-                return self._delta(turn, index, text)
-            case p.Action():
-                return self._function_call(message)
-            case p.ReplyDone(turn_id=turn, text=text):
-                return self._close_response(turn, text, "completed", None)
-            case p.ReplyCancelled():
-                return self._cancelled(message)
-            case p.Metrics():
-                return [self._metrics(message)]
+                kind, field = "input_audio_buffer.speech_stopped", "audio_end_ms"
+                return [self._event(kind, **{field: ms}, item_id=user_item(turn))]
             case p.Error(code=code, message=text):
                 return [self._error(_CODES.get(code, code), text, None, None)]
+            case (
+                p.TranscriptPartial()
+                | p.TranscriptFinal()
+                | p.ReplyText()
+                | p.Action()
+                | p.ReplyDone()
+                | p.ReplyCancelled()
+                | p.Metrics()
+            ):
+                return []
         raise AssertionError(f"unhandled message {message!r}")
 
+    def lifecycle(self, event: Lifecycle) -> list[str]:
+        """What happened to a turn, as Realtime server events."""
+        match event:
+            case TurnOpened():
+                return []
+            case TranscriptGrew(item_id=item_id, delta=delta):
+                kind = "conversation.item.input_audio_transcription.delta"
+                return [self._event(kind, item_id=item_id, content_index=0, delta=delta)]
+            case UserHeard():
+                return self._heard(event)
+            case ReplyStarted():
+                return self._open_response(event)
+            case SentenceAdded(turn_id=turn, item_id=item_id, index=index, text=text):
+                part = "output_audio_transcript" if event.speak else "output_text"
+                delta = text if index == 0 else " " + text
+                kind = f"response.{part}.delta"
+                return [self._event(kind, **_ids(turn, item_id), delta=delta)]
+            case CallAdded():
+                return self._function_call(event)
+            case ReplyEnded():
+                return self._close_response(event)
+            case TurnWithdrawn(items=items):
+                return [self._deleted(item_id) for item_id in items]
+            case TurnClosed(turn_id=turn, user_item=item_id, replied=replied):
+                metrics = asdict(event.metrics)
+                response_id = _response_id(turn) if replied else None
+                kind = "quicksilver.metrics"
+                return [
+                    self._event(kind, response_id=response_id, item_id=item_id, metrics=metrics)
+                ]
+        raise AssertionError(f"unhandled event {event!r}")
+
     def audio(self, effect: SendAudio) -> str:
-        """A frame of reply audio: the session sends a reply's first sentence before its
-        first frame, so its response is open."""
-        r = self._responses[effect.turn_id]
-        i = effect.sentence
-        r.sentence_samples[i] = effect.sentence_samples
-        r.sent_samples[i] = r.sent_samples.get(i, 0) + len(effect.pcm) // 2
-        data = _encode_audio(effect.pcm, r.output_format)
+        """A frame of reply audio: its response and item are named by the frame."""
+        data = _encode_audio(effect.pcm, _output_format(effect.output_format))
         delta = base64.b64encode(data).decode("ascii")
-        return self._event("response.output_audio.delta", **_ids(r), delta=delta)
+        ids = _ids(effect.turn_id, effect.item_id)
+        return self._event("response.output_audio.delta", **ids, delta=delta)
 
-    def _partial(self, turn: int, text: str) -> list[str]:
-        """A partial transcript, as the delta since the last one when it extends it (a
-        re-transcription that changed earlier words sends nothing: deltas only add)."""
-        sent = self._partials.get(turn, "")
-        if not text.startswith(sent) or len(text) == len(sent):
+    def _heard(self, e: UserHeard) -> list[str]:
+        """The user's words are final: their item (unless the client added it, committed
+        audio) and its transcript. Noise is neither answered nor kept."""
+        if not e.announced and not e.text.strip():
             return []
-        self._partials[turn] = text
-        item_id = self._user_items.setdefault(turn, self._id("item"))
-        return [
-            self._event(
-                "conversation.item.input_audio_transcription.delta",
-                item_id=item_id,
-                content_index=0,
-                delta=text[len(sent) :],
-            )
-        ]
-
-    def _heard(self, turn: int, text: str) -> list[str]:
-        """The user's speech is final: its item, its transcript, and the response to it."""
-        item_id = self._committed.get(turn)
-        if item_id is None and not text.strip():  # noise: nothing is answered or kept
-            return []
-        start, stop = self._speech_ms.get(turn, (0, 0))
         out: list[str] = []
-        if item_id is None:
-            item_id = self._user_items.setdefault(turn, self._id("item"))
-            previous = self._add_item(item_id)
-            added = self._put(_user_audio(item_id, None, "in_progress"))
+        if not e.announced:
+            previous = self._add_item(e.item_id)
+            added = self._put(_user_audio(e.item_id, None, "in_progress"))
             out += [
                 self._event(
-                    "input_audio_buffer.committed", previous_item_id=previous, item_id=item_id
+                    "input_audio_buffer.committed", previous_item_id=previous, item_id=e.item_id
                 ),
                 self._event("conversation.item.added", previous_item_id=previous, item=added),
             ]
-        self._bind(item_id, "user", text)
-        usage = {"type": "duration", "seconds": max(0, stop - start) / 1000}
-        out += [
+        usage = {"type": "duration", "seconds": e.speech_ms / 1000}
+        done = self._put(_user_audio(e.item_id, e.text, "completed"))
+        return [
+            *out,
             self._event(
                 "conversation.item.input_audio_transcription.completed",
-                item_id=item_id,
+                item_id=e.item_id,
                 content_index=0,
-                transcript=text,
+                transcript=e.text,
                 usage=usage,
             ),
-            self._event(
-                "conversation.item.done", item=self._put(_user_audio(item_id, text, "completed"))
-            ),
+            self._event("conversation.item.done", item=done),
         ]
-        vad = self.settings.vad
-        if turn not in self._responses and (vad is None or vad.create_response):
-            shape = _Response("", "", self.settings.speak, "")
-            out += self._open_response(turn, self.settings.speak, shape, None)
-        return out
 
-    def _bind(self, item_id: str, role: str, text: str) -> None:
-        """Link an item to the message the session keeps for it: the newest one of that
-        role and text not linked yet."""
-        if not text or item_id in self._bound:
-            return
-        linked = {id(m) for m in self._bound.values()}
-        for message in reversed(self.session.conversation):
-            if message.role == role and message.content == text and id(message) not in linked:
-                self._bound[item_id] = message
-                return
-
-    def _open_response(
-        self, turn: int, speak: bool, shape: _Response, now: float | None
-    ) -> list[str]:
-        r = replace(
-            shape,
-            id=self._id("resp"),
-            item_id=self._id("item"),
-            speak=speak,
-            output_format=self.settings.output_format,
-        )
-        self._responses[turn] = r
-        item = {**_item(r.item_id, "assistant", "in_progress"), "content": []}
+    def _open_response(self, e: ReplyStarted) -> list[str]:
+        rid = _response_id(e.turn_id)
+        item = {**_item(e.item_id, "assistant", "in_progress"), "content": []}
         out = [
-            self._event("response.created", response=self._response(r, "in_progress", [], None)),
-            self._rate_limits(r, now),
-            self._event("response.output_item.added", response_id=r.id, output_index=0, item=item),
+            self._event("response.created", response=self._response(e, "in_progress", [], None)),
+            self._rate_limits(e),
+            self._event("response.output_item.added", response_id=rid, output_index=0, item=item),
         ]
-        if r.keep:
-            previous = self._add_item(r.item_id)
+        if e.keep:
+            previous = self._add_item(e.item_id)
             self._put(item)
             out.append(self._event("conversation.item.added", previous_item_id=previous, item=item))
-        part = _part(speak, "")
-        return [*out, self._event("response.content_part.added", **_ids(r), part=part)]
+        part = _part(e.speak, "")
+        ids = _ids(e.turn_id, e.item_id)
+        return [*out, self._event("response.content_part.added", **ids, part=part)]
 
-    def _rate_limits(self, r: _Response, now: float | None) -> str:
+    def _rate_limits(self, e: ReplyStarted) -> str:
         """``requests``: replies the client may still ask for (response.create and text
         share the session's bucket; spoken turns are not counted), and when it is full
         again. ``tokens``: this reply's token budget, reserved whole."""
-        left, reset_s = self.session.text_allowance(now)
-        burst = self.session.config.text_burst
+        burst, left, reset_s = e.requests
         limits: list[Json] = [
-            {"name": "requests", "limit": burst, "remaining": int(left), "reset_seconds": reset_s}
+            {"name": "requests", "limit": burst, "remaining": left, "reset_seconds": reset_s}
         ]
-        budget = self._budget(r)
+        budget = self._budget(e.max_tokens)
         if budget is not None:
             limits.append(
                 {"name": "tokens", "limit": budget, "remaining": budget, "reset_seconds": 0.0}
             )
         return self._event("rate_limits.updated", rate_limits=limits)
 
-    def _budget(self, r: _Response) -> int | None:
+    def _budget(self, asked: int | None) -> int | None:
         server = self.max_reply_tokens
-        asked = r.max_output_tokens or self.settings.max_output_tokens
         if server is None:
             return asked
         return min(server, asked) if asked is not None else server
 
-    def _delta(self, turn: int, index: int, text: str) -> list[str]:
-        r = self._responses.get(turn)
-        if r is None:
-            return []
-        r.sentences[index] = text
-        delta = text if index == 0 else " " + text
-        kind = "response.output_audio_transcript.delta" if r.speak else "response.output_text.delta"
-        return [self._event(kind, **_ids(r), delta=delta)]
-
-    def _function_call(self, action: p.Action) -> list[str]:
+    def _function_call(self, call: CallAdded) -> list[str]:
         """The reply calls a tool: a function_call item beside its message, whole at
         once (the call is written before any of the reply is sent)."""
-        r = self._responses.get(action.turn_id)
-        if r is None:
-            return []
-        index = 1 + len(r.calls)  # the message item is output 0
-        args = json.dumps(action.arguments, ensure_ascii=False)
-        item_id = self._id("item")
-        call = {
-            "id": item_id,
-            "object": "realtime.item",
-            "type": "function_call",
-            "status": "in_progress",
-            "name": action.name,
-            "call_id": action.call_id,
-            "arguments": "",
-        }
-        ids = {"response_id": r.id, "item_id": item_id, "output_index": index}
+        rid = _response_id(call.turn_id)
+        index = 1  # the message item is output 0; a reply makes one call at most
+        item = {**_call_json(call), "status": "in_progress", "arguments": ""}
+        ids = {"response_id": rid, "item_id": call.item_id, "output_index": index}
         out = [
             self._event(
-                "response.output_item.added", response_id=r.id, output_index=index, item=call
+                "response.output_item.added", response_id=rid, output_index=index, item=item
             )
         ]
-        previous = self._add_item(item_id) if r.keep else None
-        if r.keep:
-            out.append(self._event("conversation.item.added", previous_item_id=previous, item=call))
-        done = {**call, "status": "completed", "arguments": args}
-        r.calls.append(done)
+        previous = self._add_item(call.item_id) if call.keep else None
+        if call.keep:
+            out.append(self._event("conversation.item.added", previous_item_id=previous, item=item))
+        done = _call_json(call)
+        args = done["arguments"]
         out += [
             self._event(
-                "response.function_call_arguments.delta", **ids, call_id=action.call_id, delta=args
+                "response.function_call_arguments.delta", **ids, call_id=call.call_id, delta=args
             ),
             self._event(
                 "response.function_call_arguments.done",
                 **ids,
-                call_id=action.call_id,
-                name=action.name,
+                call_id=call.call_id,
+                name=call.name,
                 arguments=args,
             ),
             self._event(
-                "response.output_item.done", response_id=r.id, output_index=index, item=done
+                "response.output_item.done", response_id=rid, output_index=index, item=done
             ),
         ]
-        if r.keep:
+        if call.keep:
             self._put(done)
             out.append(self._event("conversation.item.done", item=done))
         return out
 
-    def _cancelled(self, message: p.ReplyCancelled) -> list[str]:
-        if message.reason == "error":
-            details = {"type": "failed", "error": {"type": "server_error", "code": "turn_failed"}}
-            return self._close_response(message.turn_id, message.spoken_text, "failed", details)
-        reason = _CANCEL_REASONS.get(message.reason, "client_cancelled")
-        details = {"type": "cancelled", "reason": reason}
-        out = self._close_response(message.turn_id, message.spoken_text, "cancelled", details)
-        if message.reason == "continued":  # its words are heard again in the next turn
-            gone = [self._user_items.get(message.turn_id)]
-            gone.append(r.item_id if (r := self._responses.get(message.turn_id)) else None)
-            for item_id in filter(None, gone):
-                if item_id in self._items:
-                    self._items.remove(item_id)
-                self._forget(item_id)
-                out.append(self._event("conversation.item.deleted", item_id=item_id))
-        return out
+    def _deleted(self, item_id: str) -> str:
+        """An item the session withdrew (its words are heard again in the next turn)."""
+        if item_id in self._items:
+            self._items.remove(item_id)
+        self._forget(item_id)
+        return self._event("conversation.item.deleted", item_id=item_id)
 
-    def _close_response(self, turn: int, text: str, status: str, details: Json | None) -> list[str]:
-        r = self._responses.get(turn)
-        if r is None or r.done:
-            return []
-        r.done = True
-        part = _part(r.speak, text)
+    def _close_response(self, e: ReplyEnded) -> list[str]:
+        details: Json | None = None
+        if e.status == "failed":
+            details = {"type": "failed", "error": {"type": "server_error", "code": "turn_failed"}}
+        elif e.status == "cancelled":
+            reason = _CANCEL_REASONS.get(e.reason or "", "client_cancelled")
+            details = {"type": "cancelled", "reason": reason}
+        part = _part(e.speak, e.text)
         item = {
-            **_item(r.item_id, "assistant", "completed" if status == "completed" else "incomplete"),
+            **_item(
+                e.item_id, "assistant", "completed" if e.status == "completed" else "incomplete"
+            ),
             "content": [part],
         }
-        if r.speak:
+        ids = _ids(e.turn_id, e.item_id)
+        if e.speak:
             out = [
-                self._event("response.output_audio.done", **_ids(r)),
-                self._event("response.output_audio_transcript.done", **_ids(r), transcript=text),
+                self._event("response.output_audio.done", **ids),
+                self._event("response.output_audio_transcript.done", **ids, transcript=e.text),
             ]
         else:
-            out = [self._event("response.output_text.done", **_ids(r), text=text)]
+            out = [self._event("response.output_text.done", **ids, text=e.text)]
+        rid = _response_id(e.turn_id)
         out += [
-            self._event("response.content_part.done", **_ids(r), part=part),
-            self._event("response.output_item.done", response_id=r.id, output_index=0, item=item),
+            self._event("response.content_part.done", **ids, part=part),
+            self._event("response.output_item.done", response_id=rid, output_index=0, item=item),
         ]
-        if r.keep:
-            self._keep_reply(r, item)
+        if e.keep:
+            if e.item_id in self._store:  # (not deleted while it was answered)
+                self._put(item)
+                if e.audio is not None:  # what truncate cuts
+                    self._heard_audio[e.item_id] = e.audio
             out.append(self._event("conversation.item.done", item=item))
         self._idle_from = self._input_ms + PLAYBACK_LEAD_MS
+        output = [item, *([_call_json(e.call)] if e.call is not None else [])]
         return [
             *out,
-            self._event(
-                "response.done", response=self._response(r, status, [item, *r.calls], details)
-            ),
+            self._event("response.done", response=self._response(e, e.status, output, details)),
         ]
 
-    def _keep_reply(self, r: _Response, item: Json) -> None:
-        """The assistant item as the conversation keeps it: linked to the session's
-        message, and what of its audio was sent (for truncate)."""
-        if r.item_id not in self._store:  # deleted while it was answered
-            return
-        self._put(item)
-        if r.speak and r.sent_samples:
-            sentences = [r.sentences.get(i, "") for i in range(max(r.sentences, default=-1) + 1)]
-            rate = RATES[r.output_format]
-            heard = _Heard(rate, sentences, dict(r.sentence_samples), dict(r.sent_samples))
-            self._heard_audio[r.item_id] = heard
-        for message in reversed(self.session.conversation):
-            if message.role == "assistant":
-                if all(message is not m for m in self._bound.values()):
-                    self._bound[r.item_id] = message
-                return
-
-    def _metrics(self, message: p.Metrics) -> str:
-        """The turn's latency breakdown, as an event standard clients ignore; the last
-        event of a turn, so its state goes."""
-        turn = message.turn_id
-        r = self._responses.pop(turn, None)
-        item_id = self._committed.pop(turn, None) or self._user_items.pop(turn, None)
-        self._speech_ms.pop(turn, None)
-        self._partials.pop(turn, None)
-        return self._event(
-            "quicksilver.metrics",
-            response_id=r.id if r else None,
-            item_id=item_id,
-            metrics=asdict(message),
-        )
-
     def _response(
-        self, r: _Response, status: str, output: list[Json], details: Json | None
+        self, e: ReplyStarted | ReplyEnded, status: str, output: list[Json], details: Json | None
     ) -> Json:
-        fmt = _format_json(r.output_format)
-        budget = r.max_output_tokens or self.settings.max_output_tokens
+        fmt = _format_json(_output_format(e.output_format))
         return {
-            "id": r.id,
+            "id": _response_id(e.turn_id),
             "object": "realtime.response",
             "status": status,
             "status_details": details,
             "output": output,
-            "output_modalities": ["audio" if r.speak else "text"],
+            "output_modalities": ["audio" if e.speak else "text"],
             "audio": {"output": {"format": fmt, "voice": VOICE}},
-            "conversation_id": f"conv_{self.session.id}" if r.keep else None,
-            "max_output_tokens": "inf" if budget is None else budget,
-            "metadata": r.metadata,
+            "conversation_id": f"conv_{self.session.id}" if e.keep else None,
+            "max_output_tokens": "inf" if e.max_tokens is None else e.max_tokens,
+            "metadata": e.metadata,
         }
 
     def _session_object(self) -> Json:
@@ -1191,7 +1052,6 @@ class Realtime:
 
     def _forget(self, item_id: str) -> None:
         self._store.pop(item_id, None)
-        self._bound.pop(item_id, None)
         self._heard_audio.pop(item_id, None)
 
     def _event(self, kind: str, **fields: Any) -> str:
@@ -1450,8 +1310,36 @@ def _part(speak: bool, text: str) -> Json:
     )
 
 
-def _ids(r: _Response) -> Json:
-    return {"response_id": r.id, "item_id": r.item_id, "output_index": 0, "content_index": 0}
+def _response_id(turn_id: int) -> str:
+    """The response that answers a turn (the session's turn ids are unique)."""
+    return f"resp_t{turn_id}"
+
+
+def _ids(turn_id: int, item_id: str) -> Json:
+    return {
+        "response_id": _response_id(turn_id),
+        "item_id": item_id,
+        "output_index": 0,
+        "content_index": 0,
+    }
+
+
+def _output_format(label: str | None) -> str:
+    """The reply audio's format, as the codec named it to the session (Configure)."""
+    return label if label in RATES else "audio/pcm"
+
+
+def _call_json(call: CallAdded) -> Json:
+    """A function_call item, complete."""
+    return {
+        "id": call.item_id,
+        "object": "realtime.item",
+        "type": "function_call",
+        "status": "completed",
+        "name": call.name,
+        "call_id": call.call_id,
+        "arguments": json.dumps(call.arguments, ensure_ascii=False),
+    }
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,11 @@ conversation keeps only the part sent as audio.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import cached_property
+from typing import Literal
 
 import numpy as np
 
@@ -51,6 +53,22 @@ from model.tools import (
 )
 
 from . import protocol as p
+from .lifecycle import (
+    AudioLedger,
+    CallAdded,
+    Lifecycle,
+    ReplyEnded,
+    ReplyStarted,
+    SentenceAdded,
+    TranscriptGrew,
+    TurnClosed,
+    TurnOpened,
+    TurnWithdrawn,
+    UserHeard,
+    call_item,
+    reply_item,
+    user_item,
+)
 from .resume import ResumeStore
 from .turn_end import Eagerness, TurnEndPolicy
 
@@ -211,7 +229,8 @@ class Disconnected:
     pass
 
 
-# --- requests of the OpenAI-Realtime codec (server/realtime.py), which v1 has not ----
+# --- requests a wire may make beside protocol v1's messages (Realtime makes them) ----
+# Messages of the conversation are named by ids the session owns (server/lifecycle.py).
 
 
 @dataclass(frozen=True)
@@ -228,6 +247,7 @@ class Configure:
     max_tokens: int | None = None  # the reply token budget (at most the server's)
     interrupt: bool = True  # False: speech never cuts a reply; its turn waits for it
     tools: tuple[Tool, ...] | None = None  # what replies may call; None: as they are
+    output_format: str | None = None  # the wire's label of its reply audio's format
 
 
 @dataclass(frozen=True)
@@ -235,6 +255,7 @@ class UserText:
     """A user message that joins the conversation unanswered (conversation.item.create)."""
 
     text: str
+    item_id: str | None = None  # its id in the conversation (None: the session names it)
 
 
 @dataclass(frozen=True)
@@ -249,6 +270,9 @@ class Respond:
     keep: bool = True  # False: out of band, the conversation keeps nothing of it
     history: tuple[ChatMessage, ...] | None = None  # answer these instead of the conversation
     unprompted: bool = False  # answer even with no user message waiting (an idle timeout)
+    user_item: str | None = None  # the id ``audio``'s words get (the wire added the item)
+    metadata: dict[str, str] | None = None  # the wire's labels, given back with the reply
+    if_idle: bool = False  # only if nothing is heard or answered now (else: nothing happens)
 
 
 @dataclass(frozen=True)
@@ -258,10 +282,10 @@ class ClearInput:
 
 @dataclass(frozen=True)
 class Amend:
-    """Replace a message of the conversation (this very object), or drop it (``new``
-    None): conversation.item.truncate and .delete."""
+    """Replace a message of the conversation, named by its id, or drop it (``new``
+    None): conversation.item.truncate and .delete. An unknown id changes nothing."""
 
-    old: ChatMessage
+    item_id: str
     new: ChatMessage | None
 
 
@@ -303,6 +327,8 @@ class SendAudio:
     pcm: bytes
     sentence: int = 0  # reported back with AudioWritten once the frame is written
     sentence_samples: int = 0  # the whole sentence's length at the output rate
+    item_id: str = ""  # the assistant message the reply becomes
+    output_format: str | None = None  # Configure's label of the audio's format
 
 
 @dataclass(frozen=True)
@@ -351,7 +377,17 @@ class Close:
     reason: str
 
 
-Effect = Send | SendAudio | RunVad | StartPartial | StartTurn | ReleaseTurn | CancelTurn | Close
+Effect = (
+    Send
+    | SendAudio
+    | RunVad
+    | StartPartial
+    | StartTurn
+    | ReleaseTurn
+    | CancelTurn
+    | Close
+    | Lifecycle
+)
 
 
 # --- session state ---------------------------------------------------------------
@@ -368,6 +404,23 @@ class _Utterance:
     ended: bool = False  # the endpointer's silence has passed; waiting to be final
     partial_in_flight: bool = False
     last_partial_at: int = 0
+    partial: str = ""  # the partial transcript as far as it only grew
+
+
+@dataclass
+class _Shape:
+    """How a turn is answered: as the session was configured when it began, or as the
+    Respond that asked for it says."""
+
+    speak: bool = True  # False: a text-only reply, complete once its text is sent
+    instructions: str | None = None  # the system prompt of this reply
+    max_tokens: int | None = None
+    reply: bool = True  # False: transcribe only (Realtime's create_response false)
+    keep: bool = True  # False: out of band, its reply is not remembered
+    history: tuple[ChatMessage, ...] | None = None  # instead of the conversation
+    output_format: str | None = None  # Configure's label of the reply audio's format
+    metadata: dict[str, str] | None = None  # Respond's, for the wire
+    requested: bool = False  # a Respond asked for it: its reply starts when released
 
 
 @dataclass
@@ -379,34 +432,29 @@ class _Turn:
     utterance_start: int | None = None  # first sample of the user speech it answers
     released: bool = False
     speculative: bool = False  # started during the trailing silence
-    speak: bool = True  # False: a text-only reply, complete once its text is sent
-    instructions: str | None = None  # the system prompt of this reply
-    max_tokens: int | None = None
-    reply: bool = True  # False: transcribe only (Realtime's create_response false)
-    keep: bool = True  # False: out of band, its reply is not remembered
-    history: tuple[ChatMessage, ...] | None = None  # instead of the conversation
+    shape: _Shape = field(default_factory=_Shape)
     transcript: str | None = None
     complete_p: float | None = None  # the end-of-turn score, once it is in
     asr_logprob: float | None = None  # how sure the ASR was of the transcript's words
     end_of_turn: str | None = None  # the policy's tier when the turn was released
     user_committed: bool = False
-    action: p.Action | None = None  # the tool call the reply made
+    call: CallAdded | None = None  # the tool call the reply made
     action_text: str = ""  # that call as the conversation keeps it
     action_passes: int = 0
     results: list[ChatMessage] = field(default_factory=list)  # action_results meanwhile
-    held: list[p.ServerMessage] = field(default_factory=list)
+    user_item: str | None = None  # the id its user words have in the conversation
+    announced: bool = False  # the wire added the user item itself (Respond.user_item)
+    speech_ms: int = 0  # how long its speech was
+    started: bool = False  # its reply began (ReplyStarted was emitted)
+    held: list[Effect] = field(default_factory=list)
     # Until the first audio frame goes out, the reply is not heard: its text waits for
     # that frame (nothing of an answer withdrawn before it is shown either), and its
     # first frames wait while the VAD hears what may be the user going on.
-    unheard_text: list[p.ServerMessage] = field(default_factory=list)
+    unheard_text: list[Effect] = field(default_factory=list)
     waiting_audio: list[ReplyAudio] = field(default_factory=list)
     sentences: list[str] = field(default_factory=list)
-    sentence_samples: dict[int, int] = field(default_factory=dict)
-    sent_samples: dict[int, int] = field(default_factory=dict)  # written, per sentence
-    queued_samples: int = 0  # handed to the connection, written or not
-    written_samples: int = 0
+    audio: AudioLedger = field(default_factory=lambda: AudioLedger(0))
     finished: ReplyFinished | None = None
-    seq: int = 0
     final_time: float | None = None
     asr_ms: float | None = None
     first_sentence_ms: float | None = None
@@ -414,19 +462,9 @@ class _Turn:
     first_audio_time: float | None = None
 
 
-def truncate_to_sent(sentences: list[str], sent: dict[int, int], total: dict[int, int]) -> str:
-    """The reply text a listener has been sent: whole sentences, then a word prefix."""
-    kept: list[str] = []
-    for i, sentence in enumerate(sentences):
-        n, size = sent.get(i, 0), total.get(i, 0)
-        if size and n >= size:
-            kept.append(sentence)
-            continue
-        if n and size:
-            words = sentence.split()
-            kept.append(" ".join(words[: round(len(words) * n / size)]))
-        break
-    return " ".join(k for k in kept if k)
+def _action(call: CallAdded) -> p.Action:
+    """The v1 message of a tool call."""
+    return p.Action(call.turn_id, call.call_id, call.name, call.arguments)
 
 
 class Session:
@@ -448,6 +486,9 @@ class Session:
         self.config = config
         self.state = State.IDLE
         self.conversation: list[ChatMessage] = []
+        self._ids: list[str] = []  # the id of each message of the conversation
+        self._next_item = 1
+        self.output_format: str | None = None  # Configure's label of the reply audio
         self.resume_token = resume_token
         self._resume = resume
         self._now = 0.0
@@ -478,10 +519,40 @@ class Session:
         """Sample rate of the reply audio (0 before start)."""
         return self._output_rate
 
-    @property
-    def hearing(self) -> bool:
-        """An utterance is being heard (or waits to be final)."""
-        return self._utterance is not None
+    def message(self, item_id: str) -> ChatMessage | None:
+        """The conversation's message of this id (None: there is none)."""
+        for i, message_id in enumerate(self._ids):
+            if message_id == item_id:
+                return self.conversation[i]
+        return None
+
+    def in_progress(self, item_id: str) -> bool:
+        """The item is part of the turn being answered: the reply being written, or the
+        committed user words it answers."""
+        turn = self._turn
+        if turn is None or not turn.released:
+            return False
+        return (turn.started and item_id == reply_item(turn.id)) or (
+            turn.announced and item_id == turn.user_item
+        )
+
+    def replying(self) -> int | None:
+        """The turn whose reply is under way (ReplyStarted emitted, ReplyEnded not yet)."""
+        turn = self._turn
+        return turn.id if turn is not None and turn.released and turn.started else None
+
+    def plays(self, turn_id: int) -> bool:
+        """The turn's audio still goes to the client: it is released and not cancelled."""
+        turn = self._current(turn_id)
+        return turn is not None and turn.released
+
+    def unwritten_s(self, turn_id: int) -> float:
+        """Seconds of the turn's reply audio handed out and not written to the client yet
+        (its ledger's; 0 for a turn that no longer plays)."""
+        turn = self._current(turn_id)
+        if turn is None or not turn.audio.rate:
+            return 0.0
+        return turn.audio.unwritten / turn.audio.rate
 
     def text_allowance(self, now: float | None = None) -> tuple[float, float]:
         """The text bucket at ``now`` (None: the last event's time), untouched: replies
@@ -540,8 +611,8 @@ class Session:
                 return self._on_failed(event)
             case Configure():
                 return self._on_configure(event)
-            case UserText(text=text):
-                self._remember(ChatMessage("user", text))
+            case UserText(text=text, item_id=item_id):
+                self._remember(ChatMessage("user", text), item_id)
                 return []
             case Respond():
                 return self._on_respond(event, now)
@@ -622,6 +693,7 @@ class Session:
                 return self._error("bad_resume_token", "this server does not resume sessions")
             try:
                 self.conversation = self._resume.take(start.resume_token, self._now)
+                self._ids = [self._new_item_id() for _ in self.conversation]
             except p.ProtocolError as err:
                 return self._error(err.code, err.message)
         self._input_rate = start.sample_rate
@@ -670,6 +742,7 @@ class Session:
         self._utterance = None
         turn = self._new_turn(self._new_turn_id(), now, transcript=text)
         turn.final_time = now
+        out.append(TurnOpened(turn.id, "text", turn.user_item))
         return out + self._begin_turn(turn, audio=None, text=text, release=True)
 
     def _on_configure(self, event: Configure) -> list[Effect]:
@@ -689,18 +762,22 @@ class Session:
             self._output_rate = event.output_rate
         if event.tools is not None and self.can_act:  # the codec refuses them otherwise
             self.tools = event.tools
+        if event.output_format is not None:
+            self.output_format = event.output_format
         return []
 
     def _amend(self, event: Amend) -> None:
-        for i, message in enumerate(self.conversation):
-            if message is event.old:
+        for i, message_id in enumerate(self._ids):
+            if message_id == event.item_id:
                 if event.new is None:
-                    del self.conversation[i]
+                    del self.conversation[i], self._ids[i]
                 else:
                     self.conversation[i] = event.new
                 return
 
     def _on_respond(self, event: Respond, now: float) -> list[Effect]:
+        if event.if_idle and (self.state is not State.LISTENING or self._utterance is not None):
+            return []
         if self._turn is not None and self._turn.released:
             return self._error("response_in_progress", "a reply is in progress: cancel it first")
         waiting = self.conversation and self.conversation[-1].role == "user"
@@ -712,14 +789,20 @@ class Session:
         out = self._drop_speculation()
         self._utterance = None
         turn = self._new_turn(self._new_turn_id(), now)
+        shape = turn.shape
         if event.instructions is not None:
-            turn.instructions = event.instructions
+            shape.instructions = event.instructions
         if event.speak is not None:
-            turn.speak = event.speak
+            shape.speak = event.speak
         if event.max_tokens is not None:
-            turn.max_tokens = event.max_tokens
-        turn.keep, turn.history, turn.reply = event.keep, event.history, True
+            shape.max_tokens = event.max_tokens
+        shape.keep, shape.history, shape.reply = event.keep, event.history, True
+        shape.requested, shape.metadata = True, event.metadata
+        if event.audio is not None:
+            turn.user_item, turn.announced = event.user_item, event.user_item is not None
+            turn.speech_ms = len(event.audio) * 1000 // SAMPLE_RATE
         turn.final_time = now
+        out.append(TurnOpened(turn.id, "request", turn.user_item))
         return out + self._begin_turn(turn, audio=event.audio, text=None, release=True)
 
     def _take_text_token(self, now: float) -> bool:
@@ -777,7 +860,8 @@ class Session:
         out += self._drop_speculation()
         u = _Utterance(turn_id=self._new_turn_id(), start=start, last_partial_at=start)
         self._utterance = u
-        return [*out, Send(p.SpeechStarted(u.turn_id, start * 1000 // SAMPLE_RATE))]
+        opened = TurnOpened(u.turn_id, "speech", user_item(u.turn_id))
+        return [*out, opened, Send(p.SpeechStarted(u.turn_id, start * 1000 // SAMPLE_RATE))]
 
     def _on_speech_resumed(self, sample: int, now: float) -> list[Effect]:
         u = self._utterance
@@ -792,7 +876,7 @@ class Session:
         turn = self._turn
         if turn is None or not turn.released or turn.utterance_start is None:
             return False
-        if not turn.speak and turn.sentences:  # a text reply is seen as it is sent
+        if not turn.shape.speak and turn.sentences:  # a text reply is seen as it is sent
             return False
         if turn.first_audio_time is not None and turn.first_audio_time <= self._sample_time(
             start, now
@@ -810,7 +894,8 @@ class Session:
         out = self._cancel_turn("continued")
         u = _Utterance(self._new_turn_id(), turn.utterance_start, last_partial_at=start)
         self._utterance = u
-        return [*out, Send(p.SpeechStarted(u.turn_id, u.start * 1000 // SAMPLE_RATE))]
+        opened = TurnOpened(u.turn_id, "speech", user_item(u.turn_id))
+        return [*out, opened, Send(p.SpeechStarted(u.turn_id, u.start * 1000 // SAMPLE_RATE))]
 
     def _continue_utterance(self, u: _Utterance, sample: int) -> list[Effect]:
         out = self._drop_speculation()
@@ -823,7 +908,8 @@ class Session:
         utterance; its turn starts once the reply ends (:meth:`_after_reply`)."""
         u = _Utterance(turn_id=self._new_turn_id(), start=start, last_partial_at=start)
         self._utterance = u
-        return [Send(p.SpeechStarted(u.turn_id, start * 1000 // SAMPLE_RATE))]
+        opened = TurnOpened(u.turn_id, "speech", user_item(u.turn_id))
+        return [opened, Send(p.SpeechStarted(u.turn_id, start * 1000 // SAMPLE_RATE))]
 
     def _after_reply(self) -> list[Effect]:
         """A reply that could not be interrupted has ended: the turn of the speech heard
@@ -832,7 +918,7 @@ class Session:
         u = self._utterance
         if self.interrupt or u is None or self._turn is not None or u.end_time is None:
             return []
-        turn = self._new_turn(u.turn_id, u.end_time, utterance_start=u.start)
+        turn = self._new_turn(u.turn_id, u.end_time, u)
         turn.speculative = not u.ended
         return self._begin_turn(turn, audio=self._utterance_audio(u), text=None, release=False)
 
@@ -843,7 +929,7 @@ class Session:
         u.end, u.end_time = end, self._sample_time(end, now)
         out: list[Effect] = [Send(p.SpeechStopped(u.turn_id, end * 1000 // SAMPLE_RATE))]
         if self._turn is None:  # speculative final ASR + reply during the silence
-            turn = self._new_turn(u.turn_id, u.end_time, utterance_start=u.start, speculative=True)
+            turn = self._new_turn(u.turn_id, u.end_time, u, speculative=True)
             out += self._begin_turn(turn, audio=self._utterance_audio(u), text=None, release=False)
         return out
 
@@ -861,7 +947,7 @@ class Session:
             return out  # a reply plays on: this turn starts when it ends (_after_reply)
         if turn is None or turn.id != u.turn_id:  # no speculation running: start now
             assert u.end_time is not None
-            turn = self._new_turn(u.turn_id, u.end_time, utterance_start=u.start)
+            turn = self._new_turn(u.turn_id, u.end_time, u)
             out += self._begin_turn(turn, audio=self._utterance_audio(u), text=None, release=False)
         if not by_silence:  # the client (or the length limit) says the turn is over
             self._utterance = None
@@ -915,7 +1001,12 @@ class Session:
         u.partial_in_flight = False
         if not event.text:
             return []
-        return [Send(p.TranscriptPartial(u.turn_id, event.text))]
+        out: list[Effect] = [Send(p.TranscriptPartial(u.turn_id, event.text))]
+        if event.text.startswith(u.partial) and len(event.text) > len(u.partial):
+            delta = event.text[len(u.partial) :]
+            out.append(TranscriptGrew(u.turn_id, user_item(u.turn_id), delta))
+            u.partial = event.text
+        return out
 
     def _utterance_audio(self, u: _Utterance) -> np.ndarray:
         end = u.end if u.end is not None else self._ring.total_written
@@ -931,40 +1022,46 @@ class Session:
         self,
         turn_id: int,
         speech_end_time: float,
-        utterance_start: int | None = None,
+        speech: _Utterance | None = None,
         speculative: bool = False,
         transcript: str | None = None,
     ) -> _Turn:
-        """A turn answered as the session is configured now."""
-        return _Turn(
+        """A turn answered as the session is configured now: of ``speech`` (paused or
+        ended), of a text (``transcript``), or of neither (a requested reply)."""
+        turn = _Turn(
             turn_id,
             speech_end_time,
-            utterance_start,
+            None if speech is None else speech.start,
             speculative=speculative,
             transcript=transcript,
-            speak=self.speak,
-            instructions=self.instructions,
-            max_tokens=self.max_tokens,
-            reply=self.respond,
+            shape=_Shape(self.speak, self.instructions, self.max_tokens, self.respond),
         )
+        if speech is not None or transcript is not None:
+            turn.user_item = user_item(turn_id)
+        if speech is not None and speech.end is not None:  # as its speech events said
+            turn.speech_ms = speech.end * 1000 // SAMPLE_RATE - speech.start * 1000 // SAMPLE_RATE
+        return turn
 
     def _begin_turn(
         self, turn: _Turn, audio: np.ndarray | None, text: str | None, release: bool
     ) -> list[Effect]:
         self._turn = turn
-        history = tuple(self.conversation) if turn.history is None else turn.history
-        if turn.instructions is not None:  # the reply engines take a leading system message
-            history = (ChatMessage("system", turn.instructions), *history)
+        turn.audio = AudioLedger(self._output_rate)
+        turn.shape.output_format = self.output_format
+        shape = turn.shape
+        history = tuple(self.conversation) if shape.history is None else shape.history
+        if shape.instructions is not None:  # the reply engines take a leading system message
+            history = (ChatMessage("system", shape.instructions), *history)
         start = StartTurn(
             turn.id,
             audio,
             text,
             history,
             self._output_rate,
-            turn.speak,
+            turn.shape.speak,
             self.tools,
-            max_tokens=turn.max_tokens,
-            reply=turn.reply,
+            max_tokens=turn.shape.max_tokens,
+            reply=turn.shape.reply,
         )
         out: list[Effect] = [start]
         if release:
@@ -979,19 +1076,92 @@ class Session:
         self._commit_user(turn)
         if turn.transcript is not None:
             out.append(Send(p.TranscriptFinal(turn.id, turn.transcript)))
-        out += [Send(m) for m in turn.held]
+            out += self._heard(turn)
+        if turn.shape.requested:
+            out += self._start_reply(turn)
+        out += self._shown(turn, turn.held)
         turn.held.clear()
         if turn.finished is not None:
             out += self._complete(turn, turn.finished)
         return out
 
+    def _heard(self, turn: _Turn) -> list[Effect]:
+        """The released turn's user words are known: the wires are told, and a turn
+        that is answered (words, not noise) starts its reply."""
+        assert turn.transcript is not None
+        out: list[Effect] = []
+        if turn.user_item is not None:
+            heard = UserHeard(
+                turn.id, turn.user_item, turn.transcript, turn.speech_ms, turn.announced
+            )
+            out.append(heard)
+        if turn.shape.reply and turn.transcript.strip():
+            out += self._start_reply(turn)
+        return out
+
+    def _start_reply(self, turn: _Turn) -> list[Effect]:
+        if turn.started:
+            return []
+        turn.started = True
+        left, reset_s = self.text_allowance()
+        requests = (self.config.text_burst, int(left), reset_s)
+        started = ReplyStarted(
+            turn.id,
+            reply_item(turn.id),
+            turn.shape.speak,
+            turn.shape.keep,
+            turn.shape.output_format,
+            turn.shape.max_tokens,
+            turn.shape.metadata,
+            requests,
+        )
+        return [started]
+
+    def _end_reply(
+        self,
+        turn: _Turn,
+        status: Literal["completed", "cancelled", "failed"],
+        reason: p.CancelReason | None,
+        text: str,
+    ) -> list[Effect]:
+        """The wires' word that the reply ended (when it had started)."""
+        if not turn.started:
+            return []
+        audio = (
+            turn.audio.heard(turn.sentences) if turn.shape.speak and turn.audio.written else None
+        )
+        call = turn.call if self._acted(turn) else None
+        ended = ReplyEnded(
+            turn.id,
+            reply_item(turn.id),
+            status,
+            reason,
+            text,
+            turn.shape.speak,
+            turn.shape.keep,
+            turn.shape.output_format,
+            turn.shape.max_tokens,
+            turn.shape.metadata,
+            call,
+            audio,
+        )
+        return [ended]
+
+    def _closed(self, turn: _Turn, metrics: p.Metrics) -> list[Effect]:
+        return [TurnClosed(turn.id, turn.user_item, turn.started, metrics), Send(metrics)]
+
     def _commit_user(self, turn: _Turn) -> None:
         if turn.released and turn.transcript and not turn.user_committed:
-            self._remember(ChatMessage("user", turn.transcript))
+            self._remember(ChatMessage("user", turn.transcript), turn.user_item)
             turn.user_committed = True
 
-    def _remember(self, message: ChatMessage) -> None:
+    def _new_item_id(self) -> str:
+        item_id, self._next_item = f"item_m{self._next_item}", self._next_item + 1
+        return item_id
+
+    def _remember(self, message: ChatMessage, item_id: str | None = None) -> None:
         self.conversation.append(message)
+        self._ids.append(item_id or self._new_item_id())
         limit = self.config.max_history_messages
         if len(self.conversation) <= limit:
             return
@@ -1000,22 +1170,22 @@ class Session:
         drop = len(self.conversation) - limit + limit // 4
         while drop < len(self.conversation) - 1 and self.conversation[drop].role != "user":
             drop += 1
-        del self.conversation[:drop]
+        del self.conversation[:drop], self._ids[:drop]
 
     @staticmethod
     def _spoken(turn: _Turn) -> str:
-        if not turn.speak:  # a text reply: its sentences were sent as they came
+        if not turn.shape.speak:  # a text reply: its sentences were sent as they came
             return " ".join(turn.sentences)
-        return truncate_to_sent(turn.sentences, turn.sent_samples, turn.sentence_samples)
+        return turn.audio.spoken(turn.sentences)
 
     def _current(self, turn_id: int) -> _Turn | None:
         turn = self._turn
         return turn if turn is not None and turn.id == turn_id else None
 
-    def _emit(self, turn: _Turn, message: p.ServerMessage) -> list[Effect]:
+    def _emit(self, turn: _Turn, *effects: Effect) -> list[Effect]:
         if turn.released:
-            return [Send(message)]
-        turn.held.append(message)
+            return self._shown(turn, effects)
+        turn.held += effects
         return []
 
     def _on_final_transcript(self, event: FinalTranscript, now: float) -> list[Effect]:
@@ -1027,7 +1197,7 @@ class Session:
         if not turn.released:
             return self._maybe_final(now)
         self._commit_user(turn)
-        return [Send(p.TranscriptFinal(turn.id, event.text))]
+        return [Send(p.TranscriptFinal(turn.id, event.text)), *self._heard(turn)]
 
     def _on_turn_end_scored(self, event: TurnEndScored, now: float) -> list[Effect]:
         turn = self._current(event.turn_id)
@@ -1044,29 +1214,35 @@ class Session:
         if turn.first_sentence_ms is None:
             turn.first_sentence_ms = event.elapsed_ms
         text = p.ReplyText(turn.id, event.index, event.text)
-        if turn.first_audio_time is None and turn.speak:
-            turn.unheard_text.append(text)
+        added = SentenceAdded(
+            turn.id, reply_item(turn.id), event.index, event.text, turn.shape.speak
+        )
+        if turn.first_audio_time is None and turn.shape.speak:
+            turn.unheard_text += [Send(text), added]
             return []
-        return self._emit(turn, text)
+        return self._emit(turn, Send(text), added)
 
     def _on_action(self, event: ReplyAction) -> list[Effect]:
         """Tell the client to act: with the reply's first audio, as its text goes (an
         answer withdrawn before it is heard must not have acted either)."""
         turn = self._current(event.turn_id)
         tool = next((t for t in self.tools if t.name == event.call.name), None)
-        if turn is None or tool is None or turn.action is not None:
+        if turn is None or tool is None or turn.call is not None:
             return []
         call_id = f"call_{turn.id}"
         args = dict(event.call.arguments)
-        turn.action = p.Action(turn.id, call_id, tool.name, args)
+        turn.call = CallAdded(
+            turn.id, call_item(turn.id), call_id, tool.name, args, turn.shape.keep
+        )
         turn.action_text, turn.action_passes = render_call(tool, args), event.call.passes
         self._calls[call_id] = tool.name
         while len(self._calls) > MAX_OPEN_CALLS:
             del self._calls[next(iter(self._calls))]
-        if turn.first_audio_time is None and turn.speak:
-            turn.unheard_text.append(turn.action)
+        told: list[Effect] = [Send(_action(turn.call)), turn.call]
+        if turn.first_audio_time is None and turn.shape.speak:
+            turn.unheard_text += told
             return []
-        return self._emit(turn, turn.action)
+        return self._emit(turn, *told)
 
     def _on_action_result(self, event: p.ActionResult) -> list[Effect]:
         """What came of an action joins the conversation after the reply that made it."""
@@ -1075,24 +1251,31 @@ class Session:
             return self._error("unknown_call_id", f"no action {event.call_id!r} awaits a result")
         body = json.dumps({"name": name, "output": event.output}, ensure_ascii=False)
         turn = self._turn
-        if turn is not None and turn.action is not None and turn.action.call_id == event.call_id:
+        if turn is not None and turn.call is not None and turn.call.call_id == event.call_id:
             turn.results.append(ChatMessage("tool", body))  # after the reply, once it ends
         else:
             self._remember(ChatMessage("tool", body))
         return []
 
     @staticmethod
+    def _shown(turn: _Turn, effects: Iterable[Effect]) -> list[Effect]:
+        """What goes out of a reply's text and call: the wires hear of them only within
+        the reply (ReplyStarted); a turn that is not answered has none, but a stray
+        sentence must not name a reply that never started."""
+        return [e for e in effects if turn.started or not isinstance(e, SentenceAdded | CallAdded)]
+
+    @staticmethod
     def _acted(turn: _Turn) -> bool:
         """The turn's action went out to the client."""
-        a = turn.action
-        return a is not None and a not in turn.unheard_text and a not in turn.held
+        c = turn.call
+        return c is not None and c not in turn.unheard_text and c not in turn.held
 
     def _remember_reply(self, turn: _Turn, spoken: str) -> None:
         """What the conversation keeps of a reply: the call it made (if the client got
         it), the words the user heard, then the results that came back meanwhile."""
         said = kept_reply(turn.action_text if self._acted(turn) else "", spoken)
         if said:
-            self._remember(ChatMessage("assistant", said))
+            self._remember(ChatMessage("assistant", said), reply_item(turn.id))
         for result in turn.results:
             self._remember(result)
 
@@ -1123,21 +1306,25 @@ class Session:
             turn.first_audio_time = now
             turn.tts_first_ms = event.tts_ms
             self._to(State.SPEAKING)
-            out += [Send(m) for m in turn.unheard_text]
+            out += self._shown(turn, turn.unheard_text)
             turn.unheard_text.clear()
-        turn.sentence_samples[event.sentence] = event.sentence_samples
-        turn.queued_samples += len(event.pcm) // 2
-        turn.seq += 1
-        audio = SendAudio(turn.id, turn.seq - 1, event.pcm, event.sentence, event.sentence_samples)
+        seq = turn.audio.queue(event.sentence, len(event.pcm) // 2, event.sentence_samples)
+        audio = SendAudio(
+            turn.id,
+            seq,
+            event.pcm,
+            event.sentence,
+            event.sentence_samples,
+            reply_item(turn.id),
+            turn.shape.output_format,
+        )
         return [*out, audio]
 
     def _on_audio_written(self, event: AudioWritten) -> list[Effect]:
         turn = self._current(event.turn_id)
         if turn is None:  # cancelled: its spoken part is already in the conversation
             return []
-        i = event.sentence
-        turn.sent_samples[i] = turn.sent_samples.get(i, 0) + event.samples
-        turn.written_samples += event.samples
+        turn.audio.write(event.sentence, event.samples)
         return []
 
     def _on_finished(self, event: ReplyFinished) -> list[Effect]:
@@ -1151,16 +1338,17 @@ class Session:
 
     def _complete(self, turn: _Turn, event: ReplyFinished) -> list[Effect]:
         out = self._flush_audio(turn, self._now)  # the reply is done: nothing to doubt
-        out += [Send(m) for m in turn.unheard_text]  # a reply with no audio at all
+        out += self._shown(turn, turn.unheard_text)  # a reply with no audio at all
         turn.unheard_text.clear()
         text = " ".join(turn.sentences)
-        kept = text if turn.written_samples >= turn.queued_samples else self._spoken(turn)
-        if turn.keep:  # an out-of-band reply joins no conversation
+        kept = text if turn.audio.unwritten <= 0 else self._spoken(turn)
+        if turn.shape.keep:  # an out-of-band reply joins no conversation
             self._remember_reply(turn, kept)
         self._turn = None
         self._to(State.LISTENING)
-        done = [Send(p.ReplyDone(turn.id, text)), Send(self._metrics(turn, event))]
-        return [*out, *done, *self._after_reply()]
+        out += self._end_reply(turn, "completed", None, text)
+        out += [Send(p.ReplyDone(turn.id, text)), *self._closed(turn, self._metrics(turn, event))]
+        return [*out, *self._after_reply()]
 
     def _metrics(self, turn: _Turn, done: ReplyFinished | None) -> p.Metrics:
         def ms(a: float | None, b: float | None) -> float | None:
@@ -1179,7 +1367,7 @@ class Session:
             reply_tokens=stats.tokens if stats else 0,
             forward_passes=stats.forward_passes if stats else 0,
             end_of_turn=turn.end_of_turn,
-            action=turn.action.name if turn.action is not None else None,
+            action=turn.call.name if turn.call is not None else None,
             action_passes=turn.action_passes,
         )
 
@@ -1201,7 +1389,7 @@ class Session:
         self._turn = None
         return [CancelTurn(turn.id)]
 
-    def _cancel_turn(self, reason: str) -> list[Effect]:
+    def _cancel_turn(self, reason: p.CancelReason) -> list[Effect]:
         turn = self._turn
         if turn is None or not turn.released:
             return []
@@ -1211,14 +1399,20 @@ class Session:
             said = ChatMessage("user", turn.transcript or "")
             if turn.user_committed and self.conversation and self.conversation[-1] == said:
                 self.conversation.pop()
-        elif turn.keep:
+                self._ids.pop()
+        elif turn.shape.keep:
             self._remember_reply(turn, spoken)
         self._to(State.LISTENING)
         out: list[Effect] = [CancelTurn(turn.id)]
-        if reason != "closed":
-            cancelled = p.ReplyCancelled(turn.id, reason, spoken)  # type: ignore[arg-type]
-            out += [Send(cancelled), Send(self._metrics(turn, None)), *self._after_reply()]
-        return out
+        if reason == "closed":  # nobody is told
+            return out
+        out += self._end_reply(turn, "failed" if reason == "error" else "cancelled", reason, spoken)
+        if reason == "continued":
+            items = (turn.user_item, reply_item(turn.id) if turn.started else None)
+            out.append(TurnWithdrawn(turn.id, tuple(i for i in items if i is not None)))
+        cancelled = p.ReplyCancelled(turn.id, reason, spoken)
+        out += [Send(cancelled), *self._closed(turn, self._metrics(turn, None))]
+        return [*out, *self._after_reply()]
 
     def _on_disconnect(self) -> list[Effect]:
         out = self._cancel_turn("closed") + self._drop_speculation()

@@ -22,12 +22,14 @@ from audio.endpoint import EndpointConfig
 from model.engine import ChatMessage
 from model.tools import ToolCall
 from server import protocol as p
+from server.lifecycle import Lifecycle
 from server.realtime import RATE, VOICE, Emit, Out, Realtime
 from server.session import (
     AudioWritten,
     Close,
     Event,
     FinalTranscript,
+    PartialTranscript,
     ReplyAction,
     ReplyAudio,
     ReplyFinished,
@@ -77,6 +79,8 @@ class Driver:
                     events.append(json.loads(text))
                 case Send(message=message):
                     events += [json.loads(t) for t in self.codec.encode(message)]
+                case Lifecycle():
+                    events += [json.loads(t) for t in self.codec.lifecycle(effect)]
                 case SendAudio():
                     events.append(json.loads(self.codec.audio(effect)))
                     written = AudioWritten(effect.turn_id, effect.sentence, len(effect.pcm) // 2)
@@ -852,8 +856,8 @@ def test_idle_timeout_commits_silence_and_answers_once() -> None:
 def test_idle_timeout_waits_while_speech_is_heard() -> None:
     d, _ = make()
     d.send(vad(type="server_vad", idle_timeout_ms=1000))
-    d.frames(0.9, 10)  # the VAD hears speech: an utterance is open
-    assert d.session.hearing
+    heard = d.frames(0.9, 10)  # the VAD hears speech: an utterance is open
+    assert types(heard) == ["input_audio_buffer.speech_started"]
     assert [e for e in d.send(append(pcm(1.5))) if e] == []
     assert [e for e in d.send(append(pcm(0.5))) if e] == []
 
@@ -874,7 +878,7 @@ def test_transcription_is_echoed_and_partials_become_deltas() -> None:
     deltas = [
         e
         for text in ("What is", "What is the capital", "What is the capital", "Where is it")
-        for e in d.run([Send(p.TranscriptPartial(turn, text))])
+        for e in d.deliver(PartialTranscript(turn, text))
     ]
     assert [e["delta"] for e in deltas] == ["What is", " the capital"]
     assert {e["item_id"] for e in deltas} == {started["item_id"]}
@@ -973,8 +977,8 @@ def test_truncate_refuses_user_items_and_other_parts() -> None:
 
 def test_a_barged_in_reply_can_be_truncated_further() -> None:
     d, _ = make()
-    _, turn = spoken_turn(d)
-    opened_item = d.codec._responses[turn].item_id
+    events, turn = spoken_turn(d)
+    opened_item = one(events, "response.output_item.added")["item"]["id"]
     d.deliver(ReplySentence(turn, 0, "Rome is the capital of Italy, and it is old.", 50.0))
     d.deliver(ReplyAudio(turn, 0, pcm(1.0), RATE * 2, 20.0))  # half the sentence sent
     events = d.frames(0.9, 5)

@@ -14,6 +14,7 @@ import pytest
 from audio.endpoint import EndpointConfig
 from model.engine import ChatMessage, GenerationStats
 from server import protocol as p
+from server.lifecycle import Lifecycle, truncate_to_sent
 from server.resume import ResumeStore
 from server.session import (
     TRANSITIONS,
@@ -44,7 +45,6 @@ from server.session import (
     TurnFailed,
     UserText,
     VadResult,
-    truncate_to_sent,
 )
 from server.turn_end import TurnEndPolicy
 
@@ -251,7 +251,7 @@ def test_end_of_turn_releases_everything_held_in_order() -> None:
     assert d.s.conversation == [ChatMessage("user", "What is the capital of France?")]
     out = d.send(ReplyAudio(turn, 0, b"\x00\x00" * 100, 100, 20.0))
     assert [type(m) for m in sent(out)] == [p.ReplyText]
-    assert [type(e) for e in out if not isinstance(e, Send)] == [SendAudio]
+    assert [type(e) for e in out if not isinstance(e, Send | Lifecycle)] == [SendAudio]
     assert out.index(of(out, SendAudio)[0]) > 0  # text first, then its audio
     assert not of(d.silence(30), StartTurn)  # one turn, one reply
 
@@ -508,7 +508,7 @@ def test_reply_audio_speaking_done_and_metrics() -> None:
     d.send(ReplySentence(turn, 0, "Paris.", 40.0))
     d.now += 0.3
     out = d.send(ReplyAudio(turn, 0, b"\x01\x00" * 100, 100, 30.0))
-    assert of(out, SendAudio) == [SendAudio(turn, 0, b"\x01\x00" * 100, 0, 100)]
+    assert of(out, SendAudio) == [SendAudio(turn, 0, b"\x01\x00" * 100, 0, 100, f"item_r{turn}")]
     assert d.s.state is State.SPEAKING
     out = d.send(ReplyAudio(turn, 0, b"\x01\x00" * 100, 100, None))
     assert of(out, SendAudio)[0].seq == 1  # type: ignore[attr-defined]

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from audio.endpoint import EndpointConfig
 from model.engine import ChatMessage, GenerationStats
 from server import protocol as p
+from server.lifecycle import CallAdded, ReplyEnded, ReplyStarted, SentenceAdded
 from server.resume import ResumeStore
 from server.session import (
     AudioBytes,
@@ -116,13 +117,14 @@ class Run:
     had_audio: set[int] = field(default_factory=set)
     written: set[int] = field(default_factory=set)
     appended: list[ChatMessage] = field(default_factory=list)  # in this step
+    replies: dict[int, bool] = field(default_factory=dict)  # turn -> its reply ended
 
     def __post_init__(self) -> None:
         remember = self.session._remember  # every message the conversation gains
 
-        def recorded(message: ChatMessage) -> None:
+        def recorded(message: ChatMessage, item_id: str | None = None) -> None:
             self.appended.append(message)
-            remember(message)
+            remember(message, item_id)
 
         self.session._remember = recorded  # type: ignore[method-assign]
 
@@ -160,6 +162,16 @@ class Run:
                     self.said.setdefault(t, []).append(text)
                 case Send(message=p.ReplyDone(turn_id=t)):
                     ended.append(t)
+                case ReplyStarted(turn_id=t):
+                    assert t not in self.replies, "a reply started twice"
+                    self.replies[t] = False
+                case SentenceAdded(turn_id=t) | CallAdded(turn_id=t):
+                    assert self.replies.get(t) is False, "reply text outside its reply"
+                case ReplyEnded(turn_id=t):
+                    assert self.replies.get(t) is False, "a reply ended that was not under way"
+                    self.replies[t] = True
+        conversation = self.session.conversation
+        assert len(self.session._ids) == len(conversation), "a message without its id"
         for message in (m for m in self.appended if m.role == "assistant"):
             assert ended, "an assistant message appeared without its turn ending"
             turn = ended[0]
