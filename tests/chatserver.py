@@ -147,10 +147,11 @@ def closed_port() -> int:
 
 
 def llama_python_or_skip() -> str:
-    import pytest
+    """A Python with llama-cpp-python (.ci/run builds one); a skip without, a failure in CI."""
+    from tests.speech import missing
 
     if (python := llama_cpp_python()) is None:
-        pytest.skip(
+        missing(
             f"llama-cpp-python is not built: set ${LLAMA_PYTHON_ENV} to a Python that has "
             "llama-cpp-python[server] (docs/realtime.md, 'A bigger reply model')"
         )

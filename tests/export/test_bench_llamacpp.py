@@ -1,9 +1,9 @@
 """llama.cpp as an engine of ``quicksilver bench llm`` (export/bench/llamacpp.py).
 
-The real twin runs llama-cpp-python on the SmolLM2 GGUF where it is built (it compiles
-llama.cpp: ``$QUICKSILVER_LLAMA_CPP_PYTHON``, docs/export.md). Beside it, a stand-in
-``llama_cpp`` module checks the worker's protocol and the bench's llama.cpp row on
-machines without it, CI's among them.
+The real twin runs llama-cpp-python on the SmolLM2 GGUF (it compiles llama.cpp:
+``$QUICKSILVER_LLAMA_CPP_PYTHON``, docs/export.md; .ci/run builds it, and in CI its
+absence is a failure). Beside it, a stand-in ``llama_cpp`` module checks the worker's
+protocol and the bench's llama.cpp row on any machine.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import pytest
 from export.bench.llamacpp import LlamaCppError, LlamaCppWorker, llama_cpp_python
 from export.bench.llm import LLAMA_ENGINE, LLAMA_RUNTIME, BenchOptions, print_table, run_llm_bench
 from model.engine import ChatMessage, GenerationStats, drain
+from tests.chatserver import llama_python_or_skip
 from tests.model.conftest import smollm2_gguf  # noqa: F401 (a fixture)
 
 # llama_cpp.Llama's generate() as the worker uses it: an endless stream of token ids
@@ -127,9 +128,7 @@ def test_llama_cpp_answers_on_the_smollm2_gguf(smollm2_gguf) -> None:  # type: i
     from model.nn.gguf import find_smollm2_gguf
     from model.tokenizer import Tokenizer
 
-    python = llama_cpp_python()
-    if python is None:
-        pytest.skip("llama-cpp-python is not built: set $QUICKSILVER_LLAMA_CPP_PYTHON")
+    python = llama_python_or_skip()
     tok = Tokenizer(smollm2_gguf.tokenizer_data())
     prompt = build_prompt(tok, [ChatMessage("user", "What is the capital of France?")], 1024)
     with LlamaCppWorker(python, find_smollm2_gguf()) as worker:
