@@ -82,12 +82,15 @@ def test_eval_command_end_to_end(tmp_path, smollm2_gguf):
     }
 
 
-def test_eval_scores_the_exported_int8_model(tmp_path, smollm2_gguf):
+@pytest.mark.models
+@pytest.mark.slow
+def test_eval_scores_the_exported_int8_model(tmp_path, smollm2_gguf, model_cache):
     """--onnx: the diffusion replies come from the served int8 graph, not PyTorch."""
     from export.build import ensure_model_dir
     from model.modeldir import shipped_adapter
 
-    model_dir = ensure_model_dir(adapter=shipped_adapter())  # what serve builds, once
+    # what serve builds, once per test session, in its cache (tests/conftest.py)
+    model_dir = ensure_model_dir(model_cache, adapter=shipped_adapter())
     prompts = tmp_path / "q.txt"
     prompts.write_text("Name a fruit.\n")
     out = tmp_path / "eval.json"

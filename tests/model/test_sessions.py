@@ -80,14 +80,15 @@ def test_the_shipped_scripts_are_20_turn_sessions() -> None:
 
 
 def test_every_command_of_the_shipped_scripts_has_a_valid_expected_call() -> None:
-    from model.tools import DEFAULT_TOOLS, validate
+    from model.tools import DEFAULT_TOOLS
+    from tests.schema import assert_fits_schema
 
     calls = read_calls(CALLS_FILE)
     every = {t for turns in read_scripts(SCRIPTS_FILE).values() for t in turns}
     assert set(calls) <= every and len(calls) >= 20  # no stale entry; most tools covered
     tools = {t.name: t for t in DEFAULT_TOOLS}
     for call in calls.values():
-        validate(tools[call.name], call.arguments)  # raises when not the schema's
+        assert_fits_schema(tools[call.name], call.arguments)
     assert {c.name for c in calls.values()} == set(tools)  # each default tool at least once
     assert "What is the capital of Australia?" not in calls  # a question is chat
 
@@ -235,15 +236,21 @@ def test_configure_sets_the_window_and_ban_the_options_ask_for() -> None:
 
 
 @pytest.mark.models
-def test_the_command_runs_a_session_on_the_served_ar_engine(tmp_path, capsys) -> None:
+@pytest.mark.slow
+def test_the_command_runs_a_session_on_the_served_ar_engine(
+    tmp_path, capsys, monkeypatch, model_cache
+) -> None:
     """`quicksilver eval sessions` end to end: two turns on the int8 AR engine, no
-    scoring model; the table and the JSON agree."""
-    from model.assemble import engine_model_dir
-    from model.modeldir import is_complete
-    from server.cli import main
+    scoring model; the table and the JSON agree. The engine is built as `serve` builds
+    it, into the test session's cache, which the command finds as ~/.cache/quicksilver of
+    a home of the test's own (never the user's)."""
+    from server.cli import main, prepare_model
 
-    if not is_complete(engine_model_dir("smollm2-ar-onnx"), "int8"):
-        pytest.skip("no exported AR model (quicksilver serve --engine smollm2-ar-onnx builds it)")
+    prepare_model("smollm2-ar-onnx", model_cache)
+    home = tmp_path / "home"
+    (home / ".cache").mkdir(parents=True)
+    (home / ".cache" / "quicksilver").symlink_to(model_cache)
+    monkeypatch.setenv("HOME", str(home))
     scripts = tmp_path / "s.json"
     scripts.write_text(json.dumps({"one": ["Set a timer for five minutes.", "Play some jazz."]}))
     out = tmp_path / "r.json"
