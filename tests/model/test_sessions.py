@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import statistics
 from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
@@ -178,9 +179,23 @@ def test_evaluate_runs_sessions_on_their_own_replies_and_counts(tmp_path) -> Non
         total = mine["total"]
         assert total["turns"] == 5
         assert total["repeats"] == mine["a"]["repeats"] + mine["b"]["repeats"]
-        assert 0 <= total["clean_end_rate"] <= 1
-        assert total["nll_per_token"] > 0 or math.isnan(total["nll_per_token"])  # all empty
-        assert -1 <= total["similarity_median"] <= 1
+        every = [t for turns in sessions.values() for t in turns]
+        ended = [t["stopped_by"] == "end" for t in every]
+        assert total["clean_end_rate"] == sum(ended) / 5
+        # each reply against its reference (here the user's words), in the stand-in
+        # embedder computed here: the median of those
+        bag = BagOfLetters()
+        sims = [float(bag.encode([t["reply"]])[0] @ bag.encode([t["user"]])[0]) for t in every]
+        assert [t["similarity"] for t in every] == pytest.approx(sims)
+        assert total["similarity_median"] == pytest.approx(statistics.median(sims))
+        # per token over all replies: between the figures of the replies that have a
+        # token to score (a word, or the end token)
+        scored = [t for t in every if t["reply"] or t["stopped_by"] == "end"]
+        nlls = [t["nll_per_token"] for t in scored]
+        if nlls:
+            assert min(nlls) - 1e-9 <= total["nll_per_token"] <= max(nlls) + 1e-9
+        else:  # every reply empty, and none ended: no token to score
+            assert math.isnan(total["nll_per_token"])
     assert report["engine_options"]["tiny-ar"] == {"history_window": None, "opening_ban": 4}
     assert "| tiny-ar | total | 5 |" in table(report)
     json.dumps(report)  # what --json writes
