@@ -55,6 +55,7 @@ async def test_a_text_turn_is_answered_by_llama_cpp(
                     sentences.append(message.text)
                 elif isinstance(message, p.ReplyDone):
                     break
+        # llama.cpp's first reply (tests/chatserver.py, LLAMA_SEED) names Paris
         assert "Paris" in message.text and audio > 0, message.text
         assert " ".join(sentences).split() == message.text.split()
     finally:
