@@ -39,11 +39,14 @@ def test_the_first_chunk_is_the_first_sentence_alone(tts: Synthesizer) -> None:
     """The reply's first audio is its first sentence and nothing more: what the voice
     loop can play while the rest is made."""
     asr: Transcriber = load_transcriber("tiny.en")
-    first, second = "It is sunny in Paris tomorrow.", "Expect a high of twenty two degrees."
+    first, second = "It will be sunny tomorrow.", "Expect a high of twenty two degrees."
     chunks = tts.synthesize(f"{first} {second}")
     audio = next(iter(chunks))
     heard = asr.transcribe(resample(int16_to_float32(audio), tts.sample_rate, 16_000)).text
-    assert word_error_rate(first, heard) <= 0.25, heard
+    # Piper's takes vary (its noise is not seeded): tiny.en may mishear a word, but what
+    # it hears is the first sentence, not the reply
+    alone = word_error_rate(first, heard)
+    assert alone <= 0.4 and alone < word_error_rate(f"{first} {second}", heard), heard
     rest = list(chunks)
     assert len(rest) == 1 and len(rest[0]) > 0.2 * tts.sample_rate
 
