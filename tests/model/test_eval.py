@@ -104,7 +104,8 @@ def _row(nll: float, similarity: float = 0.0, clean: float = 1.0) -> dict[str, f
     ],
 )
 def test_the_headline_says_which_goals_the_diffusion_setting_meets(diffusion, met):
-    """Against the sampled AR replies' NLL (2.0) and the fixed goals: at the goal is met."""
+    """Against the sampled AR replies' NLL (2.0) and the fixed goals; a figure exactly at
+    its goal meets it."""
     s = headline([_row(1.5), _row(2.0), diffusion])
     assert tuple(s["goals"].values()) == met
     assert list(s["goals"]) == ["nll_no_worse", "similarity_median", "clean_end_rate"]
