@@ -28,6 +28,11 @@ DONE = "[DONE]"
 # a Python with llama-cpp-python and its server extras (docs/realtime.md says how to build
 # one: it compiles llama.cpp)
 LLAMA_MODEL = "smollm2"  # the --model_alias the server answers to
+# llama.cpp's server samples (temperature 0.8 unless asked otherwise, and the engine does
+# not ask) with a seed each request draws from the one before: from a fixed first seed
+# (its default, written out) a module's requests get the same replies on every run. The
+# first one asked "What is the capital of France?" names Paris; 12 in 20 later ones do.
+LLAMA_SEED = 0xFFFF_FFFF
 
 
 def chunk(text: str | None, finish: str | None = None) -> str:
@@ -147,10 +152,11 @@ def closed_port() -> int:
 
 
 def llama_python_or_skip() -> str:
-    import pytest
+    """A Python with llama-cpp-python (.ci/run builds one); a skip without, a failure in CI."""
+    from tests.speech import missing
 
     if (python := llama_cpp_python()) is None:
-        pytest.skip(
+        missing(
             f"llama-cpp-python is not built: set ${LLAMA_PYTHON_ENV} to a Python that has "
             "llama-cpp-python[server] (docs/realtime.md, 'A bigger reply model')"
         )
@@ -179,6 +185,7 @@ def llama_server(python: str, gguf: Path, log: Path, timeout_s: float = 300) -> 
     port = closed_port()
     cmd = [python, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", LLAMA_MODEL]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--n_threads", "2", "--n_ctx", "2048"]
+    cmd += ["--seed", str(LLAMA_SEED)]
     with log.open("wb") as out:  # the child keeps its own copy of the descriptor
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     server = LlamaServer(proc, f"http://127.0.0.1:{port}/v1", log)

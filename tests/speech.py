@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn
 
 import pytest
 
-from audio.speech import have_espeak
+from audio.speech import Float32Array, SpeechFactory, have_espeak
 
 # In CI a missing espeak-ng is a failure (.ci/run installs it); elsewhere a skip.
 needs_espeak = pytest.mark.skipif(
@@ -24,6 +25,24 @@ def missing(reason: str) -> NoReturn:
     if os.environ.get("CI"):
         pytest.fail(f"{reason} (CI installs it; a skip here would hide a broken setup)")
     pytest.skip(reason)
+
+
+# The voices the end-to-end turns are spoken in: Piper's joe, the product's own voice,
+# and a second engine with a voice of its own (espeak-ng's formant synthesis, en-us), so
+# a turn is not only the product's voice judged by the product's Whisper.
+VOICES = ("piper", "espeak")
+in_each_voice = pytest.mark.parametrize("voice", VOICES)
+
+
+def speak(
+    speech: SpeechFactory, voice: str, text: str, lead_s: float = 0.0, trail_s: float = 0.0
+) -> Float32Array:
+    """``text`` in ``voice`` (one of :data:`VOICES`), with ``lead_s`` and ``trail_s`` of
+    silence around it."""
+    if voice == "espeak" and not have_espeak():
+        missing("espeak-ng is not installed (apt-get install espeak-ng)")
+    synth: Callable[[str, float, float], Float32Array] = getattr(speech, voice)
+    return synth(text, lead_s, trail_s)
 
 
 @dataclass(frozen=True)

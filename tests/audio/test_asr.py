@@ -15,7 +15,7 @@ from audio.speech import (
     word_error_rate,
 )
 from bench.asr import noisy_copy
-from tests.speech import needs_espeak
+from tests.speech import missing, needs_espeak
 
 models = pytest.mark.models
 
@@ -49,7 +49,7 @@ def test_transcribes_test_speech(
     transcriber: Transcriber, speech: SpeechFactory, voice: str, text: str
 ) -> None:
     if voice == "espeak" and not have_espeak():
-        pytest.skip("espeak-ng is not installed")
+        missing("espeak-ng is not installed")
     audio = getattr(speech, voice)(text, 0.3, 0.3)
     result = transcriber.transcribe(audio)
     assert result.language == "en"

@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -64,15 +62,17 @@ def test_espeak_voice_is_speech_too(vad: SileroVad, speech: SpeechFactory) -> No
     assert np.mean(probs > 0.5) > 0.6
 
 
-def test_frame_cost(vad: SileroVad, sentence: np.ndarray) -> None:
-    """Prints ms per 32 ms frame, streamed one frame per call (figure, not assertion)."""
-    frames = sentence[: (len(sentence) // FRAME_SAMPLES) * FRAME_SAMPLES]
-    frames = frames.reshape(-1, FRAME_SAMPLES)
-    runs = []
-    for _ in range(5):
-        state = vad.new_state()
-        t = time.perf_counter()
-        for f in frames:
-            vad.process(state, f)
-        runs.append((time.perf_counter() - t) / len(frames) * 1000)
-    print(f"VAD: {np.median(runs):.3f} ms per 32 ms frame (median of 5)")
+def test_a_frame_is_scored_the_moment_its_last_sample_arrives(
+    vad: SileroVad, sentence: np.ndarray
+) -> None:
+    """What the endpointer relies on: nothing for part of a frame, its probability in
+    the call that completes it, and the same probability as the whole sentence's."""
+    whole = vad.process(vad.new_state(), sentence)
+    state, half = vad.new_state(), FRAME_SAMPLES // 2
+    for k in range(3):
+        start = k * FRAME_SAMPLES
+        assert len(vad.process(state, sentence[start : start + half])) == 0
+        assert state.frames == k and len(state.pending) == half
+        got = vad.process(state, sentence[start + half : start + FRAME_SAMPLES])
+        np.testing.assert_allclose(got, whole[k : k + 1], atol=1e-5)
+        assert state.frames == k + 1 and len(state.pending) == 0

@@ -12,21 +12,23 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from audio.asr import Transcriber
 from audio.resample import float32_to_int16, int16_to_float32
-from audio.speech import SpeechFactory
+from audio.speech import SpeechFactory, normalize_words, word_error_rate
 from clients.common import Pcm
 from clients.glasses import first_turn, start_session, stream_audio
 from server import protocol as p
 from tests.serverproc import ServerProcess, next_event
+from tests.speech import in_each_voice, speak
 
 pytestmark = [pytest.mark.e2e, pytest.mark.models]
 
 COMMAND = "Set a timer for five minutes."
 
 
+@in_each_voice
 async def test_a_spoken_command_sets_a_timer_and_says_so(
-    server: ServerProcess, speech: SpeechFactory, tiny: Transcriber
+    server: ServerProcess, speech: SpeechFactory, tiny: Transcriber, voice: str
 ) -> None:
-    command = speech.piper(COMMAND, lead_s=0.5)
+    command = speak(speech, voice, COMMAND, lead_s=0.5)
     async with connect(server.url) as ws:
         ready = await start_session(ws, 16000, "test")
         assert "timer.set" in ready.tools  # the default device tools
@@ -45,8 +47,10 @@ async def test_a_spoken_command_sets_a_timer_and_says_so(
     kinds = [type(m) for m in result.events]
     assert kinds.index(p.Action) < kinds.index(p.ReplyText)  # acts, then confirms
     assert result.reply and "tool_call" not in result.reply  # the call is never spoken
+    # the confirmation names the duration, and what is spoken is what was written
+    assert "five" in normalize_words(result.reply), result.reply
     heard = tiny.transcribe(int16_to_float32(np.frombuffer(result.audio, "<i2"))).text
-    assert heard.strip(), "the confirmation is spoken"
+    assert word_error_rate(result.reply, heard) <= 0.25, (result.reply, heard)
     metrics = next(m for m in result.events if isinstance(m, p.Metrics) and m.turn_id == turn)
     assert metrics.action == "timer.set" and metrics.action_passes > 0
 

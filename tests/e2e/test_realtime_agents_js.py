@@ -2,7 +2,7 @@
 JavaScript (npm ``@openai/agents``), its ``RealtimeSession`` over the Node WebSocket
 transport with the SDK's default session config, holds a text turn with the real
 server's ``/v1/realtime``. The SDK is pinned in tests/e2e/agents_js (``npm ci`` there;
-.ci/run does it where npm is installed); without Node or the package the tests skip."""
+.ci/run does it); without Node or the package the tests skip, and fail in CI."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 
 from model.chat import SPOKEN_SYSTEM_PROMPT
 from tests.serverproc import ServerProcess
-from tests.speech import ITALY
+from tests.speech import ITALY, missing
 
 pytestmark = [pytest.mark.e2e, pytest.mark.models]
 
@@ -31,9 +31,9 @@ def turn(server: ServerProcess) -> dict[str, Any]:
     the server's error events."""
     node = shutil.which("node")
     if node is None:
-        pytest.skip("node is not installed (the Agents SDK for JavaScript runs on it)")
+        missing("node is not installed (the Agents SDK for JavaScript runs on it)")
     if not (HERE / "node_modules" / "@openai" / "agents").is_dir():
-        pytest.skip(f"@openai/agents is not installed: `npm ci` in {HERE}")
+        missing(f"@openai/agents is not installed: `npm ci` in {HERE}")
     url = server.url.removesuffix("/voice") + "/realtime"
     # the agent's instructions are the server's own prompt: the answer below is the one
     # the default model gives under it, whether or not the server takes the SDK's update

@@ -15,8 +15,9 @@ import pytest
 from audio.asr import Transcriber
 from audio.resample import float32_to_pcm16, int16_to_float32, resample
 from audio.speech import SpeechFactory, word_error_rate
+from tests.schema import assert_fits_schema
 from tests.serverproc import ServerProcess
-from tests.speech import ITALY, JAPAN, missing
+from tests.speech import ITALY, JAPAN, in_each_voice, missing, speak
 
 pytestmark = [pytest.mark.e2e, pytest.mark.models]
 
@@ -101,10 +102,11 @@ async def stream(conn: Any, pcm: bytes) -> None:
         await asyncio.sleep(0.1)
 
 
+@in_each_voice
 async def test_a_spoken_turn_is_transcribed_and_answered(
-    client: Any, speech: SpeechFactory
+    client: Any, speech: SpeechFactory, voice: str
 ) -> None:
-    question = speech.piper(JAPAN.text, lead_s=0.3)
+    question = speak(speech, voice, JAPAN.text, lead_s=0.3)
     pcm = float32_to_pcm16(resample(question, 16_000, RATE))
     async with client.realtime.connect(model="quicksilver") as conn:
         await events_until(conn, "session.created")
@@ -374,8 +376,9 @@ async def test_a_function_tool_is_called_and_its_output_taken(acting_client: Any
         events = await events_until(conn, "response.done")
         (args,) = of(events, "response.function_call_arguments.done")
         assert args.name == "timer.set"
-        seconds = json.loads(args.arguments)["seconds"]  # valid by construction (an int >= 1)
-        assert isinstance(seconds, int) and seconds >= 1
+        # "five minutes" is 300 seconds (model/spoken.py reads the number said)
+        assert json.loads(args.arguments) == {"seconds": 300}
+        assert_fits_schema(DEFAULT_TOOLS[0], json.loads(args.arguments))
         done = events[-1].response
         assert done.status == "completed"
         assert [o.type for o in done.output] == ["message", "function_call"]

@@ -18,7 +18,7 @@ from clients.common import Pcm, TurnAudio, read_wav
 from clients.glasses import first_turn, start_session, stream_audio
 from server import protocol as p
 from tests.serverproc import ROOT, ServerProcess
-from tests.speech import ITALY, JAPAN
+from tests.speech import ITALY, JAPAN, in_each_voice, speak
 
 pytestmark = [pytest.mark.e2e, pytest.mark.models]
 
@@ -33,10 +33,11 @@ def pcm(audio: np.ndarray) -> Pcm:
     return Pcm(float32_to_int16(audio), 16000)
 
 
+@in_each_voice
 async def test_spoken_question_gets_an_intelligible_spoken_answer(
-    server: ServerProcess, speech: SpeechFactory, tiny: Transcriber
+    server: ServerProcess, speech: SpeechFactory, tiny: Transcriber, voice: str
 ) -> None:
-    question = speech.piper(QUESTION, lead_s=0.5)
+    question = speak(speech, voice, QUESTION, lead_s=0.5)
     async with connect(server.url) as ws:
         ready = await start_session(ws, 16000, "test")
         assert ready.output_sample_rate == 16000 and ready.audio_header_bytes == 8

@@ -6,6 +6,7 @@ import torch
 from model.nn.gguf import GGUFFile, TokenizerData, find_smollm2_gguf
 from model.nn.llama import Llama, LlamaConfig
 from model.tokenizer import Tokenizer, _unicode_to_byte
+from tests.speech import missing
 
 TINY = LlamaConfig(
     vocab_size=300, n_layer=2, n_embd=32, n_head=4, n_kv_head=2, ffn_hidden=64, max_seq_len=128
@@ -40,4 +41,4 @@ def smollm2_gguf() -> GGUFFile:
     try:
         return GGUFFile(find_smollm2_gguf())
     except FileNotFoundError as exc:
-        pytest.skip(str(exc))
+        missing(str(exc))

@@ -242,8 +242,15 @@ def test_engine_counts_passes_and_respects_max_tokens() -> None:
 
 @pytest.mark.models
 def test_smollm2_diffusion_engine_runs_and_stops(smollm2_gguf) -> None:  # type: ignore[no-untyped-def]
-    settings = DiffusionOptions(sampler=SamplerSettings(block_size=16, steps_per_block=4))
-    model = load_smollm2_diffusion(smollm2_gguf)
+    """The served adapter on SmolLM2 in PyTorch (the ONNX graphs' source) answers."""
+    from model.diffusion_engine import served_options
+    from model.modeldir import SHIPPED_ADAPTER
+    from model.nn.adapter import load_adapter
+
+    adapter = load_adapter(SHIPPED_ADAPTER)
+    served = served_options(adapter.manifest)  # its sampler, at most 4 steps a block
+    settings = replace(served, sampler=replace(served.sampler, block_size=16, steps_per_block=4))
+    model = load_smollm2_diffusion(smollm2_gguf, adapter)
     assert model.tok_emb.weight.shape[0] == model.config.vocab_size + 1
 
     async def ask() -> list[Any]:
@@ -261,7 +268,9 @@ def test_smollm2_diffusion_engine_runs_and_stops(smollm2_gguf) -> None:  # type:
     assert isinstance(chunks[-1], ReplyEnd)
     stats = chunks[-1].stats
     assert all(isinstance(c, str) for c in chunks[:-1])
-    assert 0 < stats.tokens <= 32 and stats.stopped_by in ("end", "budget")
+    # fp32 names Paris (int8 flips a near-tie to a made-up name: tests/speech.py)
+    assert "Paris" in "".join(chunks[:-1]), chunks
+    assert 0 < stats.tokens <= 32 and stats.stopped_by == "end"
     # prefill + at most 4 steps per block + one commit between the two blocks
     assert 2 <= stats.forward_passes <= 1 + 2 * 4 + 1
 

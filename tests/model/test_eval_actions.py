@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from model.tools import CALL_OPEN, ToolCall
+from model.engine import ChatMessage, drain
+from model.tools import CALL_OPEN, DEFAULT_TOOLS, ToolCall
 from model.training.eval_actions import Case, read_cases, run_case, same_call, summarize
 
 from .test_actions import CallsFirst
@@ -61,10 +62,18 @@ def test_one_turn_through_the_engine_reports_its_call_and_reply() -> None:
     backend = CallsFirst(tiny_diffusion(4), max_len=1024)
     backend.open_id = gen.tokenizer.encode_plain(CALL_OPEN)[0]  # type: ignore[attr-defined]
     gen.backend = gen.prefixes.backend = backend
-    row = run_case(
-        gen, Case("set a timer for 5 minutes", ToolCall("timer.set", {"seconds": 300})), 24
+    text = "set a timer for 5 minutes"
+    row = run_case(gen, Case(text, ToolCall("timer.set", {"seconds": 300})), 24)
+    # the same turn through the engine directly: the row reports its call and words
+    items, stats = drain(
+        gen.generate([ChatMessage("user", text)], 24, lambda: False, DEFAULT_TOOLS)
     )
-    assert row["call"] is not None and row["passes"] > 0 and row["action_ms"] > 0
-    assert row["exact"] == same_call(
-        ToolCall(**row["call"]), ToolCall("timer.set", {"seconds": 300})
-    )
+    (made,) = [i for i in items if isinstance(i, ToolCall)]
+    assert row["call"] == {"name": made.name, "arguments": dict(made.arguments)}
+    assert row["passes"] == made.passes > 0 and row["action_ms"] is not None
+    assert row["reply"] == "".join(i for i in items if isinstance(i, str)).strip()
+    assert row["reply_passes"] == stats.forward_passes
+    # exact when the expected call is the one made; not when another tool was expected
+    assert run_case(gen, Case(text, made), 24)["exact"] is True
+    other = "media.pause" if made.name != "media.pause" else "media.next"
+    assert run_case(gen, Case(text, ToolCall(other)), 24)["exact"] is False

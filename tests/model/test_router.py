@@ -346,15 +346,48 @@ def test_the_shipped_router_belongs_to_the_shipped_tools_adapter() -> None:
     assert set(router.names[2:]) <= {*tools, *shape_names(DEFAULT_TOOLS)}
     assert set(router.tools) == set(tools)
     assert router.names[:2] == (SPEAK, ACT)
-    held = router.info["heldout_with_history"]  # as fitted (docs/actions.md)
-    assert held["tool_accuracy"] >= 0.85 and held["chat_acted"] <= 0.02
-    # its word expert, chosen on the development split, helps there, on the tool and
-    # on act or speak: after earlier turns it acts on the commands the state speaks to
-    assert router.words is not None and router.info["words"]["weight"] > 0
-    assert router.info["act_words"]["weight"] > 0 and held["commands_acted"] >= 0.95
+    assert router.words is not None  # the word expert, fitted beside the state probe
     assert router.words.weights.shape == (len(router.words.words), len(router.names))
-    alone = router.info["state_alone"]["dev_with_history"]
-    assert router.info["dev_with_history"]["accuracy"] > alone["accuracy"]
+
+
+@pytest.mark.models
+@pytest.mark.slow
+def test_the_served_engine_routes_held_out_requests(smollm2_gguf, model_cache: Path) -> None:  # type: ignore[no-untyped-def]
+    """The served int8 engine with the shipped router, scored here on held-out rows
+    (data/actions, never trained or fitted on), not read back from the router's
+    record: two commands of each default tool and as many chat questions, half of them
+    after earlier turns of the same rows, as a session asks them."""
+    from cli.main import prepare_model
+    from model.assemble import load_generator
+
+    prepare_model("diffusion-onnx", model_cache)  # what serve builds (tests/conftest.py)
+    gen = load_generator("diffusion-onnx", model_cache)
+    assert (
+        gen.router is not None
+        and gen.router.adapter_sha256
+        == ToolRouter.load(SHIPPED_ADAPTER / ROUTER_FILE).adapter_sha256
+    )
+    data = Path(__file__).parents[2] / "data" / "actions"
+    commands: dict[str, list[Row]] = {}
+    for row in read_rows(data / "heldout_commands.jsonl"):
+        assert row.shape is not None
+        commands.setdefault(tool_of(row.shape), []).append(row)
+    asked = [r for rows in commands.values() for r in rows[:2]]
+    assert len(asked) == 2 * len(DEFAULT_TOOLS)
+    chat = read_rows(data / "heldout_chat.jsonl")[: len(asked)]
+    rows = asked + chat
+    named, acted_on_chat = [], []
+    for row, convo in zip(rows, conversations(rows, 0.5, seed=0), strict=True):
+        items, _ = drain(gen.generate(convo, 4, lambda: False, DEFAULT_TOOLS))
+        calls = [i.name for i in items if isinstance(i, ToolCall)]
+        if row.shape is None:
+            acted_on_chat.append(bool(calls))
+        else:
+            named.append(calls == [tool_of(row.shape)])
+    # as fitted, on all 240 commands and 86 questions: 0.96 of the tools right, no
+    # question acted on; here at most 2 of the 24 commands missed, 1 question acted on
+    assert sum(named) >= len(named) - 2, named
+    assert sum(acted_on_chat) <= 1, acted_on_chat
 
 
 def test_a_routed_call_is_laid_out_as_routed_whatever_the_model_would_write() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jsonschema
 import pytest
 
 from model.tools import (
@@ -18,6 +19,7 @@ from model.tools import (
     tools_system_prompt,
     validate,
 )
+from tests.schema import assert_fits_schema
 
 EXAMPLES: dict[str, dict[str, Any]] = {
     "timer.set": {"seconds": 300},
@@ -39,6 +41,7 @@ def test_the_default_set_is_the_issue_s_twelve_tools_and_each_example_is_valid()
     assert [t.name for t in DEFAULT_TOOLS] == list(EXAMPLES)
     for tool in DEFAULT_TOOLS:
         validate(tool, EXAMPLES[tool.name])
+        assert_fits_schema(tool, EXAMPLES[tool.name])  # and by a validator of another hand
         assert parse_tools([tool.schema()]) == (tool,)  # the wire form round-trips
 
 
@@ -100,6 +103,8 @@ def test_arguments_outside_the_schema_are_refused(args: dict[str, Any], why: str
     with pytest.raises(ToolError) as err:
         validate(timer, args)
     assert why in str(err.value)
+    with pytest.raises(jsonschema.ValidationError):  # the wire schema refuses them too
+        assert_fits_schema(timer, args)
 
 
 def test_the_system_prompt_lists_the_tools_and_only_then() -> None:

@@ -125,16 +125,37 @@ async def test_speech_at_24khz_is_heard_and_answered(speech: SpeechFactory) -> N
             await asyncio.sleep(0.1)
         seen: list[dict[str, Any]] = []
         done = await until(ws, "response.done", seen)
-        kinds = [e["type"] for e in seen]
-        for kind in (
-            "input_audio_buffer.speech_started",
-            "input_audio_buffer.speech_stopped",
-            "input_audio_buffer.committed",
-            "conversation.item.input_audio_transcription.completed",
-            "response.output_audio.delta",
-        ):
-            assert kind in kinds, kind
-        assert done["response"]["status"] == "completed"
+    first: dict[str, dict[str, Any]] = {}  # the first event of each kind, in the order they came
+    for e in seen:
+        first.setdefault(e["type"], e)
+    heard = [
+        "input_audio_buffer.speech_started",
+        "input_audio_buffer.speech_stopped",
+        "input_audio_buffer.committed",
+        "conversation.item.input_audio_transcription.completed",
+    ]
+    assert [k for k in first if k in heard] == heard  # in this order
+    started, stopped, committed, transcribed = (first[k] for k in heard)
+    item = started["item_id"]
+    assert stopped["item_id"] == committed["item_id"] == transcribed["item_id"] == item
+    # the speech starts after the 0.3 s lead and lasts as long as Piper's words do
+    spoken_ms = 1000 * (len(question) / 16_000 - 0.3 - 1.5)
+    start, end = started["audio_start_ms"], stopped["audio_end_ms"]
+    assert 0 < start < 600 and abs(end - start - spoken_ms) < 600, (start, end, spoken_ms)
+    assert transcribed["transcript"] == "What is the capital of France?"  # ScriptedAsr's
+    assert transcribed["usage"] == {"type": "duration", "seconds": (end - start) / 1000}
+    reply = "Paris is the capital of France."  # ScriptedReplies'
+    words = "".join(
+        e["delta"] for e in seen if e["type"] == "response.output_audio_transcript.delta"
+    )
+    assert words == reply
+    audio = b"".join(
+        base64.b64decode(e["delta"]) for e in seen if e["type"] == "response.output_audio.delta"
+    )
+    assert len(audio) // 2 > 24_000  # over a second of 24 kHz speech for six words
+    assert done["response"]["status"] == "completed"
+    (message,) = done["response"]["output"]
+    assert message["content"][0]["transcript"] == reply
 
 
 async def test_the_realtime_endpoint_takes_the_same_keys_and_realtime_tokens() -> None:

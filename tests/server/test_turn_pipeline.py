@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import math
 import threading
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -58,12 +58,16 @@ SETTLE = 50  # event-loop iterations given to anything that could still happen
 
 
 class FakeAsr:
+    """Answers ``text``; ``busy`` runs inside each call (a test moves its clock there)."""
+
     def __init__(self, text: str) -> None:
         self.text = text
         self.calls: list[np.ndarray] = []
+        self.busy: Callable[[], None] = lambda: None
 
     def transcribe(self, audio: np.ndarray) -> Transcript:
         self.calls.append(audio)
+        self.busy()
         return Transcript(self.text, "en", len(audio) / RATE, 0.01, -0.2)
 
 
@@ -140,12 +144,14 @@ class FakeTts:
         self.go = threading.Event()
         self.go.set()
         self.started = asyncio.Event()  # set from the TTS thread when it is in synthesize
+        self.busy: Callable[[], None] = lambda: None  # runs in each call, as FakeAsr's
 
     def synthesize(self, text: str) -> Iterator[np.ndarray]:
         self.texts.append(text)
         self.held.append(self.speech.holding)
         self.loop.call_soon_threadsafe(self.started.set)
         self.go.wait()
+        self.busy()
         n = self.sample_rate * self.ms // 1000
         yield np.full(n // 2, 1000, np.int16)
         yield np.full(n - n // 2, -1000, np.int16)
@@ -259,14 +265,19 @@ async def test_a_spoken_turn_delivers_transcript_sentences_audio_then_finished(
 ) -> None:
     turn = make_turn(FakeEngine(REPLY), tts_ms=250)
     turn.released.set()
-    await turn.start(audio=QUESTION_AUDIO)
+    with frozen_clock(asyncio.get_running_loop()) as clock:
+        # the clock moves only while ASR (0.3 s) and TTS (0.25 s a sentence) work
+        turn.asr.busy = lambda: clock.__setitem__(0, clock[0] + 0.3)
+        turn.tts.busy = lambda: clock.__setitem__(0, clock[0] + 0.25)
+        await turn.start(audio=QUESTION_AUDIO)
 
     first, *middle, last = turn.events
     assert isinstance(first, FinalTranscript)
     assert (first.turn_id, first.text) == (TURN, "What is the capital of Italy?")
-    assert first.asr_ms >= 0 and len(turn.asr.calls) == 1
+    assert first.asr_ms == 300 and len(turn.asr.calls) == 1
     assert turn.asr.calls[0] is QUESTION_AUDIO
-    assert last == ReplyFinished(TURN, STATS, last.reply_ms) and last.reply_ms >= 0
+    # the reply's time is its four sentences' synthesis, on the loop's clock
+    assert last == ReplyFinished(TURN, STATS, 4 * 250)
     assert {type(e) for e in middle} == {ReplySentence, ReplyAudio}
 
     said = turn.of(ReplySentence)
