@@ -31,7 +31,6 @@ from model.modeldir import is_complete
 from model.openai_chat import ChatServerOptions
 from model.runtime import Device
 from model.tools import DEFAULT_TOOLS, Tool, parse_tools
-from model.training.commands import register as register_model_commands
 from server import auth, realtime
 from server import protocol as p
 from server.app import Limits, ServerConfig, run_until
@@ -39,6 +38,7 @@ from server.metrics import JsonFormatter
 from server.runtime import DEFAULT_ASR, RuntimeOptions, load_runtime
 from server.session import SessionConfig
 from server.turn_end import EAGERNESS
+from training.commands import register as register_model_commands
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # the openai-chat engine's bearer key when --llm-key is not given

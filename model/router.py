@@ -7,7 +7,7 @@ training it picks wrong for a third of the commands ("let's go to the stadium" -
 ``media.next``), and the same for a call's fixed parts ("make it quieter" ->
 ``volume.set {level: 10}``). The prefill's last row, which the decision already reads,
 holds what the model understood of the request: a multinomial logistic regression on it
-(fitted by ``quicksilver router``, ``model/training/router.py``) decides whether to act
+(fitted by ``quicksilver router``, ``training/router.py``) decides whether to act
 where it is sure, a second one on the same features names the tool, and a third that
 tool's call *shape* (``model.tools.shape_name``: the parameters present, each boolean
 or enum value, e.g. ``volume.set(change=down)``); the model then writes the free values.

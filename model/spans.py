@@ -20,7 +20,7 @@ once "now" is in). Each string parameter of the default tools has its own pair o
 pointers; the projection and the standardisation fold into one ``(V, 4P)`` matrix, so
 scoring is one product of the user's rows with it.
 
-Fitted by ``quicksilver spans`` (``model/training/spans.py``); the file belongs to one
+Fitted by ``quicksilver spans`` (``training/spans.py``); the file belongs to one
 adapter, as the router's does.
 """
 

@@ -292,7 +292,7 @@ def render_call(tool: Tool, arguments: Mapping[str, Any]) -> str:
 def kept_reply(call_text: str, words: str) -> str:
     """A reply as the conversation keeps it: the call it made (``render_call``; "" for
     none), then the words the user heard. The server keeps replies so, and the session
-    eval and the router's fit (``model/training``) must show the model the same."""
+    eval and the router's fit (``training``) must show the model the same."""
     return " ".join(x for x in (call_text, words) if x)
 
 

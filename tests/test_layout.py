@@ -58,10 +58,6 @@ def layout_table(text: str) -> list[Row]:
 
 ROWS = layout_table(README.read_text())
 PACKAGES = tuple(dict.fromkeys(row.package.split(".")[0] for row in ROWS))
-# Package cycles are counted between top-level packages, except that model/training
-# counts on its own: it evaluates exported models, so it sits above export, which
-# builds from model.
-OWN_PACKAGE = ("model.training",)
 
 
 def module_name(path: Path) -> str:
@@ -158,7 +154,7 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 def serving(name: str) -> bool:
     top = name.split(".")
     if top[0] == "model":
-        return len(top) == 2  # model/*.py; model.nn and model.training are not
+        return len(top) == 2  # model/*.py; model.nn and training are not
     return top[0] in ("server", "audio") and name != "audio.speech"
 
 
@@ -197,7 +193,7 @@ def disallowed() -> list[tuple[str, str]]:
 
 
 def package(module: str) -> str:
-    return next((p for p in OWN_PACKAGE if within(module, p)), module.split(".")[0])
+    return module.split(".")[0]
 
 
 def package_graph() -> dict[str, set[str]]:
@@ -264,7 +260,7 @@ def test_serving_never_imports_build_training_or_benchmarks() -> None:
         if serving(name)
         for target, _ in imports(name, path)
         if target.split(".")[0] in ("export", "bench", "cli", "tests")
-        or target.startswith("model.training")
+        or target.startswith("training")
     ]
     assert bad == []
 
@@ -294,7 +290,7 @@ def test_build_and_the_network_never_import_training() -> None:
         for name, path in modules().items()
         if name.startswith(("export", "model.nn"))
         for target, _ in imports(name, path)
-        if target.startswith("model.training")
+        if target.startswith("training")
     ]
     assert bad == []
 

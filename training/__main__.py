@@ -1,9 +1,9 @@
-"""``python -m model.training data|train|eval|router ...``: the model commands alone.
+"""``python -m training data|train|eval|router ...``: the model commands alone.
 
 The same commands as ``quicksilver data``, ``quicksilver train`` and so on, without the
 server's dependencies (websockets, faster-whisper, Piper): a GPU host that has PyTorch,
 numpy, tokenizers and gguf runs the corpus and the training with a checkout on its
-``PYTHONPATH`` (model/training/gpu_distill.sh).
+``PYTHONPATH`` (training/gpu_distill.sh).
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import argparse
 import logging
 import sys
 
-from model.training.commands import register
+from training.commands import register
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m model.training")
+    parser = argparse.ArgumentParser(prog="python -m training")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     logging.basicConfig(

@@ -13,7 +13,7 @@ is trained under the system prompt a session with the default tools gets,
 * **chat**: the self-distillation corpus (``data/distill``: questions and the AR
   model's greedy replies) and *hard negatives*, questions about timers, music, weather,
   routes, lights, calls that are not commands ("How do kitchen timers work?"), answered
-  by the AR model as the corpus is (``model.training.data.answer_all``).
+  by the AR model as the corpus is (``training.data.answer_all``).
 
 The held-out split uses its own templates (and slot values the training set never
 sees), so no held-out command text is trained on; it is fixed by the seed. A
@@ -33,7 +33,7 @@ from typing import Any, Literal
 from model.chat import SPOKEN_SYSTEM_PROMPT
 from model.tokenizer import Tokenizer
 from model.tools import DEFAULT_TOOLS, Tool, call_ids, render_call, tools_system_prompt
-from model.training.data import (
+from training.data import (
     DataConfig,
     Example,
     _norm,

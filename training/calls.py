@@ -26,7 +26,7 @@ import numpy as np
 
 from model.tokenizer import Tokenizer
 from model.tools import CALL_OPEN, split_call
-from model.training.data import Example, prompt_ids, read_jsonl
+from training.data import Example, prompt_ids, read_jsonl
 
 if TYPE_CHECKING:
     from model.backend import StepBackend
@@ -158,7 +158,7 @@ def first_per_tool(commands: Sequence[Example], n: int | None) -> list[Example]:
 def run_calls(opts: CallsOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
     """`quicksilver eval calls`: the held-out split on an exported graph or in PyTorch."""
     from model.sampler import SamplerSettings
-    from model.training.data import PROMPT_BUDGET
+    from training.data import PROMPT_BUDGET
 
     commands = first_per_tool(read_jsonl(opts.data / "heldout_commands.jsonl"), opts.per_tool)
     chat = read_jsonl(opts.data / "heldout_chat.jsonl")[: opts.chat_limit]

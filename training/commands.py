@@ -309,10 +309,10 @@ def _data(args: argparse.Namespace) -> int:
 
     from model.nn.gguf import load_smollm2, open_gguf
     from model.tokenizer import Tokenizer
-    from model.training.actions import ActionsConfig, make_actions
-    from model.training.data import DataConfig, make_dataset
-    from model.training.precision import working_dtype
-    from model.training.train import train_device
+    from training.actions import ActionsConfig, make_actions
+    from training.data import DataConfig, make_dataset
+    from training.precision import working_dtype
+    from training.train import train_device
 
     torch.set_num_threads(args.threads)
     if args.actions and args.own_replies:
@@ -365,7 +365,7 @@ def _own_replies(args: argparse.Namespace) -> int:
     from model.nn.gguf import gguf_tokenizer
     from model.runtime import RuntimeConfig
     from model.sampler import SamplerSettings
-    from model.training.data import PROMPT_BUDGET, own_replies, reply_budget
+    from training.data import PROMPT_BUDGET, own_replies, reply_budget
 
     # the replies are decoded to the source corpus's budget, in whole blocks
     max_len = PROMPT_BUDGET + SamplerSettings().blocks(reply_budget(args.source))[-1][1]
@@ -379,7 +379,7 @@ def _own_replies(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from model.training.train import TrainConfig, parse_overrides, run_training, train_device
+    from training.train import TrainConfig, parse_overrides, run_training, train_device
 
     try:
         cfg = parse_overrides(TrainConfig(data=str(args.data), out=str(args.out)), args.set)
@@ -396,8 +396,8 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _eval_llm(args: argparse.Namespace) -> int:
-    from model.training.actions import TOOLS_SYSTEM_PROMPT
-    from model.training.eval import EvalOptions, run_eval
+    from training.actions import TOOLS_SYSTEM_PROMPT
+    from training.eval import EvalOptions, run_eval
 
     opts = EvalOptions(
         prompts=args.prompts,
@@ -432,7 +432,7 @@ def _eval_llm(args: argparse.Namespace) -> int:
 
 
 def _eval_sessions(args: argparse.Namespace) -> int:
-    from model.training.sessions import (
+    from training.sessions import (
         CALLS_FILE,
         SCRIPTS_FILE,
         SessionOptions,
@@ -479,7 +479,7 @@ def _tools_model_dir(given: Path | None) -> Path:
 
 def _spans(args: argparse.Namespace) -> int:
     from model.spans import SPANS_FILE
-    from model.training.spans import SpanOptions, train_spans
+    from training.spans import SpanOptions, train_spans
 
     def train(model_dir: Path) -> SpanPointer:
         options = SpanOptions(
@@ -492,7 +492,7 @@ def _spans(args: argparse.Namespace) -> int:
 
 def _router(args: argparse.Namespace) -> int:
     from model.router import ROUTER_FILE
-    from model.training.router import RouterOptions, train_router
+    from training.router import RouterOptions, train_router
 
     def train(model_dir: Path) -> ToolRouter:
         options = RouterOptions(
@@ -533,7 +533,7 @@ def _fit(
 
 
 def _eval_actions(args: argparse.Namespace) -> int:
-    from model.training.eval_actions import ActionsEvalOptions, run_actions_eval
+    from training.eval_actions import ActionsEvalOptions, run_actions_eval
 
     opts = ActionsEvalOptions(
         data=args.data,
@@ -571,7 +571,7 @@ def actions_table(per_tool: dict[str, dict[str, object]]) -> str:
 
 
 def _eval_calls(args: argparse.Namespace) -> int:
-    from model.training.calls import CallsOptions, run_calls
+    from training.calls import CallsOptions, run_calls
 
     opts = CallsOptions(
         data=args.data,

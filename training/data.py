@@ -2,7 +2,7 @@
 
 There is no chat corpus offline, so the project builds one (``quicksilver data``):
 
-* questions come from templates with slot fillers (``model/training/prompts/templates.json``)
+* questions come from templates with slot fillers (``training/prompts/templates.json``)
   and from the model itself (asked, with seeded sampling, to write a question a person
   might ask a voice assistant about a topic);
 * replies are written by the autoregressive SmolLM2-135M-Instruct with the spoken-answer
@@ -12,7 +12,7 @@ There is no chat corpus offline, so the project builds one (``quicksilver data``
 ``quicksilver data --own-replies DIR`` writes a second kind of corpus: the diffusion
 model's own replies to training questions (:func:`own_replies`), for certainty forcing.
 
-The held-out questions (``model/training/prompts/heldout.txt``) are fixed, answered the same way,
+The held-out questions (``training/prompts/heldout.txt``) are fixed, answered the same way,
 and never trained on: training questions equal to one of them are dropped.
 Everything is drawn from one seed, so the same seed writes the same files.
 """
@@ -60,7 +60,7 @@ class DataConfig:
     # stay the reference).
     train_dtype: str = "float32"
     # where the replies are decoded: "cpu", "cuda", "cuda:N" or "auto"
-    # (model.training.train.train_device); a GPU writes a 20k-reply corpus in minutes
+    # (training.train.train_device); a GPU writes a 20k-reply corpus in minutes
     device: str = "cpu"
 
 
@@ -325,7 +325,7 @@ def make_dataset(
     train = write_jsonl(out / "train.jsonl", kept())
     recipe = {
         "config": asdict(cfg),
-        "replies": "greedy SmolLM2-135M-Instruct (batched, model.training.data.decode_batch), "
+        "replies": "greedy SmolLM2-135M-Instruct (batched, training.data.decode_batch), "
         "spoken system prompt; held-out in float32",
         "heldout": len(held_ex),
         **corpus_counts(train, len(answered)),

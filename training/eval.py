@@ -1,6 +1,6 @@
 """``quicksilver eval llm``: the diffusion reply model against the autoregressive one.
 
-For each question (default: the held-out split, ``model/training/prompts/heldout.txt``):
+For each question (default: the held-out split, ``training/prompts/heldout.txt``):
 
 * the autoregressive SmolLM2 replies greedily (the reference; taken from the held-out
   file of ``quicksilver data`` when it is there) and sampled at temperature 0.7;
@@ -39,8 +39,8 @@ from model.nn.llama import Llama
 from model.openings import Opening
 from model.sampler import SamplerSettings
 from model.tokenizer import Tokenizer
-from model.training.data import decode_batch, prompt_ids, read_heldout, read_jsonl
-from model.training.precision import working_dtype
+from training.data import decode_batch, prompt_ids, read_heldout, read_jsonl
+from training.precision import working_dtype
 
 if TYPE_CHECKING:
     from model.backend import StepBackend
@@ -80,7 +80,7 @@ class EvalOptions:
     # (model/openings.py); None: the diffusion engine's default
     opening_ban: int | None = None
     # the diffusion model's system prompt ("": the spoken-answer one; a session with the
-    # default tools gets model.training.actions.TOOLS_SYSTEM_PROMPT). The AR replies and
+    # default tools gets training.actions.TOOLS_SYSTEM_PROMPT). The AR replies and
     # the NLL scoring keep the spoken-answer prompt: the goal is today's spoken reply.
     system: str = ""
     seed: int = 0

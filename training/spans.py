@@ -5,7 +5,7 @@ carry a string argument; each value is a run of the user's words (rows where it 
 are left out and counted). Each command is asked as a session with the default device
 tools asks it, alone for half of them (seeded) and after one or two other rows of the
 split (commands or chat, their replies kept as a session keeps them) for the rest, as
-the router is fitted (``model/training/router.py``). The served int8 graph prefills each
+the router is fitted (``training/router.py``). The served int8 graph prefills each
 prompt, and the logits of the user's tokens (with the token before and after them) are
 kept, turned into hidden states by the router's least-squares map.
 
@@ -33,7 +33,7 @@ from model.engine import ChatMessage
 from model.router import model_adapter_sha256
 from model.spans import SpanPointer, boundary_rows, find_span, span_text, user_tokens, words
 from model.tools import DEFAULT_TOOLS, split_call
-from model.training.router import Row, ask, hidden_map, prefill_rows, read_rows
+from training.router import Row, ask, hidden_map, prefill_rows, read_rows
 
 L2_GRID = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
 

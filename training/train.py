@@ -51,7 +51,7 @@ from model.nn.adapter import (
 )
 from model.nn.llama import Llama, rope_cos_sin
 from model.tokenizer import Tokenizer
-from model.training.data import Example, prompt_ids, read_jsonl
+from training.data import Example, prompt_ids, read_jsonl
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class TrainConfig:
     device: str = "cpu"
     # frozen base in bf16 (LoRA and mask row stay fp32): faster than fp32 and than
     # autocast, which re-casts every frozen weight on every call (docs/training.md);
-    # fp32 on a CPU without AVX512_BF16/AMX, where bf16 is slower (model.training.precision)
+    # fp32 on a CPU without AVX512_BF16/AMX, where bf16 is slower (training.precision)
     bf16: bool = True
     resume: bool = True
     # voice sessions are conversations: each training prompt gets 0..history earlier
@@ -542,7 +542,7 @@ def parse_overrides(cfg: TrainConfig, pairs: list[str]) -> TrainConfig:
         key, _, value = pair.partition("=")
         if key not in {f.name for f in dataclasses.fields(cfg)}:
             raise ValueError(
-                f"--set {pair}: no setting {key!r} (see TrainConfig, model/training/train.py)"
+                f"--set {pair}: no setting {key!r} (see TrainConfig, training/train.py)"
             )
         kind = type(getattr(cfg, key))
         try:
@@ -556,7 +556,7 @@ def run_training(cfg: TrainConfig, ship: Path | None = None) -> dict[str, Any]:
     """`quicksilver train`: load SmolLM2 with the mask row, train, save the adapter."""
     from model.nn.diffusion import load_smollm2_diffusion
     from model.nn.gguf import gguf_tokenizer
-    from model.training.precision import working_dtype
+    from training.precision import working_dtype
 
     if cfg.bf16 and working_dtype("bfloat16", train_device(cfg.device)) == "float32":
         cfg = dataclasses.replace(cfg, bf16=False)  # so the run's record says what ran

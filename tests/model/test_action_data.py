@@ -13,7 +13,10 @@ import pytest
 
 from model.assemble import trained_for_tools
 from model.tools import DEFAULT_TOOLS, call_ids, split_call
-from model.training.actions import (
+from tests.model.conftest import tiny_tokenizer
+from tests.model.test_data import ending_model
+from tests.schema import assert_fits_schema
+from training.actions import (
     DEV_TEMPLATES,
     TEMPLATES,
     TOOLS,
@@ -25,13 +28,10 @@ from model.training.actions import (
     temperature,
     words,
 )
-from model.training.calls import command_row, summary
-from model.training.data import DataConfig, Example, _norm, prompt_ids, read_jsonl, write_jsonl
-from model.training.eval import EvalOptions, eval_prompts
-from model.training.train import encode_examples
-from tests.model.conftest import tiny_tokenizer
-from tests.model.test_data import ending_model
-from tests.schema import assert_fits_schema
+from training.calls import command_row, summary
+from training.data import DataConfig, Example, _norm, prompt_ids, read_jsonl, write_jsonl
+from training.eval import EvalOptions, eval_prompts
+from training.train import encode_examples
 
 CFG = ActionsConfig(
     seed=5,
@@ -128,7 +128,7 @@ def test_same_seed_same_files_and_no_held_out_text_is_trained(tmp_path):
     assert not {_norm(e.question) for e in dev} & {_norm(e.question) for e in held + chat}
     assert {e.source for e in dev} == {*(f"command:{t}" for t in TEMPLATES), "negative"}
     assert recipe["train_chat"] == 5 and recipe["train_commands"] == CFG.commands
-    # an adapter trained on it says so in its manifest (model.training.train writes
+    # an adapter trained on it says so in its manifest (training.train writes
     # {"command": "quicksilver data", **recipe}), so a server gives it the default tools
     (tmp_path / "adapter").mkdir(exist_ok=True)
     manifest = {"data": {"command": "quicksilver data", **recipe}}
@@ -143,7 +143,7 @@ def test_same_seed_same_files_and_no_held_out_text_is_trained(tmp_path):
 
 
 def test_a_grown_chat_corpus_never_trains_a_held_out_or_development_question(tmp_path):
-    """A larger chat source (model/training/gpu_distill.sh writes 20k questions) may ask
+    """A larger chat source (training/gpu_distill.sh writes 20k questions) may ask
     what a held-out or development row asks: those rows are left out of train.jsonl."""
     a, _ = make(tmp_path, "a")
     asked = [
@@ -266,7 +266,7 @@ def test_data_actions_command_writes_the_tool_corpus(tmp_path, monkeypatch, caps
         seen.update(cfg=cfg, source=source, out=out, data_cfg=data_cfg, command=command)
         return {"train": 0}
 
-    monkeypatch.setattr("model.training.actions.make_actions", fake)
+    monkeypatch.setattr("training.actions.make_actions", fake)
     monkeypatch.setattr("model.nn.gguf.load_smollm2", lambda f: None)
     argv = ["data", "--actions", "--seed", "7", "--commands", "24", "--out", str(tmp_path)]
     assert main([*argv, "--negatives", "3", "--batch", "4"]) == 0

@@ -8,11 +8,12 @@ from dataclasses import replace
 
 import torch
 
-import model.training.data as data
+import training.data as data
 from model.generate import greedy
 from model.nn.backend import TorchBackend
 from model.nn.llama import Llama
-from model.training.data import (
+from tests.model.conftest import TINY, tiny_model, tiny_tokenizer
+from training.data import (
     DataConfig,
     _norm,
     decode_batch,
@@ -22,7 +23,6 @@ from model.training.data import (
     template_questions,
     training_questions,
 )
-from tests.model.conftest import TINY, tiny_model, tiny_tokenizer
 
 HELD = ["What is two plus two?", "Name a color."]
 CONFIG = DataConfig(n=6, max_reply_tokens=8, batch=4, model_share=0.5)

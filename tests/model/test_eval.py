@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from cli.main import main
-from model.training.eval import (
+from tests.model.conftest import tiny_model, tiny_tokenizer
+from training.eval import (
     GOALS,
     Replies,
     distinct_bigrams,
@@ -18,7 +19,6 @@ from model.training.eval import (
     per_token,
     reply_nll,
 )
-from tests.model.conftest import tiny_model, tiny_tokenizer
 
 
 def test_distinct_bigrams():
@@ -151,7 +151,7 @@ def test_eval_scores_the_settings_the_engines_serve():
     diffusion decoder, which takes DiffusionOptions().sampler) do."""
     from model.diffusion_engine import DiffusionOptions
     from model.sampler import SamplerSettings
-    from model.training.eval import EvalOptions, sampler_settings
+    from training.eval import EvalOptions, sampler_settings
 
     assert sampler_settings(EvalOptions()) == [DiffusionOptions().sampler]
     # the engines' decoding is the sampler's defaults and the repeat stop
@@ -169,7 +169,7 @@ def test_eval_scores_the_settings_the_engines_serve():
 def test_end_lookahead_option_takes_a_count_or_any():
     import argparse
 
-    from model.training.commands import _lookahead
+    from training.commands import _lookahead
 
     assert _lookahead("4") == 4 and _lookahead("any") is None
     with pytest.raises(argparse.ArgumentTypeError, match="'any'"):
@@ -177,7 +177,7 @@ def test_end_lookahead_option_takes_a_count_or_any():
 
 
 def test_history_takes_the_next_held_out_turns_cyclically(tmp_path):
-    from model.training.eval import EvalOptions, earlier_turns
+    from training.eval import EvalOptions, earlier_turns
 
     rows = [
         {"question": f"q{i}?", "source": "heldout", "reply": f" r{i}.", "reply_ids": [i, 2]}
@@ -205,7 +205,7 @@ def test_eval_bans_the_openings_the_diffusion_engine_bans():
     from model.diffusion_engine import DiffusionOptions
     from model.engine import ChatMessage
     from model.openings import reply_openings
-    from model.training.eval import EvalOptions, openings
+    from training.eval import EvalOptions, openings
 
     tok = tiny_tokenizer()
     history = [("Hi", "Hello there. I am fine.")]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from model.engine import ChatMessage, drain
 from model.tools import CALL_OPEN, DEFAULT_TOOLS, ToolCall
-from model.training.eval_actions import Case, read_cases, run_case, same_call, summarize
+from training.eval_actions import Case, read_cases, run_case, same_call, summarize
 
 from .test_actions import CallsFirst
 from .test_diffusion import tiny_diffusion, tiny_generator

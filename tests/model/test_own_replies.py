@@ -14,8 +14,8 @@ from model.engine import drain
 from model.nn.backend import TorchBackend
 from model.nn.llama import Llama
 from model.sampler import SamplerSettings, sample
-from model.training.data import Example, own_replies, prompt_ids, read_jsonl
 from tests.model.conftest import TINY, tiny_tokenizer
+from training.data import Example, own_replies, prompt_ids, read_jsonl
 
 
 @pytest.mark.parametrize("seed, ended", [(0, 0), (1, 5)])  # never ends / always ends

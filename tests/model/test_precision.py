@@ -1,11 +1,11 @@
-"""bf16 only where it is fast: the CPU's flags decide (model.training.precision)."""
+"""bf16 only where it is fast: the CPU's flags decide (training.precision)."""
 
 from pathlib import Path
 
 import pytest
 import torch
 
-from model.training.precision import bf16_is_fast, cpu_flags, working_dtype
+from training.precision import bf16_is_fast, cpu_flags, working_dtype
 
 AVX2 = {"fpu", "sse2", "avx", "avx2", "fma"}
 SAPPHIRE = AVX2 | {"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}
@@ -34,7 +34,7 @@ def test_bf16_is_slow_only_on_a_cpu_without_bf16_units() -> None:
 
 
 def test_unreadable_flags_are_trusted(monkeypatch: pytest.MonkeyPatch) -> None:
-    import model.training.precision as precision
+    import training.precision as precision
 
     monkeypatch.setattr(precision, "cpu_flags", lambda: None)
     assert precision.bf16_is_fast(CPU)

@@ -1,4 +1,4 @@
-"""The tool router (model/router.py) and its fit (model/training/router.py)."""
+"""The tool router (model/router.py) and its fit (training/router.py)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from model.router import (
     word_set,
 )
 from model.tools import CALL_OPEN, DEFAULT_TOOLS, ToolCall, shape_name
-from model.training.router import (
+from training.router import (
     RouterOptions,
     Row,
     accuracy,
@@ -468,7 +468,7 @@ def test_prefills_after_the_shared_system_prompt_give_each_prompt_s_own_logits()
     from model.backend import last_row
     from model.chat import build_prompt
     from model.tools import tools_system_prompt
-    from model.training.router import prefill_logits
+    from training.router import prefill_logits
 
     gen, _ = tiny_generator()
     gen.backend = TorchBackend(tiny_diffusion(4), max_len=1024)

@@ -17,7 +17,10 @@ from model.ar import ARGenerator, AROptions
 from model.engine import ChatMessage, GenerationStats
 from model.nn.backend import TorchBackend
 from model.tools import CALL_OPEN, Tool, ToolCall, render_call
-from model.training.sessions import (
+from tests.model.conftest import TINY, tiny_model, tiny_tokenizer
+from tests.model.test_actions import TOOLS, CallsFirst
+from tests.model.test_diffusion import tiny_diffusion, tiny_generator
+from training.sessions import (
     CALLS_FILE,
     SCRIPTS_FILE,
     Scorer,
@@ -34,9 +37,6 @@ from model.training.sessions import (
     table,
     words,
 )
-from tests.model.conftest import TINY, tiny_model, tiny_tokenizer
-from tests.model.test_actions import TOOLS, CallsFirst
-from tests.model.test_diffusion import tiny_diffusion, tiny_generator
 
 
 def test_words_and_first_sentence_are_normalised() -> None:

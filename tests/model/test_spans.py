@@ -1,4 +1,4 @@
-"""The span pointers (model/spans.py), their fit (model/training/spans.py) and the
+"""The span pointers (model/spans.py), their fit (training/spans.py) and the
 engine that lays down what they point at."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from model.spans import (
     words,
 )
 from model.tools import ToolCall
-from model.training.spans import (
+from training.spans import (
     Example,
     SpanOptions,
     accuracy,

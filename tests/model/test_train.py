@@ -12,7 +12,8 @@ import torch
 from model.nn.adapter import attach_lora
 from model.nn.backend import TorchBackend
 from model.nn.llama import Llama
-from model.training.train import (
+from tests.model.conftest import TINY
+from training.train import (
     TrainConfig,
     build,
     certainty_loss,
@@ -26,7 +27,6 @@ from model.training.train import (
     predictor_rows,
     train_step,
 )
-from tests.model.conftest import TINY
 
 V = TINY.vocab_size
 MASK = V  # the extra embedding row
@@ -209,7 +209,7 @@ def test_certainty_forcing_raises_the_confident_share():
 
 def test_init_starts_from_a_saved_adapter(tmp_path):
     from model.nn.adapter import extract_adapter, save_adapter
-    from model.training.train import evaluate, heldout_batches
+    from training.train import evaluate, heldout_batches
 
     cfg = TrainConfig(block_size=4, rank=8, alpha=16, lr=1e-2, mask_lr=1e-2, warmup=1)
     cfg = replace(cfg, max_steps=1000, bf16=False)
@@ -250,9 +250,9 @@ def test_parse_overrides_types_values():
 
 def test_history_puts_earlier_turns_before_the_question_and_keeps_the_reply():
     from model.chat import ChatMessage, build_prompt
-    from model.training.data import PROMPT_BUDGET, Example, prompt_ids
-    from model.training.train import encode_examples, with_history
     from tests.model.conftest import tiny_tokenizer
+    from training.data import PROMPT_BUDGET, Example, prompt_ids
+    from training.train import encode_examples, with_history
 
     tok = tiny_tokenizer()
     examples = [
@@ -277,7 +277,7 @@ def test_history_puts_earlier_turns_before_the_question_and_keeps_the_reply():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a host without a GPU")
 def test_train_device_says_plainly_when_there_is_no_gpu():
-    from model.training.train import train_device
+    from training.train import train_device
 
     assert train_device("auto") == torch.device("cpu")
     assert train_device("cpu") == torch.device("cpu")
@@ -291,7 +291,7 @@ def test_train_device_says_plainly_when_there_is_no_gpu():
 
 
 def test_train_device_refuses_a_gpu_index_past_the_last(monkeypatch):
-    from model.training.train import train_device
+    from training.train import train_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -314,13 +314,13 @@ def test_train_command_refuses_a_missing_gpu_before_loading(tmp_path, capsys):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a host without a GPU")
 def test_model_commands_run_without_the_server_and_refuse_a_missing_gpu(tmp_path):
-    """``python -m model.training`` (what a GPU host runs: gpu_distill.sh) needs no
+    """``python -m training`` (what a GPU host runs: gpu_distill.sh) needs no
     server dependency, and ``data --device cuda`` without a GPU stops before loading."""
     import subprocess
     import sys
 
     probe = (
-        "import sys; from model.training.__main__ import main; rc = main(sys.argv[1:]); "
+        "import sys; from training.__main__ import main; rc = main(sys.argv[1:]); "
         "print(rc, sorted(m for m in ('websockets', 'faster_whisper', 'piper', 'server') "
         "if m in sys.modules))"
     )
