@@ -156,6 +156,7 @@ class FinalTranscript:
     text: str
     asr_ms: float
     avg_logprob: float | None = None  # the ASR's confidence in the words (audio turns)
+    trusted: bool = True  # False: the ASR's decode looped (audio.asr.looks_looped)
 
 
 @dataclass(frozen=True)
@@ -436,6 +437,7 @@ class _Turn:
     transcript: str | None = None
     complete_p: float | None = None  # the end-of-turn score, once it is in
     asr_logprob: float | None = None  # how sure the ASR was of the transcript's words
+    asr_trusted: bool = True  # False: the transcript looped; its reply acts on nothing
     end_of_turn: str | None = None  # the policy's tier when the turn was released
     user_committed: bool = False
     call: CallAdded | None = None  # the tool call the reply made
@@ -1193,7 +1195,7 @@ class Session:
         if turn is None:
             return []
         turn.transcript, turn.asr_ms = event.text, event.asr_ms
-        turn.asr_logprob = event.avg_logprob
+        turn.asr_logprob, turn.asr_trusted = event.avg_logprob, event.trusted
         if not turn.released:
             return self._maybe_final(now)
         self._commit_user(turn)
@@ -1227,8 +1229,8 @@ class Session:
         answer withdrawn before it is heard must not have acted either)."""
         turn = self._current(event.turn_id)
         tool = next((t for t in self.tools if t.name == event.call.name), None)
-        if turn is None or tool is None or turn.call is not None:
-            return []
+        if turn is None or tool is None or turn.call is not None or not turn.asr_trusted:
+            return []  # an untrusted transcript's words were not surely said: no action
         call_id = f"call_{turn.id}"
         args = dict(event.call.arguments)
         turn.call = CallAdded(
