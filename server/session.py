@@ -509,6 +509,9 @@ class Session:
         self.instructions: str | None = None  # Configure's system prompt
         self.speak = True
         self.tools: tuple[Tool, ...] = ()
+        # the latest user item whose words the ASR did not trust: a requested reply
+        # (response.create) right after it acts on nothing either
+        self._untrusted_item: str | None = None
         self.can_act = can_act  # the reply engine writes tool calls
         self.scored = scored  # a paused turn's end-of-turn score is on its way
         self._calls: dict[str, str] = {}  # recent call ids -> tool names
@@ -1051,6 +1054,8 @@ class Session:
         turn.audio = AudioLedger(self._output_rate)
         turn.shape.output_format = self.output_format
         shape = turn.shape
+        if audio is None and text is None and shape.history is None and self._ids:
+            turn.asr_trusted = self._ids[-1] != self._untrusted_item  # answers those words
         history = tuple(self.conversation) if shape.history is None else shape.history
         if shape.instructions is not None:  # the reply engines take a leading system message
             history = (ChatMessage("system", shape.instructions), *history)
@@ -1061,7 +1066,7 @@ class Session:
             history,
             self._output_rate,
             turn.shape.speak,
-            self.tools,
+            self.tools if turn.asr_trusted else (),
             max_tokens=turn.shape.max_tokens,
             reply=turn.shape.reply,
         )
@@ -1156,6 +1161,8 @@ class Session:
         if turn.released and turn.transcript and not turn.user_committed:
             self._remember(ChatMessage("user", turn.transcript), turn.user_item)
             turn.user_committed = True
+            if not turn.asr_trusted:
+                self._untrusted_item = self._ids[-1]
 
     def _new_item_id(self) -> str:
         item_id, self._next_item = f"item_m{self._next_item}", self._next_item + 1
