@@ -15,10 +15,16 @@ CTranslate2's Whisper directly, which accepts a window shorter than 3000 frames:
 4x faster on 1-6 s turns, with no more word errors on the project's test speech.
 Whisper was trained on 30 s windows only, and a short window makes the greedy decoder
 loop (it writes the sentence again and again: one turn in eight with 3 s of padding,
-more with less); the loop is cut where it starts (:func:`cut_repetition`), and the
-decode is bounded by a token budget proportional to the audio. Turns longer than the
-30 s window, language detection, and a decode that spends its whole budget without a
-loop to cut go to the full-window path.
+more with less); a loop that ends the text is cut where it starts
+(:func:`cut_repetition`), and the decode is bounded by a token budget proportional to
+the audio. Turns longer than the 30 s window, language detection, a decode that spends
+its whole budget without a loop to cut, and a text that still repeats itself after the
+cut (:func:`looks_looped`: a loop that is not exactly periodic, "Stop. What time is it?
+Stop. What time is it? Stop. Stop. What time is it?") go to the full-window path.
+
+A transcript is ``trusted`` unless the full window's text repeats itself too; its text
+is then de-duplicated (:func:`dedupe_sentences`: each sentence kept once, in order), so
+that the reply answers what was said once, and the session takes no action on it.
 
 ``transcribe`` blocks for tens to hundreds of milliseconds: the server runs it in a
 worker thread. One :class:`Transcriber` is shared by all sessions; CTranslate2 models
@@ -29,7 +35,8 @@ default).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+import zlib
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -48,6 +55,9 @@ Window = Literal["auto", "sized", "full"]
 # faster-whisper's defaults for skipping a window as silence: both must hold.
 NO_SPEECH_THRESHOLD = 0.6
 LOG_PROB_THRESHOLD = -1.0
+# faster-whisper's default for "too repetitive": the text's UTF-8 bytes over their zlib
+# size. The 6,887 user lines in data/ are at most 1.3; a loop passes 2.4 once long enough.
+COMPRESSION_RATIO_THRESHOLD = 2.4
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,9 @@ class Transcript:
     audio_s: float  # duration of the audio transcribed
     no_speech_prob: float  # Whisper's "this was not speech" (highest over segments)
     avg_logprob: float  # mean token log-probability (lowest over segments)
+    # False: every window's decode repeated itself (looks_looped); the text is
+    # de-duplicated, fit to answer but not to act on
+    trusted: bool = True
 
 
 @dataclass(frozen=True)
@@ -116,7 +129,10 @@ class Transcriber:
             sized = self.transcribe_sized(x)
             if sized is not None:
                 return sized
-        return self.transcribe_full(x)
+        full = self.transcribe_full(x)
+        if not looks_looped(full.text):
+            return full
+        return replace(full, text=dedupe_sentences(full.text), trusted=False)
 
     def transcribe_full(self, x: NDArray[np.float32]) -> Transcript:
         """faster-whisper's own path: 30 s windows, one after another past 30 s."""
@@ -146,6 +162,8 @@ class Transcriber:
         text = cut_repetition(d.text)
         if d.capped and text == d.text:
             return None  # spent the budget on something that is not a loop: decode fully
+        if looks_looped(text):
+            return None  # a loop cut_repetition cannot see: Whisper's own 30 s window
         if d.no_speech_prob > NO_SPEECH_THRESHOLD and d.avg_logprob < LOG_PROB_THRESHOLD:
             text = ""  # faster-whisper skips such a window as silence
         language = self.language or "en"
@@ -238,6 +256,70 @@ def cut_repetition(text: str, min_words: int = 3, min_copies_short: int = 4) -> 
         if copies >= 2 and long_enough:
             best = min(best, start + period)
     return text if best == n_words else " ".join(words[:best])
+
+
+def compression_ratio(text: str) -> float:
+    """The text's UTF-8 size over its zlib size: faster-whisper's measure of a decode
+    that repeats itself (each copy of a loop compresses to a back-reference)."""
+    data = text.encode("utf-8")
+    return len(data) / len(zlib.compress(data)) if data else 0.0
+
+
+def _sentences(text: str) -> list[str]:
+    """The text split after each ".", "?" or "!" that ends a word."""
+    return [s for s in re.split(r"(?<=[.?!])\s+", text.strip()) if s]
+
+
+def _keys(text: str) -> list[str]:
+    """Words lowercased without punctuation, as cut_repetition compares them."""
+    return [k for k in (_WORD_KEY.sub("", w.lower()) for w in text.split()) if k]
+
+
+def looks_looped(text: str, min_copies: int = 3, min_run: int = 4) -> bool:
+    """Whether a transcript repeats itself as a decoding loop does, anywhere in it.
+
+    Three tests, any one enough: faster-whisper's compression ratio over
+    :data:`COMPRESSION_RATIO_THRESHOLD` (its signal of a loop, but zlib's overhead keeps
+    a short text under it: the four-sentence loop "Stop. What time is it? Stop. What
+    time is it? Stop. Stop. What time is it? Stop." is 2.2); one sentence ``min_copies``
+    times; or one run of ``min_run`` words ``min_copies`` times without overlap (a loop
+    written with commas). People say a phrase twice ("New York, New York", "Bye bye",
+    "Yes, please. Yes, please.") but rarely the same sentence three times in one turn.
+    """
+    if compression_ratio(text) > COMPRESSION_RATIO_THRESHOLD:
+        return True
+    sentences = [" ".join(_keys(s)) for s in _sentences(text)]
+    if any(sentences.count(s) >= min_copies for s in set(sentences) if s):
+        return True
+    keys = _keys(text)
+    for start in range(len(keys) - min_run * min_copies + 1):
+        run, copies, i = keys[start : start + min_run], 1, start + min_run
+        while i + min_run <= len(keys):
+            if keys[i : i + min_run] == run:
+                copies, i = copies + 1, i + min_run
+            else:
+                i += 1
+        if copies >= min_copies:
+            return True
+    return False
+
+
+def dedupe_sentences(text: str) -> str:
+    """Each sentence once, in the order first said: a sentence whose words were all
+    said already, one after another, is dropped ("Stop. What time is it? Stop. Stop,
+    what time is it?" -> "Stop. What time is it?"); then a loop that ends the text is
+    cut (cut_repetition). A loop repeats what was heard, so its first copy is the best
+    guess at what was said."""
+    kept: list[str] = []
+    said: list[str] = []
+    for sentence in _sentences(text):
+        keys = _keys(sentence)
+        n = len(keys)
+        if not keys or any(said[i : i + n] == keys for i in range(len(said) - n + 1)):
+            continue
+        kept.append(sentence)
+        said += keys
+    return cut_repetition(" ".join(kept))
 
 
 def load_transcriber(

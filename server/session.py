@@ -156,6 +156,7 @@ class FinalTranscript:
     text: str
     asr_ms: float
     avg_logprob: float | None = None  # the ASR's confidence in the words (audio turns)
+    trusted: bool = True  # False: the ASR's decode looped (audio.asr.looks_looped)
 
 
 @dataclass(frozen=True)
@@ -436,6 +437,7 @@ class _Turn:
     transcript: str | None = None
     complete_p: float | None = None  # the end-of-turn score, once it is in
     asr_logprob: float | None = None  # how sure the ASR was of the transcript's words
+    asr_trusted: bool = True  # False: the transcript looped; its reply acts on nothing
     end_of_turn: str | None = None  # the policy's tier when the turn was released
     user_committed: bool = False
     call: CallAdded | None = None  # the tool call the reply made
@@ -507,6 +509,9 @@ class Session:
         self.instructions: str | None = None  # Configure's system prompt
         self.speak = True
         self.tools: tuple[Tool, ...] = ()
+        # the latest user item whose words the ASR did not trust: a requested reply
+        # (response.create) right after it acts on nothing either
+        self._untrusted_item: str | None = None
         self.can_act = can_act  # the reply engine writes tool calls
         self.scored = scored  # a paused turn's end-of-turn score is on its way
         self._calls: dict[str, str] = {}  # recent call ids -> tool names
@@ -1049,6 +1054,8 @@ class Session:
         turn.audio = AudioLedger(self._output_rate)
         turn.shape.output_format = self.output_format
         shape = turn.shape
+        if audio is None and text is None and shape.history is None and self._ids:
+            turn.asr_trusted = self._ids[-1] != self._untrusted_item  # answers those words
         history = tuple(self.conversation) if shape.history is None else shape.history
         if shape.instructions is not None:  # the reply engines take a leading system message
             history = (ChatMessage("system", shape.instructions), *history)
@@ -1059,7 +1066,7 @@ class Session:
             history,
             self._output_rate,
             turn.shape.speak,
-            self.tools,
+            self.tools if turn.asr_trusted else (),
             max_tokens=turn.shape.max_tokens,
             reply=turn.shape.reply,
         )
@@ -1154,6 +1161,8 @@ class Session:
         if turn.released and turn.transcript and not turn.user_committed:
             self._remember(ChatMessage("user", turn.transcript), turn.user_item)
             turn.user_committed = True
+            if not turn.asr_trusted:
+                self._untrusted_item = self._ids[-1]
 
     def _new_item_id(self) -> str:
         item_id, self._next_item = f"item_m{self._next_item}", self._next_item + 1
@@ -1193,7 +1202,7 @@ class Session:
         if turn is None:
             return []
         turn.transcript, turn.asr_ms = event.text, event.asr_ms
-        turn.asr_logprob = event.avg_logprob
+        turn.asr_logprob, turn.asr_trusted = event.avg_logprob, event.trusted
         if not turn.released:
             return self._maybe_final(now)
         self._commit_user(turn)
@@ -1227,8 +1236,8 @@ class Session:
         answer withdrawn before it is heard must not have acted either)."""
         turn = self._current(event.turn_id)
         tool = next((t for t in self.tools if t.name == event.call.name), None)
-        if turn is None or tool is None or turn.call is not None:
-            return []
+        if turn is None or tool is None or turn.call is not None or not turn.asr_trusted:
+            return []  # an untrusted transcript's words were not surely said: no action
         call_id = f"call_{turn.id}"
         args = dict(event.call.arguments)
         turn.call = CallAdded(

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -93,7 +93,11 @@ async def _run(
         transcript = await rt.worker(WorkerKind.ASR).run(rt.asr.transcribe, start.audio)
         text = transcript.text
         asr_ms = _ms(t0, loop.time())
-        await deliver(FinalTranscript(start.turn_id, text, asr_ms, transcript.avg_logprob))
+        await deliver(
+            FinalTranscript(start.turn_id, text, asr_ms, transcript.avg_logprob, transcript.trusted)
+        )
+        if not transcript.trusted:  # a looped decode, de-duplicated: answered, not acted on
+            start = replace(start, tools=())
         if not start.reply:  # heard, not answered (the client asks for a reply itself)
             await deliver(ReplyFinished(start.turn_id, None, None))
             return

@@ -9,17 +9,21 @@ from model.engine import ChatMessage, GenerationStats
 from model.tools import DEFAULT_TOOLS, ToolCall
 from server import protocol as p
 from server.session import (
+    Configure,
+    FinalTranscript,
+    ReleaseTurn,
     ReplyAction,
     ReplyAudio,
     ReplyFinished,
     ReplySentence,
+    Respond,
     Session,
     StartTurn,
     State,
     TurnEndScored,
 )
 
-from .test_session import Driver, of, released_turn, sent, settings, spoken_turn
+from .test_session import ENDPOINT, Driver, of, released_turn, sent, settings, spoken_turn
 
 TIMER = ToolCall("timer.set", {"seconds": 300}, passes=4)
 TIMER_TEXT = '<tool_call>{"name": "timer.set", "arguments": {"seconds": 300}}</tool_call>'
@@ -156,3 +160,48 @@ def test_a_text_only_reply_sends_its_action_at_once() -> None:
     assert sent(out) == [
         p.Action(start.turn_id, f"call_{start.turn_id}", "timer.set", {"seconds": 300})
     ]
+
+
+def test_a_transcript_the_asr_does_not_trust_never_acts() -> None:
+    """A looped decode (audio.asr.looks_looped in both windows) is answered from its
+    de-duplicated words, but a call its reply makes is not acted on; the same turn
+    with a trusted transcript acts."""
+    for trusted in (True, False):
+        d, _ = acting()
+        d.speak()
+        (start,) = of(d.silence(7), StartTurn)
+        assert isinstance(start, StartTurn)
+        turn = start.turn_id
+        d.send(FinalTranscript(turn, "Set a timer for five minutes.", 100.0, -0.2, trusted))
+        assert of(d.silence(12), ReleaseTurn)
+        d.send(ReplyAction(turn, TIMER))
+        d.send(ReplySentence(turn, 0, "Okay.", 40.0))
+        out = d.send(ReplyAudio(turn, 0, AUDIO, 100, 20.0))
+        assert sent(out, p.ReplyText) == [p.ReplyText(turn, 0, "Okay.")]
+        assert bool(sent(out, p.Action)) is trusted
+        d.send(ReplyFinished(turn, GenerationStats(3, 9, "end"), 50.0))
+        calls = [m for m in d.s.conversation if "tool_call" in m.content]
+        assert bool(calls) is trusted
+
+
+def test_a_requested_reply_to_an_untrusted_transcript_gets_no_tools() -> None:
+    """Transcribed only (Realtime's create_response false), then answered on request:
+    the reply to untrusted words is offered no tools, nor acts; a trusted twin is."""
+    for trusted in (True, False):
+        d, _ = acting()
+        d.send(Configure(ENDPOINT, respond=False))
+        d.speak()
+        (start,) = of(d.silence(7), StartTurn)
+        assert isinstance(start, StartTurn) and not start.reply
+        turn = start.turn_id
+        d.send(FinalTranscript(turn, "Set a timer for five minutes.", 100.0, -0.2, trusted))
+        assert of(d.silence(12), ReleaseTurn)
+        d.send(ReplyFinished(turn, None, None))
+        assert d.s.conversation[-1] == ChatMessage("user", "Set a timer for five minutes.")
+        (answer,) = of(d.send(Respond()), StartTurn)
+        assert isinstance(answer, StartTurn) and answer.audio is None
+        assert answer.tools == (DEFAULT_TOOLS if trusted else ())
+        out = d.send(ReplyAction(answer.turn_id, TIMER))
+        out += d.send(ReplySentence(answer.turn_id, 0, "Okay.", 40.0))
+        out += d.send(ReplyAudio(answer.turn_id, 0, AUDIO, 100, 20.0))
+        assert bool(sent(out, p.Action)) is trusted

@@ -33,7 +33,7 @@ import pytest
 
 from audio.asr import Transcript
 from model.engine import ChatMessage, GenerationStats, ReplyChunk, ReplyEnd
-from model.tools import Tool
+from model.tools import DEFAULT_TOOLS, Tool
 from server.runtime import Runtime, Worker, WorkerKind
 from server.session import (
     Event,
@@ -62,13 +62,14 @@ class FakeAsr:
 
     def __init__(self, text: str) -> None:
         self.text = text
+        self.trusted = True  # False: as Transcriber says of a decode that looped
         self.calls: list[np.ndarray] = []
         self.busy: Callable[[], None] = lambda: None
 
     def transcribe(self, audio: np.ndarray) -> Transcript:
         self.calls.append(audio)
         self.busy()
-        return Transcript(self.text, "en", len(audio) / RATE, 0.01, -0.2)
+        return Transcript(self.text, "en", len(audio) / RATE, 0.01, -0.2, self.trusted)
 
 
 class FakeEngine:
@@ -95,6 +96,7 @@ class FakeEngine:
         self.closed = asyncio.Event()
         self.ended_by: str | None = None
         self.calls: list[tuple[tuple[ChatMessage, ...], int]] = []
+        self.tools: list[tuple[Tool, ...]] = []  # the tools each call was offered
         # whether the model could have run ahead when each piece was written (before the
         # consumer took it: False in lockstep)
         self.free: list[bool] = []
@@ -107,6 +109,7 @@ class FakeEngine:
         pauses: ReplyPasses | None = None,
     ) -> AsyncIterator[ReplyChunk]:
         self.calls.append((tuple(conversation), max_tokens))
+        self.tools.append(tuple(tools))
         try:
             for i, piece in enumerate(self.pieces):
                 if i == self.block_after:
@@ -184,10 +187,9 @@ class Turn:
         speak: bool = True,
         max_tokens: int | None = None,
         reply: bool = True,
+        tools: tuple[Tool, ...] = (),
     ) -> asyncio.Task[None]:
-        start = StartTurn(
-            TURN, audio, text, history, output_rate, speak, max_tokens=max_tokens, reply=reply
-        )
+        start = StartTurn(TURN, audio, text, history, output_rate, speak, tools, max_tokens, reply)
         return asyncio.create_task(run_turn(self.rt, start, self.released, self.deliver, pacing))
 
     def of(self, kind: type) -> list[Any]:
@@ -371,6 +373,19 @@ async def test_a_transcribe_only_turn_hears_and_answers_nothing(make_turn: Any) 
     assert [type(e) for e in turn.events] == [FinalTranscript, ReplyFinished]
     assert turn.events[0].text == "What is the capital of Italy?"
     assert turn.engine.calls == [] and turn.tts.texts == []
+
+
+async def test_an_untrusted_transcript_is_answered_without_tools(make_turn: Any) -> None:
+    """A transcript whose decode looped (Transcript.trusted False) reaches the session
+    as such, and its reply is offered no tools: it can answer, never act."""
+    for trusted in (True, False):
+        turn = make_turn(FakeEngine(["Okay."]), transcript="Set a timer for five minutes.")
+        turn.asr.trusted = trusted
+        turn.released.set()
+        await turn.start(audio=QUESTION_AUDIO, tools=DEFAULT_TOOLS)
+        assert turn.of(FinalTranscript)[0].trusted is trusted
+        assert turn.engine.tools == [DEFAULT_TOOLS if trusted else ()]
+        assert [s.text for s in turn.of(ReplySentence)] == ["Okay."]
 
 
 @pytest.mark.parametrize(("asked", "budget"), [(None, 33), (7, 7), (500, 33)])
