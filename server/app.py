@@ -67,6 +67,7 @@ from .session import (
     State,
     VadResult,
 )
+from .store import Parking, RedisStore
 from .turn import Pacing, run_turn
 
 log = logging.getLogger("quicksilver")
@@ -115,6 +116,10 @@ class ServerConfig:
     resume_file: Path | None = None
     auth: AuthConfig = field(default_factory=AuthConfig)  # docs/security.md
     tls: ssl.SSLContext | None = None
+    # "memory": conversations park in this process; redis://HOST:PORT/DB: in the
+    # fleet's Redis (server/store.py), under this node's id ("": hostname:port)
+    store: str = "memory"
+    node_id: str = ""
 
 
 _CLOSE = object()
@@ -178,18 +183,26 @@ class Connection:
         metrics: ServerMetrics | None = None,
         realtime_model: str | None = None,
         preset: dict[str, Any] | None = None,
+        shared: tuple[RedisStore, str] | None = None,
     ) -> None:
         """``realtime_model`` set: the client speaks OpenAI Realtime (server/realtime.py)
         and named that model; its conversations are not parked (it has no resume).
-        ``preset``: the session config of the client secret it connected with."""
+        ``preset``: the session config of the client secret it connected with.
+        ``shared``: the fleet's store and this connection's owner; the session then
+        parks in a store of its own, which :class:`Parking` fills and writes out."""
         self.ws = ws
         self.rt = rt
         self.config = config
         self.metrics = metrics
         names = (rt.asr_name, rt.reply.name)
         token = secrets.token_urlsafe(18)
+        self.parking: Parking | None = None
         if realtime_model is not None:
             resume = None
+        elif shared is not None:
+            resume = ResumeStore(config.resume_ttl_s).for_owner(shared[1])
+            self.parking = Parking(shared[0], shared[1], token)
+        self.resume = resume
         self.session = Session(
             uuid.uuid4().hex[:12],
             config.session,
@@ -238,6 +251,8 @@ class Connection:
                 # After the session closed, frames are still read (and dropped) until the
                 # client answers the close: unread frames would hold the connection, and
                 # its slot, until websockets' close timeout.
+                if self.session.state is State.IDLE and not await self._unparked(frame):
+                    continue
                 if self.session.state is not State.CLOSED:
                     await self.apply(self.wire.receive(frame, self.loop.time()))
         except ConnectionClosed:
@@ -251,6 +266,8 @@ class Connection:
             for task in [*self.tasks, *(t for t, _ in self.turns.values())]:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+            if self.parking is not None:
+                await self.parking.close(self.session.conversation)
             self._put(_CLOSE, force=True)
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await writer
@@ -319,6 +336,36 @@ class Connection:
                         self._spawn(self.ws.close(effect.code, effect.reason))
                     else:
                         self._put(effect, force=True)
+        if self.parking is not None:
+            self.parking.changed(self.session.conversation)
+
+    # -- the fleet's store (server/store.py); nothing else here touches Redis --
+
+    async def _unparked(self, frame: str | bytes) -> bool:
+        """Before the session sees ``start``: the conversation its resume token names
+        is taken from the fleet's store into the session's own store, where the session
+        takes it as it would on one node. False: the start was answered here (resume is
+        unavailable while Redis is down) and the session does not see it."""
+        if self.parking is None or not isinstance(frame, str):
+            return True
+        try:
+            start = p.decode_client(frame)
+        except p.ProtocolError:
+            return True
+        if not isinstance(start, p.Start):
+            return True
+        self.session.resume_token = self.parking.begin()
+        if start.resume_token is None or self.resume is None:
+            return True
+        try:
+            conversation = await self.parking.store.take(start.resume_token, self.parking.owner)
+        except p.ProtocolError as err:
+            if err.code != "resume_unavailable":
+                return True  # the session answers bad_resume_token itself
+            await self.apply([Send(p.Error(err.code, err.message))])
+            return False
+        self.resume.park(start.resume_token, conversation, self.loop.time())
+        return True
 
     def _put(self, item: object, force: bool = False) -> None:
         """Queue a frame for the writer; a full outbox means the client stopped reading."""
@@ -539,7 +586,8 @@ class App:
     config: ServerConfig
     lag: LagMonitor = field(default_factory=LagMonitor)
     sessions: set[Connection] = field(default_factory=set)
-    resume: ResumeStore | None = field(init=False)
+    resume: ResumeStore | None = field(init=False)  # the in-process store
+    shared: RedisStore | None = field(init=False)  # the fleet's store (--store redis://)
     metrics: ServerMetrics = field(init=False)
     closing: bool = False  # shutting down: new connections are refused
     authenticator: auth.Authenticator = field(init=False)
@@ -553,6 +601,7 @@ class App:
     # in (its client token used up) is never refused for room a moment later.
     _opening: dict[ServerConnection, _Opening] = field(default_factory=dict)
     _per_address: collections.Counter[str] = field(default_factory=collections.Counter)
+    _beating: asyncio.Task[None] | None = None  # the store's heartbeat
 
     def __post_init__(self) -> None:
         self.authenticator = auth.Authenticator(self.config.auth)
@@ -561,12 +610,16 @@ class App:
         per_address = min(limits.max_handshakes, limits.max_sessions_per_address)
         self.handshakes = Handshakes(limits.max_handshakes, per_address)
         ttl = self.config.resume_ttl_s
-        self.resume = ResumeStore(ttl) if ttl > 0 else None
+        self.shared = None
+        if self.config.store != "memory":
+            self.shared = RedisStore(self.config.store, self.config.node_id, ttl)
+        self.resume = ResumeStore(ttl) if ttl > 0 and self.shared is None else None
         self.metrics = ServerMetrics(
             sessions=lambda: len(self.sessions),
             resumable=lambda: len(self.resume) if self.resume is not None else 0,
             queued=lambda: {k.value: w.pending for k, w in self.rt.workers.items()},
             handshakes=lambda: self.handshakes.in_flight,
+            store_up=lambda: self.shared is None or self.shared.ok,
         )
 
     # -- the connection's life before its session (BodyConnection reports here) --
@@ -618,7 +671,15 @@ class App:
             )
             return _json_response(connection, reply)
         if path == "/healthz":
-            return connection.respond(http.HTTPStatus.OK, "ok\n")
+            if self.shared is None:
+                return connection.respond(http.HTTPStatus.OK, "ok\n")
+            health = {"status": "ok", "store": "redis", "store_ok": self.shared.ok}
+            return connection.respond(http.HTTPStatus.OK, json.dumps(health) + "\n")
+        if path == "/readyz":
+            if (why := self.unready()) is None:
+                return connection.respond(http.HTTPStatus.OK, "ready\n")
+            body = json.dumps({"ready": False, "reason": why})
+            return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, body + "\n")
         if path == "/stats":
             return connection.respond(http.HTTPStatus.OK, json.dumps(self.stats()) + "\n")
         if path == "/metrics":
@@ -673,6 +734,42 @@ class App:
             "tasks": len(asyncio.all_tasks()),
         }
 
+    def unready(self) -> str | None:
+        """Why a balancer should send this node no new sessions (/readyz), or None.
+        A node still loading its models is not listening yet."""
+        if self.closing:
+            return "draining"
+        let_in = sum(1 for o in self._opening.values() if o.refused is None)
+        if len(self.sessions) + let_in >= self.config.limits.max_sessions:
+            return "full"
+        return None
+
+    def registry_entry(self) -> dict[str, object]:
+        """This node in the fleet's registry (server/store.py), beat every second."""
+        return {
+            "sessions": len(self.sessions),
+            "draining": self.closing,
+            "addresses": dict(self._per_address),
+        }
+
+    async def start_store(self, node_id: str) -> None:
+        """Join the fleet's registry (one beat, bounded by the store's timeouts, so a
+        node whose Redis is down still starts) and keep beating in the background."""
+        if self.shared is None:
+            return
+        self.shared.node_id = self.config.node_id or node_id
+        await self.shared.beat(self.registry_entry())
+        self._beating = asyncio.create_task(self.shared.run(self.registry_entry))
+
+    async def stop_store(self) -> None:
+        if self.shared is None:
+            return
+        if self._beating is not None:
+            self._beating.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._beating
+        await self.shared.leave()
+
     def refusal(self, address: str) -> tuple[int, str] | None:
         """Why a new connection from ``address`` is refused (close code, reason)."""
         limits = self.config.limits
@@ -684,7 +781,10 @@ class App:
                 p.CloseCode.TRY_AGAIN_LATER,
                 f"server full ({limits.max_sessions} sessions); retry in {_RETRY_AFTER_S} s",
             )
-        if self._per_address[address] + let_in.count(address) >= limits.max_sessions_per_address:
+        # the fleet's other nodes, as their last heartbeats said (none while Redis is down)
+        elsewhere = self.shared.fleet.addresses[address] if self.shared is not None else 0
+        here = self._per_address[address] + let_in.count(address)
+        if here + elsewhere >= limits.max_sessions_per_address:
             n = limits.max_sessions_per_address
             return p.CloseCode.POLICY_VIOLATION, f"too many connections from your address ({n})"
         return None
@@ -708,7 +808,10 @@ class App:
         model = _realtime_model(ws.request.path) if ws.request is not None else None
         preset = self._preset_of.pop(ws, None)
         resume = self.resume.for_owner(opening.owner) if self.resume is not None else None
-        connection = Connection(ws, self.rt, self.config, resume, self.metrics, model, preset)
+        shared = (self.shared, opening.owner) if self.shared is not None else None
+        connection = Connection(
+            ws, self.rt, self.config, resume, self.metrics, model, preset, shared
+        )
         self.sessions.add(connection)
         self._per_address[address] += 1
         try:
@@ -991,6 +1094,8 @@ async def start_server(
         open_timeout=app.config.limits.handshake_timeout_s,
         ssl=app.config.tls,
     )
+    host, port = server.sockets[0].getsockname()[:2]
+    await app.start_store(f"{socket.gethostname()}:{port}")
     return server, app
 
 
@@ -1012,9 +1117,11 @@ async def run_until(
     log.info(
         "shutting down: %d session(s), up to %.0f s for turns in flight", len(app.sessions), grace
     )
-    server.close(close_connections=False)  # stop accepting; open sessions go on
+    # Still listening while draining: /readyz answers 503 "draining", so a balancer
+    # moves new sessions elsewhere, and a voice handshake is closed with 1001.
     await app.drain(grace)
     server.close()  # whoever is left gets 1001 (going away)
     await server.wait_closed()
     app.save_resumable(asyncio.get_running_loop().time())
+    await app.stop_store()
     monitor.cancel()

@@ -38,6 +38,7 @@ from .app import Limits, ServerConfig, run_until
 from .metrics import JsonFormatter
 from .runtime import DEFAULT_ASR, RuntimeOptions, load_runtime
 from .session import SessionConfig
+from .store import check_url as check_store_url
 from .turn_end import EAGERNESS
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -132,6 +133,17 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=120.0,
         help="seconds a dropped session's conversation is kept for resumption (0: off)",
+    )
+    serve.add_argument(
+        "--store",
+        default="memory",
+        help="where dropped sessions' conversations are kept: memory (this process) or "
+        "redis://HOST:PORT/DB, shared by the nodes of a fleet (docs/deploy.md)",
+    )
+    serve.add_argument(
+        "--node-id",
+        default="",
+        help="this node's name in the fleet's registry (default: hostname:port)",
     )
     limits = Limits()
     serve.add_argument(
@@ -255,6 +267,7 @@ def _serve(args: argparse.Namespace) -> int:
         auth_config = auth.config_from_args(args, os.environ)
         tls = auth.tls_context(args.tls_cert, args.tls_key)
         chat = chat_server_options(args, os.environ)
+        store = check_store_url(args.store)
     except (auth.AuthError, ValueError) as exc:
         print(f"quicksilver: {exc}", file=sys.stderr)
         return 2
@@ -279,6 +292,8 @@ def _serve(args: argparse.Namespace) -> int:
         resume_file=args.cache_dir / RESUME_FILE if args.cache_dir is not None else None,
         auth=auth_config,
         tls=tls,
+        store=store,
+        node_id=args.node_id,
     )
     options = RuntimeOptions(
         asr=args.asr,
