@@ -19,7 +19,7 @@ from model.engine import ChatMessage
 from server import protocol as p
 from server.app import Limits, ServerConfig
 from server.protocol import ProtocolError
-from server.store import RedisStore
+from server.store import RedisStore, check_url
 from tests.inproc import serving, started, until
 from tests.redis_server import RedisServer
 
@@ -222,3 +222,11 @@ async def test_a_node_serves_without_redis_and_recovers_when_it_returns(
         again, resumed = await started(b, resume_token=kept)
         assert resumed["resumed"] and resumed["history"] == 6
         await again.close()
+
+
+def test_the_store_option_takes_memory_or_a_redis_url() -> None:
+    assert check_url("memory") == "memory"
+    assert check_url("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
+    for bad in ("redis", "http://127.0.0.1:6379/0", "redis://", "/tmp/x"):
+        with pytest.raises(ValueError):
+            check_url(bad)
