@@ -85,6 +85,9 @@ class Limits:
 
     max_sessions: int = 100  # open sessions; over it: close 1013 with a retry hint
     max_sessions_per_address: int = 20  # one car fleet's NAT may share an address
+    # With API keys: open sessions of one key (and the client tokens it minted), across
+    # the fleet with --store redis://; 0: no limit of its own (max_sessions holds).
+    max_sessions_per_key: int = 0
     # Connections accepted and not yet answered (each may hold MAX_HEADERS x
     # MAX_HEADER_LINE_BYTES until handshake_timeout_s), in all, and from one address
     # as many as it may have sessions (max_sessions_per_address: behind a load
@@ -601,6 +604,7 @@ class App:
     # in (its client token used up) is never refused for room a moment later.
     _opening: dict[ServerConnection, _Opening] = field(default_factory=dict)
     _per_address: collections.Counter[str] = field(default_factory=collections.Counter)
+    _per_owner: collections.Counter[str] = field(default_factory=collections.Counter)
     _beating: asyncio.Task[None] | None = None  # the store's heartbeat
 
     def __post_init__(self) -> None:
@@ -703,7 +707,8 @@ class App:
         now = time.time()
         headers = list(request.headers.raw_items())
         decision = self.authenticator.check(request.path, headers, peer, now, scope)
-        room = self.refusal(peer)
+        owner = decision.owner if isinstance(decision, auth.Accepted) else auth.OPEN_OWNER
+        room = self.refusal(peer, owner)
         if isinstance(decision, auth.Accepted) and room is None:
             decision = self.authenticator.claim(decision, now)
         if isinstance(decision, auth.Rejected):
@@ -750,6 +755,7 @@ class App:
             "sessions": len(self.sessions),
             "draining": self.closing,
             "addresses": dict(self._per_address),
+            "owners": dict(self._per_owner),  # API key fingerprints (auth.owner_of)
         }
 
     async def start_store(self, node_id: str) -> None:
@@ -770,10 +776,12 @@ class App:
                 await self._beating
         await self.shared.leave()
 
-    def refusal(self, address: str) -> tuple[int, str] | None:
-        """Why a new connection from ``address`` is refused (close code, reason)."""
+    def refusal(self, address: str, owner: str = auth.OPEN_OWNER) -> tuple[int, str] | None:
+        """Why a new connection from ``address`` of ``owner`` is refused (close code,
+        reason). Per address and per key, the other nodes of a fleet count too."""
         limits = self.config.limits
         let_in = [o.address for o in self._opening.values() if o.refused is None]
+        owners = [o.owner for o in self._opening.values() if o.refused is None]
         if self.closing:
             return p.CloseCode.GOING_AWAY, "server shutting down; reconnect in a moment"
         if len(self.sessions) + len(let_in) >= limits.max_sessions:
@@ -787,6 +795,10 @@ class App:
         if here + elsewhere >= limits.max_sessions_per_address:
             n = limits.max_sessions_per_address
             return p.CloseCode.POLICY_VIOLATION, f"too many connections from your address ({n})"
+        if (n := limits.max_sessions_per_key) and owner != auth.OPEN_OWNER:
+            elsewhere = self.shared.fleet.owners[owner] if self.shared is not None else 0
+            if self._per_owner[owner] + owners.count(owner) + elsewhere >= n:
+                return p.CloseCode.POLICY_VIOLATION, f"{_PER_KEY} ({n})"
         return None
 
     async def handle(self, ws: ServerConnection) -> None:
@@ -794,9 +806,10 @@ class App:
         opening = self._opening.pop(ws, None)
         if opening is None:  # gone before its handler ran (lost() dropped it)
             opening = _Opening(address, "", (p.CloseCode.POLICY_VIOLATION, "not admitted"))
-        if (refused := opening.refused or self.refusal(address)) is not None:
+        if (refused := opening.refused or self.refusal(address, opening.owner)) is not None:
             code, reason = refused
-            self.metrics.rejected.labels(_REJECTED.get(code, "not_admitted")).inc()
+            label = "per_key" if reason.startswith(_PER_KEY) else _REJECTED.get(code)
+            self.metrics.rejected.labels(label or "not_admitted").inc()
             log.warning("refused a connection from %s: %s", address, reason)
             await ws.close(code, reason)
             return
@@ -814,13 +827,15 @@ class App:
         )
         self.sessions.add(connection)
         self._per_address[address] += 1
+        self._per_owner[opening.owner] += 1
         try:
             await connection.run()
         finally:
             self.sessions.discard(connection)
-            self._per_address[address] -= 1
-            if not self._per_address[address]:
-                del self._per_address[address]
+            for counts, counted in ((self._per_address, address), (self._per_owner, opening.owner)):
+                counts[counted] -= 1
+                if not counts[counted]:
+                    del counts[counted]
 
     async def drain(self, grace_s: float) -> None:
         """Shutdown: let the turns in flight finish (up to ``grace_s``), then end every
@@ -877,6 +892,7 @@ def _realtime_model(path_query: str) -> str | None:
     return named[: realtime.MAX_ID_CHARS] if p.encodable(named) else realtime.DEFAULT_MODEL
 
 
+_PER_KEY = "too many sessions for your API key"
 _REJECTED: dict[int, str] = {
     p.CloseCode.GOING_AWAY: "shutting_down",
     p.CloseCode.TRY_AGAIN_LATER: "server_full",

@@ -156,6 +156,13 @@ def _parser() -> argparse.ArgumentParser:
         help="open sessions from one client address",
     )
     serve.add_argument(
+        "--max-sessions-per-key",
+        type=int,
+        default=limits.max_sessions_per_key,
+        help="with API keys: open sessions of one key, across the fleet with --store (0: no "
+        "limit of its own)",
+    )
+    serve.add_argument(
         "--max-session-minutes",
         type=float,
         default=limits.max_session_s / 60,
@@ -287,6 +294,7 @@ def _serve(args: argparse.Namespace) -> int:
             Limits(),
             max_sessions=args.max_sessions,
             max_sessions_per_address=args.max_sessions_per_address,
+            max_sessions_per_key=args.max_sessions_per_key,
             max_session_s=args.max_session_minutes * 60,
         ),
         resume_file=args.cache_dir / RESUME_FILE if args.cache_dir is not None else None,

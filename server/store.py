@@ -1,5 +1,5 @@
 """What must outlive one node, in Redis: parked conversations, the node registry,
-per-address session counts (docs/deploy.md, "Several nodes").
+session counts per address and per API key (docs/security.md, "Several nodes").
 
 ``quicksilver serve --store redis://HOST:PORT/DB`` gives every node of a fleet one
 :class:`RedisStore`; the default (``memory``) keeps today's in-process
@@ -70,6 +70,7 @@ class Fleet:
 
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     addresses: Counter[str] = field(default_factory=Counter)  # sessions per address
+    owners: Counter[str] = field(default_factory=Counter)  # per API key fingerprint
 
 
 class RedisStore:
@@ -169,6 +170,7 @@ class RedisStore:
             entry = json.loads(value)
             fleet.nodes[node] = entry
             fleet.addresses.update(entry.get("addresses", {}))
+            fleet.owners.update(entry.get("owners", {}))
         return fleet
 
     async def leave(self) -> None:

@@ -18,6 +18,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from model.engine import ChatMessage
 from server import protocol as p
 from server.app import Limits, ServerConfig
+from server.auth import AuthConfig
 from server.protocol import ProtocolError
 from server.store import RedisStore, check_url
 from tests.inproc import serving, started, until
@@ -230,3 +231,25 @@ def test_the_store_option_takes_memory_or_a_redis_url() -> None:
     for bad in ("redis", "http://127.0.0.1:6379/0", "redis://", "/tmp/x"):
         with pytest.raises(ValueError):
             check_url(bad)
+
+
+async def test_one_keys_sessions_count_across_the_fleet(redis_server: RedisServer) -> None:
+    key, other = "test-key-0123456789abcdef", "other-key-0123456789abcdef"
+    config = ServerConfig(
+        store=redis_server.url,
+        limits=replace(Limits(), max_sessions_per_key=1),
+        auth=AuthConfig(api_keys=frozenset({key, other})),
+    )
+    async with serving(config=config) as (a, _), serving(config=config) as (b, app_b):
+        assert app_b.shared is not None
+        held = await connect(a, additional_headers={"Authorization": f"Bearer {key}"})
+        await eventually(lambda: sum(app_b.shared.fleet.owners.values()) == 1)  # type: ignore[union-attr]
+        second = await connect(b, additional_headers={"Authorization": f"Bearer {key}"})
+        await second.wait_closed()
+        assert second.close_code == p.CloseCode.POLICY_VIOLATION
+        assert "API key" in (second.close_reason or "")
+        ws = await connect(b, additional_headers={"Authorization": f"Bearer {other}"})
+        await ws.send(json.dumps({"type": "start", "sample_rate": 16_000}))
+        assert json.loads(await ws.recv())["type"] == "ready"
+        await ws.close()
+        await held.close()
