@@ -213,11 +213,15 @@ class Parking:
             self.store.live.add(self.token)
         return self.token
 
-    def changed(self, conversation: list[ChatMessage]) -> None:
+    def changed(self, conversation: list[ChatMessage], final: bool = False) -> None:
         """Called after every batch of effects: writes the conversation in the
-        background when it is not the one written last (cheap when it is)."""
+        background when it is not the one written last (cheap when it is). A turn's
+        question is written with its reply, when the turn completes; a node lost in
+        between loses the turn in flight, as a client that resumes expects."""
         if not self.token or not self.store.ok:
             return  # Redis back: the next batch of effects writes the whole conversation
+        if not final and conversation and conversation[-1].role == "user":
+            return
         mark = (len(conversation), id(conversation[-1]) if conversation else 0)
         if mark == self._mark:
             return
@@ -234,11 +238,12 @@ class Parking:
                 return
 
     async def close(self, conversation: list[ChatMessage] | None) -> None:
-        """The connection ended: its conversation (None: it never started) is
-        written one last time before the connection counts as closed."""
+        """The connection ended: its conversation (None: it never started), as the
+        session parked it, is written one last time before the connection counts as
+        closed."""
         if conversation is not None:
             self._mark = None
-            self.changed(conversation)
+            self.changed(conversation, final=True)
         if self._writer is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(self._writer), 2 * TIMEOUT_S)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from server.app import Limits, ServerConfig
 from server.auth import AuthConfig
 from server.protocol import ProtocolError
 from server.store import RedisStore, check_url
-from tests.inproc import serving, started, until
+from tests.inproc import ScriptedReplies, serving, started, until
 from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.models
@@ -253,3 +254,25 @@ async def test_one_keys_sessions_count_across_the_fleet(redis_server: RedisServe
         assert json.loads(await ws.recv())["type"] == "ready"
         await ws.close()
         await held.close()
+
+
+async def test_a_turn_in_flight_is_not_written_until_it_completes(
+    redis_server: RedisServer,
+) -> None:
+    """A node lost mid-reply: the client resumes with every completed turn, and the
+    question in flight is not left in the history without its answer."""
+    replies = ScriptedReplies()
+    async with serving(replies=replies, config=ServerConfig(store=redis_server.url)) as (a, _):
+        ws, ready = await started(a)
+        token = ready["resume_token"]
+        await turn(ws)
+        await eventually(lambda: len((parked(redis_server, token) or {})["conversation"]) == 2)
+        replies.hold, replies.started = True, threading.Event()
+        await ws.send(json.dumps({"type": "text", "text": "And Rome?"}))
+        await asyncio.to_thread(replies.started.wait, 30)  # the question is in the session
+        await asyncio.sleep(0.2)  # time for a write, were one made
+        assert len((parked(redis_server, token) or {})["conversation"]) == 2
+        replies.go.set()
+        await asyncio.wait_for(until(ws, "reply_done"), 30)
+        await eventually(lambda: len((parked(redis_server, token) or {})["conversation"]) == 4)
+        await ws.close()
