@@ -18,11 +18,17 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 import urllib.parse
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
 
 from model.engine import ChatMessage
 
@@ -30,6 +36,9 @@ from .protocol import ProtocolError
 from .resume import _role
 
 log = logging.getLogger("quicksilver.store")
+
+# What Redis being unreachable, slow or restarting looks like to redis-py.
+_DOWN = (RedisError, OSError, TimeoutError)
 
 PREFIX = "quicksilver:"
 TIMEOUT_S = 0.5  # connect and read: Redis on the same network answers in a millisecond
@@ -71,16 +80,14 @@ class Fleet:
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     addresses: Counter[str] = field(default_factory=Counter)  # sessions per address
     owners: Counter[str] = field(default_factory=Counter)  # per API key fingerprint
+    minute: int = 0  # the wall-clock minute of ``texts``
+    texts: Counter[str] = field(default_factory=Counter)  # text messages per key
 
 
 class RedisStore:
     """One node's view of the fleet's Redis."""
 
     def __init__(self, url: str, node_id: str, ttl_s: float) -> None:
-        from redis.asyncio import Redis
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
-
         self.url = url
         self.node_id = node_id
         self.ttl_s = ttl_s
@@ -107,7 +114,7 @@ class RedisStore:
             found, value = await self._take(
                 keys=[_parked(token), _taken(token)], args=[owner, _ms(self.ttl_s)]
             )
-        except Exception as exc:  # redis.RedisError, OSError, timeouts: all mean down
+        except _DOWN as exc:
             self._failed("take", exc)
             raise _unavailable() from exc
         if found != 2:
@@ -131,7 +138,7 @@ class RedisStore:
             written = await self._put(
                 keys=[_parked(token), _taken(token)], args=[value, _ms(self.ttl_s)]
             )
-        except Exception as exc:
+        except _DOWN as exc:
             self._failed("put", exc)
             return False
         return bool(written)
@@ -142,7 +149,11 @@ class RedisStore:
         """Ping, beat and read the fleet every BEAT_S until cancelled; ``report`` is
         this node's entry in the registry (sessions, draining, per-address counts)."""
         while True:
-            await self.beat(report())
+            try:
+                await self.beat(report())
+            except Exception as exc:  # a bug: logged, and the beat goes on
+                log.exception("store: heartbeat failed")
+                self._failed("heartbeat", exc)
             await asyncio.sleep(BEAT_S)
 
     async def beat(self, entry: Mapping[str, Any]) -> None:
@@ -157,7 +168,7 @@ class RedisStore:
                     pipe.pexpire(_parked(token), _ms(self.ttl_s))
                 await pipe.execute()
             self.fleet = await self._read_fleet()
-        except Exception as exc:
+        except _DOWN as exc:
             self._failed("heartbeat", exc)
 
     async def _read_fleet(self) -> Fleet:
@@ -167,10 +178,10 @@ class RedisStore:
             node = key.decode()[len(_node("")) :]
             if value is None or node == self.node_id:
                 continue
-            entry = json.loads(value)
-            fleet.nodes[node] = entry
-            fleet.addresses.update(entry.get("addresses", {}))
-            fleet.owners.update(entry.get("owners", {}))
+            try:
+                _count_in(fleet, node, json.loads(value))
+            except (ValueError, TypeError, AttributeError) as exc:  # not a node's entry
+                log.debug("store: ignoring the registry entry of %r: %r", node, exc)
         return fleet
 
     async def leave(self) -> None:
@@ -188,6 +199,36 @@ class RedisStore:
             )
         self.ok = False
         self.fleet = Fleet()  # nobody else's counts while we cannot see them
+
+
+class TextBudget:
+    """``text`` messages of one API key per wall-clock minute, on every node together:
+    this node's count of the minute plus what the others reported in their beats (a
+    beat late at most). Sessions of other keys, and the sessions' own rate, are apart."""
+
+    def __init__(self, per_minute: int, clock: Callable[[], float] = time.time) -> None:
+        self.per_minute = per_minute
+        self.clock = clock  # wall-clock seconds: every node's minutes are the same
+        self.minute = 0
+        self.here: Counter[str] = Counter()  # this minute, on this node
+
+    def allow(self, owner: str, elsewhere: Fleet | None) -> bool:
+        """Count one message of ``owner`` in, unless its minute's budget is spent."""
+        self._roll()
+        others = elsewhere.texts[owner] if elsewhere and elsewhere.minute == self.minute else 0
+        if self.here[owner] + others >= self.per_minute:
+            return False
+        self.here[owner] += 1
+        return True
+
+    def report(self) -> dict[str, object]:
+        """This node's counts, for its registry entry."""
+        self._roll()
+        return {"minute": self.minute, "owners": dict(self.here)}
+
+    def _roll(self) -> None:
+        if (minute := int(self.clock() // 60)) != self.minute:
+            self.minute, self.here = minute, Counter()
 
 
 class Parking:
@@ -248,6 +289,19 @@ class Parking:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(self._writer), 2 * TIMEOUT_S)
         self.store.live.discard(self.token)
+
+
+def _count_in(fleet: Fleet, node: str, entry: dict[str, Any]) -> None:
+    """Add one node's registry entry (App.registry_entry) to ``fleet``."""
+    fleet.nodes[node] = entry
+    fleet.addresses.update(entry.get("addresses", {}))
+    fleet.owners.update(entry.get("owners", {}))
+    texts = entry.get("texts") or {}
+    minute = int(texts.get("minute", 0))
+    if minute > fleet.minute:  # counts of an older minute no longer count
+        fleet.minute, fleet.texts = minute, Counter()
+    if minute == fleet.minute:
+        fleet.texts.update(texts.get("owners", {}))
 
 
 def _unavailable() -> ProtocolError:

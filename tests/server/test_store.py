@@ -19,7 +19,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from model.engine import ChatMessage
 from server import protocol as p
 from server.app import Limits, ServerConfig
-from server.auth import AuthConfig
+from server.auth import AuthConfig, owner_of
 from server.protocol import ProtocolError
 from server.store import RedisStore, check_url
 from tests.inproc import ScriptedReplies, serving, started, until
@@ -276,3 +276,30 @@ async def test_a_turn_in_flight_is_not_written_until_it_completes(
         await asyncio.wait_for(until(ws, "reply_done"), 30)
         await eventually(lambda: len((parked(redis_server, token) or {})["conversation"]) == 4)
         await ws.close()
+
+
+async def test_one_keys_text_messages_count_across_the_fleet(redis_server: RedisServer) -> None:
+    key = "test-key-0123456789abcdef"
+    config = ServerConfig(
+        store=redis_server.url,
+        limits=replace(Limits(), text_per_minute_per_key=2),
+        auth=AuthConfig(api_keys=frozenset({key})),
+    )
+    bearer = {"Authorization": f"Bearer {key}"}
+    async with serving(config=config) as (a, app_a), serving(config=config) as (b, app_b):
+        assert app_a.texts is not None and app_b.texts is not None and app_b.shared is not None
+        app_a.texts.clock = app_b.texts.clock = lambda: 600.0  # one minute throughout
+        x = await connect(a, additional_headers=bearer)
+        await x.send(json.dumps({"type": "start", "sample_rate": 16_000}))
+        await until(x, "ready")
+        await turn(x)
+        await turn(x, "And Rome?")
+        await eventually(lambda: app_b.shared.fleet.texts[owner_of(key)] == 2)  # type: ignore[union-attr]
+        y = await connect(b, additional_headers=bearer)
+        await y.send(json.dumps({"type": "start", "sample_rate": 16_000}))
+        await until(y, "ready")
+        await y.send(json.dumps({"type": "text", "text": "And Madrid?"}))
+        error = await asyncio.wait_for(until(y, "error"), 10)
+        assert error["code"] == "rate_limited" and "API key" in error["message"]
+        await x.close()
+        await y.close()
