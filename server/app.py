@@ -208,7 +208,7 @@ class Connection:
         self.parking: Parking | None = None
         if realtime_model is not None:
             resume = None
-        elif shared is not None:
+        elif shared is not None and config.resume_ttl_s > 0:
             resume = ResumeStore(config.resume_ttl_s).for_owner(owner)
             self.parking = Parking(shared, owner, token)
         self.resume = resume
@@ -767,6 +767,7 @@ class App:
                 "in_flight": self.handshakes.in_flight,
                 "refused": self.handshakes.refused,
             },
+            **({"store": self.shared.stats()} if self.shared is not None else {}),
             "loop_lag": self.lag.summary(),
             "queued": pending,
             "tasks": len(asyncio.all_tasks()),

@@ -103,6 +103,15 @@ class RedisStore:
         self._take = self.redis.register_script(_TAKE)
         self._put = self.redis.register_script(_PUT)
 
+    def stats(self) -> dict[str, object]:
+        """For /stats: whether Redis answers, and the other live nodes."""
+        return {
+            "kind": "redis",
+            "ok": self.ok,
+            "node": self.node_id,
+            "others": sorted(self.fleet.nodes),
+        }
+
     # -- conversations --
 
     async def take(self, token: str, owner: str) -> list[ChatMessage]:

@@ -145,6 +145,8 @@ async def test_the_registry_lists_live_nodes_and_counts_addresses_across_them(
         # node b hears of node a's two sessions from 127.0.0.1 within a beat
         await eventually(lambda: app_b.shared.fleet.addresses["127.0.0.1"] == 2)  # type: ignore[union-attr]
         assert app_b.shared.fleet.nodes["node-one"]["sessions"] == 2
+        stats = json.loads((await get(b, "/stats"))[1])["store"]
+        assert stats["ok"] and stats["others"] == ["node-one"]
         refused = await connect(b)
         await refused.wait_closed()
         assert refused.close_code == p.CloseCode.POLICY_VIOLATION
