@@ -260,13 +260,11 @@ class Connection:
         try:
             await self.apply(self.wire.open(self.loop.time()))
             async for frame in self.ws:
+                if not await self._through_store(frame):
+                    continue
                 # After the session closed, frames are still read (and dropped) until the
                 # client answers the close: unread frames would hold the connection, and
                 # its slot, until websockets' close timeout.
-                if self.session.state is State.IDLE and not await self._unparked(frame):
-                    continue
-                if self.texts is not None and not await self._text_allowed(frame):
-                    continue
                 if self.session.state is not State.CLOSED:
                     await self.apply(self.wire.receive(frame, self.loop.time()))
         except ConnectionClosed:
@@ -355,17 +353,26 @@ class Connection:
 
     # -- the fleet's store (server/store.py); nothing else here touches Redis --
 
-    async def _text_allowed(self, frame: str | bytes) -> bool:
-        """A ``text`` message within its key's budget (:class:`TextBudget`, counted
-        across the fleet); False: answered ``rate_limited`` here, the session never
-        sees it."""
-        if not isinstance(frame, str) or self.session.state in (State.IDLE, State.CLOSED):
+    async def _through_store(self, frame: str | bytes) -> bool:
+        """The fleet's say on a client frame before the session sees it: a resuming
+        ``start`` first takes its conversation from the store, a ``text`` counts in its
+        key's budget. False: the frame was answered here; the session never sees it."""
+        if (self.parking is None and self.texts is None) or not isinstance(frame, str):
             return True
         try:
             message = p.decode_client(frame)
         except p.ProtocolError:
-            return True
-        if not isinstance(message, p.Text) or self.texts is None:
+            return True  # the session answers it (or it is the Realtime codec's)
+        if isinstance(message, p.Start) and self.session.state is State.IDLE:
+            return await self._unparked(message)
+        if isinstance(message, p.Text) and self.session.state is not State.IDLE:
+            return await self._text_allowed()
+        return True
+
+    async def _text_allowed(self) -> bool:
+        """A ``text`` message within its key's budget (:class:`TextBudget`, counted
+        across the fleet), or answered ``rate_limited``."""
+        if self.texts is None or self.session.state is State.CLOSED:
             return True
         fleet = self.shared.fleet if self.shared is not None else None
         if self.texts.allow(self.owner, fleet):
@@ -374,18 +381,11 @@ class Connection:
         await self.apply([Send(p.Error("rate_limited", f"{_PER_KEY_TEXT} ({n} a minute)"))])
         return False
 
-    async def _unparked(self, frame: str | bytes) -> bool:
-        """Before the session sees ``start``: the conversation its resume token names
-        is taken from the fleet's store into the session's own store, where the session
-        takes it as it would on one node. False: the start was answered here (resume is
-        unavailable while Redis is down) and the session does not see it."""
-        if self.parking is None or not isinstance(frame, str):
-            return True
-        try:
-            start = p.decode_client(frame)
-        except p.ProtocolError:
-            return True
-        if not isinstance(start, p.Start):
+    async def _unparked(self, start: p.Start) -> bool:
+        """The conversation a resume token names is taken from the fleet's store into
+        the session's own store, where the session takes it as it would on one node;
+        or answered ``resume_unavailable`` while Redis is down."""
+        if self.parking is None:
             return True
         self.session.resume_token = self.parking.begin()
         if start.resume_token is None or self.resume is None:
@@ -1154,7 +1154,7 @@ async def start_server(
         open_timeout=app.config.limits.handshake_timeout_s,
         ssl=app.config.tls,
     )
-    host, port = server.sockets[0].getsockname()[:2]
+    port = server.sockets[0].getsockname()[1]
     await app.start_store(f"{socket.gethostname()}:{port}")
     return server, app
 
