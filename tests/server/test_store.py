@@ -8,6 +8,7 @@ import json
 import threading
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -21,7 +22,7 @@ from server import protocol as p
 from server.app import Limits, ServerConfig
 from server.auth import AuthConfig, owner_of
 from server.protocol import ProtocolError
-from server.store import RedisStore, check_url
+from server.store import Fleet, RedisStore, TextBudget, check_url
 from tests.inproc import ScriptedReplies, serving, started, until
 from tests.redis_server import RedisServer
 
@@ -305,3 +306,17 @@ async def test_one_keys_text_messages_count_across_the_fleet(redis_server: Redis
         assert error["code"] == "rate_limited" and "API key" in error["message"]
         await x.close()
         await y.close()
+
+
+def test_a_keys_text_budget_is_per_minute_and_counts_the_other_nodes() -> None:
+    wall = [120.0]
+    budget = TextBudget(3, clock=lambda: wall[0])
+    others = Fleet(minute=2, texts=Counter({"k": 2}))
+    assert budget.allow("k", others)
+    assert not budget.allow("k", others)  # 1 here + 2 elsewhere
+    assert budget.allow("other", others)
+    stale = Fleet(minute=1, texts=Counter({"k": 5}))  # a minute that is over
+    assert budget.allow("k", stale)
+    wall[0] = 180.0  # the next minute starts over
+    assert budget.report() == {"minute": 3, "owners": {}}
+    assert budget.allow("k", others) and budget.allow("k", others)
