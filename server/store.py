@@ -23,7 +23,7 @@ import urllib.parse
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
@@ -63,6 +63,9 @@ return 1
 """
 
 
+Put = Literal["written", "taken", "down"]
+
+
 def check_url(url: str) -> str:
     """``memory``, or a ``redis://`` URL (ValueError otherwise)."""
     if url == "memory":
@@ -92,6 +95,7 @@ class RedisStore:
         self.node_id = node_id
         self.ttl_s = ttl_s
         self.ok = False  # the last ping answered
+        self.epoch = 0  # times Redis came (back) up
         self.fleet = Fleet()
         self.live: set[str] = set()  # tokens of this node's sessions, refreshed by beats
         self.redis = Redis.from_url(
@@ -131,11 +135,11 @@ class RedisStore:
         data = json.loads(value)
         return [ChatMessage(_role(r), str(c)) for r, c in data["conversation"]]
 
-    async def put(self, token: str, owner: str, conversation: Sequence[ChatMessage]) -> bool:
+    async def put(self, token: str, owner: str, conversation: Sequence[ChatMessage]) -> Put:
         """Park ``conversation`` under ``token`` for the resume TTL, unless the token
-        was taken already. False: not written (Redis down, or taken)."""
+        was taken already (the client resumed elsewhere)."""
         if not self.ok or self.ttl_s <= 0:
-            return False
+            return "down"
         value = json.dumps(
             {
                 "owner": owner,
@@ -149,8 +153,8 @@ class RedisStore:
             )
         except _DOWN as exc:
             self._failed("put", exc)
-            return False
-        return bool(written)
+            return "down"
+        return "written" if written else "taken"
 
     # -- the node's life --
 
@@ -170,6 +174,7 @@ class RedisStore:
             await self.redis.ping()
             was, self.ok = self.ok, True
             if not was:
+                self.epoch += 1  # what Redis held may be gone: every session writes again
                 log.info("store: Redis at %s is up", _safe(self.url))
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.set(_node(self.node_id), json.dumps(dict(entry)), px=_ms(NODE_TTL_S))
@@ -250,7 +255,7 @@ class Parking:
         self.owner = owner
         self._offered = token  # the session's token, if Redis is up when it starts
         self.token = ""  # the token written under: "" until it starts with Redis up
-        self._mark: tuple[int, int] | None = None  # the conversation last handed to a write
+        self._mark: tuple[int, int, int] | None = None  # the conversation last handed to a write
         self._pending: list[ChatMessage] | None = None
         self._writer: asyncio.Task[None] | None = None
 
@@ -272,7 +277,7 @@ class Parking:
             return  # Redis back: the next batch of effects writes the whole conversation
         if not final and conversation and conversation[-1].role == "user":
             return
-        mark = (len(conversation), id(conversation[-1]) if conversation else 0)
+        mark = (self.store.epoch, len(conversation), id(conversation[-1]) if conversation else 0)
         if mark == self._mark:
             return
         self._mark = mark
@@ -283,9 +288,14 @@ class Parking:
     async def _write(self) -> None:
         while (conversation := self._pending) is not None:
             self._pending = None
-            if not await self.store.put(self.token, self.owner, conversation):
-                self._mark = None  # not written: the next change writes it again
-                return
+            match await self.store.put(self.token, self.owner, conversation):
+                case "down":
+                    self._mark = None  # not written: the next change writes it again
+                    return
+                case "taken":  # resumed elsewhere: this session's token is spent
+                    self.store.live.discard(self.token)
+                    self.token = ""
+                    return
 
     async def close(self, conversation: list[ChatMessage] | None) -> None:
         """The connection ended: its conversation (None: it never started), as the

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import threading
 import urllib.error
 import urllib.request
@@ -122,14 +123,14 @@ async def test_another_owners_try_does_not_use_the_token_up(redis_server: RedisS
     await store.beat({})
     assert store.ok
     said = [ChatMessage("user", "My PIN is 4321."), ChatMessage("assistant", "Noted.")]
-    assert await store.put("tok", "owner-a", said)
+    assert await store.put("tok", "owner-a", said) == "written"
     with pytest.raises(ProtocolError) as err:
         await store.take("tok", "owner-b")
     assert err.value.code == "bad_resume_token"
     assert await store.take("tok", "owner-a") == said
     with pytest.raises(ProtocolError):
         await store.take("tok", "owner-a")
-    assert not await store.put("tok", "owner-a", said)  # taken: never parked again
+    assert await store.put("tok", "owner-a", said) == "taken"  # never parked again
     await store.leave()
 
 
@@ -320,3 +321,24 @@ def test_a_keys_text_budget_is_per_minute_and_counts_the_other_nodes() -> None:
     wall[0] = 180.0  # the next minute starts over
     assert budget.report() == {"minute": 3, "owners": {}}
     assert budget.allow("k", others) and budget.allow("k", others)
+
+
+async def test_a_redis_that_lost_its_data_gets_every_live_conversation_again(
+    redis_server: RedisServer,
+) -> None:
+    async with serving(config=ServerConfig(store=redis_server.url)) as (a, app):
+        assert app.shared is not None
+        ws, ready = await started(a)
+        token = ready["resume_token"]
+        await turn(ws)
+        await eventually(lambda: parked(redis_server, token) is not None)
+        redis_server.kill()
+        shutil.rmtree(redis_server.directory / "appendonlydir")  # a Redis without persistence
+        await eventually(lambda: not app.shared.ok)  # type: ignore[union-attr]
+        redis_server.start()
+        await eventually(lambda: app.shared.ok)  # type: ignore[union-attr]
+        assert parked(redis_server, token) is None
+        await ws.send(bytes(640))  # any frame from the client: 20 ms of silence
+        await eventually(lambda: parked(redis_server, token) is not None)
+        assert len(parked(redis_server, token)["conversation"]) == 2  # type: ignore[index]
+        await ws.close()
