@@ -18,6 +18,7 @@ import pytest
 import redis
 from websockets.asyncio.client import ClientConnection, connect
 
+from clients.car import Car, CarOptions
 from model.engine import ChatMessage
 from server import protocol as p
 from server.app import Limits, ServerConfig
@@ -342,3 +343,18 @@ async def test_a_redis_that_lost_its_data_gets_every_live_conversation_again(
         await eventually(lambda: parked(redis_server, token) is not None)
         assert len(parked(redis_server, token)["conversation"]) == 2  # type: ignore[index]
         await ws.close()
+
+
+async def test_the_car_starts_a_new_conversation_while_resume_is_unavailable(
+    redis_server: RedisServer,
+) -> None:
+    async with serving(config=ServerConfig(store=redis_server.url)) as (url, app):
+        assert app.shared is not None
+        redis_server.kill()
+        await eventually(lambda: not app.shared.ok)  # type: ignore[union-attr]
+        options = CarOptions(url, rate=16_000)
+        async with Car(options, on_frame=lambda *_: None, resume_token="a-parked-token") as car:
+            assert car.log.refused == ["resume_unavailable"]
+            [ready] = car.log.readies
+            assert not ready.resumed and ready.resume_token == ""
+            assert car.resume_token is None  # nothing to resume with until Redis is back
