@@ -138,7 +138,7 @@ def _parser() -> argparse.ArgumentParser:
         "--store",
         default="memory",
         help="where dropped sessions' conversations are kept: memory (this process) or "
-        "redis://HOST:PORT/DB, shared by the nodes of a fleet (docs/deploy.md)",
+        "redis://HOST:PORT/DB, shared by the nodes of a fleet (docs/security.md)",
     )
     serve.add_argument(
         "--node-id",
