@@ -11,11 +11,12 @@ checked on, all without a model:
   ``model/spoken.py``), and every duration equals one the call holds (a ``seconds``
   parameter, or a time said in a string argument: "in ten minutes");
 * no word said twice in a row ("minutes minutes");
-* no verb that undoes what the tool does ("cancelled" for ``reminder.create``), and no
-  refusal ("I can't") after a call that was made;
+* no verb that undoes what the tool does ("cancelled" for ``reminder.create``, "playing"
+  for ``media.pause``), and no refusal ("I can't", "sorry") after a call that was made;
 * an enum or on/off value it names is the call's ("down" for ``change: up``);
 * where the call has string arguments, the names it says (a capitalised word past the
-  first, a family word such as "mom") are in them.
+  first, a family word such as "mom") are in them, and a message or a call is not said
+  to go to the user ("I'll send you some milk.").
 
 A sentence that fails is replaced by :func:`template`, the call said plainly from its
 arguments ("Timer set for thirty minutes."), and the rest of the confirmation is
@@ -45,7 +46,15 @@ _UNDO = re.compile(r"\b(cancel\w*|delet\w*|remov\w*|clear(ed|ing)?)\b", re.I)
 # Verbs that make: wrong in the confirmation of a call that undoes
 _MAKE = re.compile(r"\b(creat\w*|start(ed|ing)?|add(ed|ing)?)\b", re.I)
 # A call was made: a confirmation that says it was not contradicts it
-_REFUSAL = re.compile(r"\b(can't|cannot|couldn't|can not|unable|not able)\b", re.I)
+_REFUSAL = re.compile(r"\b(can't|cannot|couldn't|can not|unable|not able|sorry)\b", re.I)
+# What a default tool's opposite does ("Okay, I'm now playing again." after a pause)
+_OPPOSITE = {
+    "media.pause": re.compile(r"\b(play(s|ing)?|resum\w*)\b", re.I),
+    "media.play": re.compile(r"\bpaus\w*\b", re.I),
+}
+# A message or a call to someone, said as sent to the user ("I'll send you some milk.")
+_RECIPIENTS = ("to", "contact")
+_TO_USER = re.compile(r"\b(send|sending|sent|call|calling|messag\w*|text\w*)\s+you\b", re.I)
 _UNDOING_TOOL = re.compile(r"cancel|delete|remove|clear|stop", re.I)
 _DOUBLED = re.compile(r"\b(\w+)\s+\1\b", re.I)
 # Names said without a capital: who a message or a call goes to
@@ -91,6 +100,10 @@ def problems(call: ToolCall, sentence: str, tool: Tool | None = None) -> list[st
     verbs = _MAKE if _UNDOING_TOOL.search(call.name) else _UNDO
     found += [f"verb {m.group(0)!r}" for m in verbs.finditer(sentence)]
     found += [f"refusal {m.group(0)!r}" for m in _REFUSAL.finditer(sentence)]
+    if (opposite := _OPPOSITE.get(call.name)) is not None:
+        found += [f"verb {m.group(0)!r}" for m in opposite.finditer(sentence)]
+    if any(k in call.arguments for k in _RECIPIENTS):
+        found += [f"name {m.group(0)!r}" for m in _TO_USER.finditer(sentence)]
     found += [f"value {w!r}" for w in _other_values(call, tool, sentence)]
     found += [f"name {w!r}" for w in _strange_names(call, sentence)]
     return found

@@ -4,11 +4,15 @@ say what the call did are kept, and the stream speaks nothing it has not checked
 
 from __future__ import annotations
 
+from collections.abc import Generator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import model.diffusion_engine
 from model.confirm import Confirmation, confirmed, problems, template
+from model.engine import ChatMessage, GenerationStats, drain
 from model.spoken import say_duration, say_integer, say_number, spoken_duration, spoken_numbers
 from model.tools import DEFAULT_TOOLS, ToolCall
 
@@ -83,13 +87,25 @@ def test_a_confirmation_that_says_what_the_call_did_is_kept(call: ToolCall, sent
         (ToolCall("timer.cancel"), "I started a new timer.", "verb"),
         (ToolCall("media.play", {"query": "jazz"}), "Sorry, I can't play that.", "refusal"),
         (ToolCall("call.start", {"contact": "Anna"}), "Calling Anna at 5.", "number"),
+        # heard from the served engine on held-out commands
+        (ToolCall("media.pause"), "Okay, I'm now playing again.", "verb"),
+        (
+            ToolCall("message.send", {"to": "my wife", "text": "can you pick up some milk"}),
+            "Okay, I'll send you some milk.",
+            "name",
+        ),
+        (
+            ToolCall("reminder.create", {"text": "pick up the kids", "when": "tomorrow at 9"}),
+            "Reminder, I'm sorry for any confusion.",
+            "refusal",
+        ),
     ],
 )
 def test_a_confirmation_that_contradicts_its_call_fails_for_what_it_says(
     call: ToolCall, sentence: str, why: str
 ) -> None:
     found = problems(call, sentence, TOOLS.get(call.name))
-    assert [p.split()[0] for p in found] == [why], found
+    assert {p.split()[0] for p in found} == {why}, found
     assert checked(call, sentence) == template(call)
 
 
@@ -162,3 +178,55 @@ def test_a_stream_s_last_sentence_is_checked_when_it_ends() -> None:
     kept = Confirmation(ToolCall("climate.set", {"temperature_c": 19}))
     assert kept.feed("Nineteen degrees it is") == []
     assert kept.flush() == ["Nineteen degrees it is"]
+
+
+WRONG = "Okay, I'm set to 1800 hours."
+
+
+@pytest.fixture(scope="module")
+def served(model_cache: Path) -> Any:
+    """The engine serve runs: the int8 diffusion model with the tools adapter and its
+    router (model/assemble.py), built as serve builds it (tests/conftest.py)."""
+    from cli.main import prepare_model
+    from model.assemble import load_generator
+
+    prepare_model("diffusion-onnx", model_cache)
+    return load_generator("diffusion-onnx", model_cache)
+
+
+def _timer(gen: Any) -> tuple[ToolCall, str]:
+    convo = [ChatMessage("user", "Set a timer for ten minutes.")]
+    items, _ = drain(gen.generate(convo, 48, lambda: False, DEFAULT_TOOLS))
+    call, *speech = items
+    assert call == ToolCall("timer.set", {"seconds": 600}, call.passes), items
+    assert all(isinstance(s, str) for s in speech)
+    return call, "".join(speech)
+
+
+@pytest.mark.models
+@pytest.mark.slow
+def test_the_served_engine_speaks_a_confirmation_its_call_keeps(served: Any) -> None:
+    """The real sampler's confirmation of a real call: spoken only as checked."""
+    call, spoken = _timer(served)
+    assert spoken.strip()
+    assert problems(call, spoken, TOOLS["timer.set"]) == [], spoken
+
+
+@pytest.mark.models
+@pytest.mark.slow
+def test_the_served_engine_replaces_a_confirmation_with_a_wrong_number(
+    served: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same call, its confirmation sampled by the real sampler (the cache moves
+    as it would) and then swapped for a sentence that says a wrong number: what the
+    engine yields is the template, never the wrong sentence."""
+    real = model.diffusion_engine.sample
+
+    def then_wrong(*args: Any, **kwargs: Any) -> Generator[int, None, GenerationStats]:
+        _, stats = drain(real(*args, **kwargs))
+        yield from served.tokenizer.encode_plain(WRONG)
+        return stats
+
+    monkeypatch.setattr(model.diffusion_engine, "sample", then_wrong)
+    _, spoken = _timer(served)
+    assert spoken == "Timer set for ten minutes."
