@@ -96,7 +96,12 @@ def problems(call: ToolCall, sentence: str, tool: Tool | None = None) -> list[st
     said = spoken_duration(sentence)
     if said is not None and not any(abs(said - d) < 0.5 for d in _durations(call)):
         found.append(f"duration {say_duration(said)}")
-    found += [f"doubled {m.group(1)!r}" for m in _DOUBLED.finditer(sentence)]
+    strings = " ".join(v.lower() for v in call.arguments.values() if isinstance(v, str))
+    found += [  # "Playing Duran Duran." says the call's own words
+        f"doubled {m.group(1)!r}"
+        for m in _DOUBLED.finditer(sentence)
+        if m.group(0).lower() not in strings
+    ]
     verbs = _MAKE if _UNDOING_TOOL.search(call.name) else _UNDO
     found += [f"verb {m.group(0)!r}" for m in verbs.finditer(sentence)]
     found += [f"refusal {m.group(0)!r}" for m in _REFUSAL.finditer(sentence)]
@@ -131,7 +136,8 @@ class Confirmation:
     """A call's confirmation streamed through the check: :meth:`feed` the model's
     text pieces and speak what it returns, then :meth:`flush` at the end. A sentence
     is held until it is complete; the first one that fails is replaced by the
-    template and everything after it is dropped (the model was wrong about the call)."""
+    template and everything after it is dropped (the model was wrong about the call).
+    A confirmation with no words is the template."""
 
     def __init__(self, call: ToolCall, tool: Tool | None = None) -> None:
         self.call, self.tool = call, tool
@@ -148,8 +154,12 @@ class Confirmation:
         return out
 
     def flush(self) -> list[str]:
+        """The rest, checked; the template where the model said nothing at all (a
+        call made in silence leaves the user guessing)."""
         rest, self._buffer = self._buffer, ""
-        return self._judge(rest) if rest.strip() else []
+        if not rest.strip():
+            return [] if self._said else self._judge(template(self.call))
+        return self._judge(rest)
 
     def _judge(self, sentence: str) -> list[str]:
         if self.replaced:

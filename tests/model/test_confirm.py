@@ -68,6 +68,7 @@ def test_the_confirmations_heard_in_issue_39_are_replaced(
         (ToolCall("timer.cancel"), "Timer cancelled."),
         (ToolCall("media.next"), "Skipping this song."),
         (ToolCall("notes.add", {"text": "milk"}), "Added milk to your notes."),
+        (ToolCall("media.play", {"query": "Duran Duran"}), "Playing Duran Duran."),
     ],
 )
 def test_a_confirmation_that_says_what_the_call_did_is_kept(call: ToolCall, sentence: str) -> None:
@@ -230,3 +231,9 @@ def test_the_served_engine_replaces_a_confirmation_with_a_wrong_number(
     monkeypatch.setattr(model.diffusion_engine, "sample", then_wrong)
     _, spoken = _timer(served)
     assert spoken == "Timer set for ten minutes."
+
+
+def test_a_call_confirmed_with_no_words_is_said_by_its_template() -> None:
+    check = Confirmation(ToolCall("lights.set", {"on": True}))
+    assert check.feed(" ") == []
+    assert check.flush() == ["Turning the lights on."]
