@@ -46,7 +46,7 @@ from model.sampler import (
     word_keys,
 )
 from model.spans import SpanPointer, UserTokens, boundary_rows, span_text, user_tokens, words
-from model.tokenizer import Tokenizer, decoded
+from model.tokenizer import StreamDecoder, Tokenizer, decoded
 from model.tools import CALL_CLOSE, CALL_OPEN, Tool, ToolCall, tools_system_prompt
 
 Text = Generator[str, None, GenerationStats]
@@ -322,7 +322,7 @@ class DiffusionGenerator:
 CONTENT_FREE = ("N/A", "", "Okay.")
 
 
-def _text(tokens: Generator[int, None, GenerationStats], decoder: Any) -> Text:
+def _text(tokens: Generator[int, None, GenerationStats], decoder: StreamDecoder) -> Text:
     """The reply's text pieces, with what the stream decoder still holds at its end
     (not after a cancel: the reply stopped there)."""
     stats = yield from decoded(tokens, decoder.push)
