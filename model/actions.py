@@ -29,7 +29,8 @@ Positions are laid out in the reply's blocks exactly as the sampler lays them
 (``model/sampler.py``): a pass runs the current block with its decided tokens and masks
 everywhere else (the training distribution), and a block whose tokens are all decided
 is committed to the KV cache with one more pass. The caller then lets the ordinary
-sampler write the spoken confirmation after the call (``sample(..., forced=...)``).
+sampler write the spoken confirmation after the call (``sample(..., forced=...)``),
+which the engine speaks only as checked against the call (``model/confirm.py``).
 """
 
 from __future__ import annotations

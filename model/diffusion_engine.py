@@ -32,6 +32,7 @@ from model.actions import (
 )
 from model.backend import Prefix, StepBackend, last_row
 from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt
+from model.confirm import Confirmation, tool_named
 from model.engine import ChatMessage, GenerationStats
 from model.modeldir import adapter_calls_tools
 from model.openings import Opening, reply_openings
@@ -45,8 +46,12 @@ from model.sampler import (
     word_keys,
 )
 from model.spans import SpanPointer, UserTokens, boundary_rows, span_text, user_tokens, words
-from model.tokenizer import Tokenizer, decoded
+from model.tokenizer import StreamDecoder, Tokenizer, decoded
 from model.tools import CALL_CLOSE, CALL_OPEN, Tool, ToolCall, tools_system_prompt
+
+Text = Generator[str, None, GenerationStats]
+# what _act leaves the sampler: head, forced ids, passes, last logits, the call made
+_Acted = tuple[list[int], list[int], int, NDArray[np.float32], ToolCall | None]
 
 # What a reply says when the model began a call it could not finish validly.
 CANNOT_ACT = "Sorry, I can't do that."
@@ -159,7 +164,7 @@ class DiffusionGenerator:
         prefix = self.prefixes.take(prompt) if cached else None
         decoder = tok.stream_decoder()
         try:
-            head, forced, passes = prompt, list[int](), 0
+            head, forced, passes, call = prompt, list[int](), 0, None
             if tools and prefix is not None:
                 acted = yield from self._act(
                     prompt, prefix, tools, _user_text(conversation), should_stop, avoid
@@ -167,7 +172,7 @@ class DiffusionGenerator:
                 if acted is None:  # it meant to act and could not write a valid call
                     yield CANNOT_ACT
                     return GenerationStats(0, 1, "cancel" if should_stop() else "end")
-                head, forced, passes, last = acted
+                head, forced, passes, last, call = acted
                 prefix = Prefix(prefix.cache, len(head), last)
             settings = opts.sampler
             rule = opts.end_after_sentence
@@ -190,12 +195,13 @@ class DiffusionGenerator:
                 # a spoken reply never writes a call's tags
                 never=() if forced else self._no_call(tools),
             )
-            stats = yield from decoded(tokens, decoder.push)
+            text = _text(tokens, decoder)
+            if call is not None:  # nothing the call's check has not read is spoken
+                text = _checked(text, Confirmation(call, tool_named(tools, call.name)))
+            stats = yield from text
         finally:
             if prefix is not None:
                 self.prefixes.put(prompt, prefix.cache)
-        if stats.stopped_by != "cancel" and (rest := decoder.flush()):
-            yield rest
         return dataclasses.replace(stats, forward_passes=stats.forward_passes + passes)
 
     def _act(
@@ -206,14 +212,15 @@ class DiffusionGenerator:
         user_text: str,
         should_stop: Callable[[], bool],
         avoid: Sequence[Opening] = (),
-    ) -> Generator[ToolCall, None, tuple[list[int], list[int], int, NDArray[np.float32]] | None]:
+    ) -> Generator[ToolCall, None, _Acted | None]:
         """Prefill the prompt and, when the model's first reply token opens a call,
         write the call (``model/actions.py``) and yield it. Returns what the sampler
         goes on from: the prompt with the call's committed blocks, the call's other
-        tokens (forced into the reply's first block), the passes spent here and the
-        logits of the last cached row (so the sampler prefills nothing again); None
-        when the call could not be written (cancelled, or nothing valid in its passes:
-        the sampler would only write the call's text again)."""
+        tokens (forced into the reply's first block), the passes spent here, the
+        logits of the last cached row (so the sampler prefills nothing again) and the
+        call (None: it speaks); None when the call could not be written (cancelled, or
+        nothing valid in its passes: the sampler would only write the call's text
+        again)."""
         be, cache = self.backend, prefix.cache
         shapes = shape_names(tools) if self.router is not None else []
         router = self.router if self.router is not None and self.router.knows(shapes) else None
@@ -232,7 +239,7 @@ class DiffusionGenerator:
         if acts is None:  # no router for these tools, or it is unsure: the model's token
             acts = call_starts(self.tokenizer, last, {o[0] for o in avoid})
         if not acts:
-            return prompt, [], 1, last
+            return prompt, [], 1, last, None
         block = self.options.sampler.block_size
         prior = self._content_free(tools) if self.options.actions.calibrate else None
         routed = None
@@ -250,7 +257,7 @@ class DiffusionGenerator:
             return None
         yield done.call
         head = [*prompt, *done.ids[: done.committed]]
-        return head, done.ids[done.committed :], 1 + done.call.passes, done.last
+        return head, done.ids[done.committed :], 1 + done.call.passes, done.last, done.call
 
     def _point(
         self, rows: NDArray[np.float32], where: UserTokens, text: str, tool: str
@@ -313,6 +320,28 @@ class DiffusionGenerator:
 
 # Requests that ask for nothing: what the model leans to at a call's branches regardless
 CONTENT_FREE = ("N/A", "", "Okay.")
+
+
+def _text(tokens: Generator[int, None, GenerationStats], decoder: StreamDecoder) -> Text:
+    """The reply's text pieces, with what the stream decoder still holds at its end
+    (not after a cancel: the reply stopped there)."""
+    stats = yield from decoded(tokens, decoder.push)
+    if stats.stopped_by != "cancel" and (rest := decoder.flush()):
+        yield rest
+    return stats
+
+
+def _checked(text: Text, check: Confirmation) -> Text:
+    """A call's confirmation, a whole sentence at a time, each checked against the call
+    (``model/confirm.py``); a cancelled reply keeps its unchecked tail to itself."""
+    try:
+        while True:
+            yield from check.feed(next(text))
+    except StopIteration as done:
+        stats: GenerationStats = done.value
+    if stats.stopped_by != "cancel":
+        yield from check.flush()
+    return stats
 
 
 def _user_text(conversation: Sequence[ChatMessage]) -> str:

@@ -139,6 +139,14 @@ def spoken_duration(text: str) -> float | None:
     return sum(found) if found else None
 
 
+def bare_numbers(text: str) -> list[float]:
+    """The numbers said in ``text`` that count no unit of time ("nineteen degrees",
+    "volume five"; not the "ten" of "ten minutes"), in order."""
+    words = _words(text)
+    timed = {u for _, u in _quantities(words)}
+    return [v for after, v in _numbers(words).items() if after not in timed]
+
+
 def slot_value(p: Param, user: str) -> str | None:
     """The value text of the number ``p`` when the user said it once, else None (the
     model writes it): for a parameter named for a unit (``seconds``, ``minutes``,
@@ -161,3 +169,53 @@ def slot_value(p: Param, user: str) -> str | None:
     ):
         return None
     return str(int(value)) if value.is_integer() else str(value)
+
+
+# ---------------------------------------------------------------- numbers as said
+
+_SCALE_WORDS = ((1000, "thousand"), (100, "hundred"))
+
+
+def say_integer(n: int) -> str:
+    """``n`` in words as :func:`spoken_numbers` reads them back ("nineteen",
+    "one thousand eight hundred"); digits from a million on, which no rule here reads."""
+    if n < 0:
+        return f"minus {say_integer(-n)}"
+    if n >= 1_000_000:
+        return str(n)
+    for scale, word in _SCALE_WORDS:
+        if n >= scale:
+            head, rest = divmod(n, scale)
+            said = f"{say_integer(head)} {word}"
+            return f"{said} {say_integer(rest)}" if rest else said
+    if n < 20:
+        return _ONES.split(" ")[n]
+    tens, ones = divmod(n, 10)
+    said = _TENS.split(" ")[tens - 2]
+    return f"{said} {_ONES.split(' ')[ones]}" if ones else said
+
+
+def say_number(x: float) -> str:
+    """A number in words: "nineteen", "twenty one point five"."""
+    if float(x).is_integer():
+        return say_integer(int(x))
+    whole, _, decimals = f"{x:.6g}".partition(".")
+    return f"{say_integer(int(whole))} point {' '.join(_ONES.split(' ')[int(d)] for d in decimals)}"
+
+
+def say_quantity(x: float, unit: str) -> str:
+    """ "nineteen degrees", "one minute": the unit's plural after any number but one."""
+    return f"{say_number(x)} {unit if x == 1 else unit + 's'}"
+
+
+def say_duration(seconds: float) -> str:
+    """A duration in its largest whole units: 1800 -> "thirty minutes", 5400 -> "one
+    hour and thirty minutes", 45 -> "forty five seconds"."""
+    parts, rest = [], float(seconds)
+    for unit, size in (("hour", 3600), ("minute", 60)):
+        if rest >= size:
+            whole, rest = divmod(rest, size)
+            parts.append(say_quantity(whole, unit))
+    if rest or not parts:
+        parts.append(say_quantity(rest, "second"))
+    return " and ".join(parts)
