@@ -32,7 +32,7 @@ from model.runtime import Device
 from model.tools import DEFAULT_TOOLS, Tool, parse_tools
 from model.training.commands import register as register_model_commands
 
-from . import auth, realtime
+from . import auth, fleet, realtime
 from . import protocol as p
 from .app import Limits, ServerConfig, run_until
 from .metrics import JsonFormatter
@@ -166,6 +166,7 @@ def _parser() -> argparse.ArgumentParser:
     # subparser with set_defaults(run=function taking the parsed args, returning rc).
     register_export(sub)
     auth.register(sub)
+    fleet.register(sub)
     for command in sub.choices.values():
         command.formatter_class = argparse.ArgumentDefaultsHelpFormatter
         command.add_argument(
