@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import csv
 import io
+import json
 import shutil
 import signal
 import socket
@@ -33,6 +34,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 # How the nodes are started: the command line module, as `quicksilver serve` runs it.
 SERVE = ("-m", "server.cli", "serve")
@@ -178,7 +180,7 @@ class Child:
 class FleetOptions:
     nodes: int = 2
     host: str = "127.0.0.1"
-    port: int = 8765  # the balancer; the nodes listen on the next ports
+    port: int = 8765  # the balancer; the nodes listen on the next ports (0: free ports)
     node_port: int = 0  # the first node's port (0: port + 1)
     redis_port: int = 0  # 0: a free port
     run_dir: Path | None = None  # logs, configs, Redis's data (None: a temporary one)
@@ -204,9 +206,12 @@ class Fleet:
         else:
             self.run_dir = options.run_dir
             self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.redis_port = options.redis_port or free_port(options.host)
-        first = options.node_port or options.port + 1
-        self.nodes = [Node(f"node{i + 1}", options.host, first + i) for i in range(options.nodes)]
+        host = options.host
+        self.redis_port = options.redis_port or free_port(host)
+        self.port = options.port or free_port(host)
+        first = options.node_port or (options.port + 1 if options.port else 0)
+        ports = [first + i if first else free_port(host) for i in range(options.nodes)]
+        self.nodes = [Node(f"node{i + 1}", host, port) for i, port in enumerate(ports)]
         self.redis = Child("redis", self._redis_argv(), self.run_dir / "redis.log")
         self.node_procs = {
             n.name: Child(n.name, self._node_argv(n), self._log(n)) for n in self.nodes
@@ -218,11 +223,11 @@ class Fleet:
 
     @property
     def url(self) -> str:
-        return f"ws://{self.options.host}:{self.options.port}/v1/voice"
+        return f"ws://{self.options.host}:{self.port}/v1/voice"
 
     @property
     def page(self) -> str:
-        return f"http://{self.options.host}:{self.options.port}/"
+        return f"http://{self.options.host}:{self.port}/"
 
     @property
     def redis_url(self) -> str:
@@ -297,7 +302,7 @@ class Fleet:
 
     def start_balancer(self) -> None:
         options = BalancerOptions(
-            bind=f"{self.options.host}:{self.options.port}",
+            bind=f"{self.options.host}:{self.port}",
             stats_socket=str(self.stats_socket),
             log="stdout format raw daemon notice",
         )
@@ -318,6 +323,24 @@ class Fleet:
 
     def node(self, name: str) -> Node:
         return next(n for n in self.nodes if n.name == name)
+
+    def node_json(self, name: str, path: str) -> dict[str, Any] | None:
+        """A node's ``/stats`` or ``/healthz`` (with a store: JSON); None when it does
+        not answer (killed, stopped)."""
+        try:
+            with urllib.request.urlopen(self.node(name).http + path, timeout=5) as response:
+                body: dict[str, Any] = json.loads(response.read())
+                return body
+        except (OSError, ValueError):
+            return None
+
+    def serving(self) -> dict[str, int]:
+        """Open sessions per running node (its ``/stats``)."""
+        out = {}
+        for node in self.nodes:
+            if self.node_procs[node.name].running and (s := self.node_json(node.name, "/stats")):
+                out[node.name] = int(s["sessions"])
+        return out
 
     # -- what the balancer sees --
 
