@@ -308,6 +308,8 @@ class Fleet:
         )
         self.config.write_text(haproxy_config(self.nodes, options))
         self.balancer.start()
+        # HAProxy counts a server UP until its checks fail: the nodes are ready by now
+        _wait(lambda: _port_open(self.options.host, self.port), 30, self.balancer)
         _wait(lambda: all(s == "UP" for s in self.server_states().values()), 30, self.balancer)
 
     def down(self, grace_s: float = 30) -> None:
