@@ -35,7 +35,8 @@ class ClientError(Exception):
 
 
 class ResumeRefused(ClientError):
-    """The server refused a resume token (``bad_resume_token`` or ``resume_expired``)."""
+    """The server refused a resume token (``bad_resume_token``, ``resume_expired``, or
+    ``resume_unavailable`` while a fleet's store is down)."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(f"{code}: {message}")
@@ -179,7 +180,10 @@ async def start_session(
     match message:
         case p.Ready():
             return message
-        case p.Error(code=("bad_resume_token" | "resume_expired") as code, message=text):
+        case p.Error(
+            code=("bad_resume_token" | "resume_expired" | "resume_unavailable") as code,
+            message=text,
+        ):
             raise ResumeRefused(code, text)
         case p.Error(code=code, message=text):
             raise ClientError(f"server refused the session: {code}: {text}")

@@ -67,6 +67,7 @@ from .session import (
     State,
     VadResult,
 )
+from .store import Parking, RedisStore
 from .turn import Pacing, run_turn
 
 log = logging.getLogger("quicksilver")
@@ -84,6 +85,9 @@ class Limits:
 
     max_sessions: int = 100  # open sessions; over it: close 1013 with a retry hint
     max_sessions_per_address: int = 20  # one car fleet's NAT may share an address
+    # With API keys: open sessions of one key (and the client tokens it minted), across
+    # the fleet with --store redis://; 0: no limit of its own (max_sessions holds).
+    max_sessions_per_key: int = 0
     # Connections accepted and not yet answered (each may hold MAX_HEADERS x
     # MAX_HEADER_LINE_BYTES until handshake_timeout_s), in all, and from one address
     # as many as it may have sessions (max_sessions_per_address: behind a load
@@ -115,6 +119,10 @@ class ServerConfig:
     resume_file: Path | None = None
     auth: AuthConfig = field(default_factory=AuthConfig)  # docs/security.md
     tls: ssl.SSLContext | None = None
+    # "memory": conversations park in this process; redis://HOST:PORT/DB: in the
+    # fleet's Redis (server/store.py), under this node's id ("": hostname:port)
+    store: str = "memory"
+    node_id: str = ""
 
 
 _CLOSE = object()
@@ -178,18 +186,26 @@ class Connection:
         metrics: ServerMetrics | None = None,
         realtime_model: str | None = None,
         preset: dict[str, Any] | None = None,
+        shared: tuple[RedisStore, str] | None = None,
     ) -> None:
         """``realtime_model`` set: the client speaks OpenAI Realtime (server/realtime.py)
         and named that model; its conversations are not parked (it has no resume).
-        ``preset``: the session config of the client secret it connected with."""
+        ``preset``: the session config of the client secret it connected with.
+        ``shared``: the fleet's store and this connection's owner; the session then
+        parks in a store of its own, which :class:`Parking` fills and writes out."""
         self.ws = ws
         self.rt = rt
         self.config = config
         self.metrics = metrics
         names = (rt.asr_name, rt.reply.name)
         token = secrets.token_urlsafe(18)
+        self.parking: Parking | None = None
         if realtime_model is not None:
             resume = None
+        elif shared is not None:
+            resume = ResumeStore(config.resume_ttl_s).for_owner(shared[1])
+            self.parking = Parking(shared[0], shared[1], token)
+        self.resume = resume
         self.session = Session(
             uuid.uuid4().hex[:12],
             config.session,
@@ -238,6 +254,8 @@ class Connection:
                 # After the session closed, frames are still read (and dropped) until the
                 # client answers the close: unread frames would hold the connection, and
                 # its slot, until websockets' close timeout.
+                if self.session.state is State.IDLE and not await self._unparked(frame):
+                    continue
                 if self.session.state is not State.CLOSED:
                     await self.apply(self.wire.receive(frame, self.loop.time()))
         except ConnectionClosed:
@@ -251,6 +269,8 @@ class Connection:
             for task in [*self.tasks, *(t for t, _ in self.turns.values())]:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+            if self.parking is not None:
+                await self.parking.close(self.session.conversation)
             self._put(_CLOSE, force=True)
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await writer
@@ -319,6 +339,36 @@ class Connection:
                         self._spawn(self.ws.close(effect.code, effect.reason))
                     else:
                         self._put(effect, force=True)
+        if self.parking is not None:
+            self.parking.changed(self.session.conversation)
+
+    # -- the fleet's store (server/store.py); nothing else here touches Redis --
+
+    async def _unparked(self, frame: str | bytes) -> bool:
+        """Before the session sees ``start``: the conversation its resume token names
+        is taken from the fleet's store into the session's own store, where the session
+        takes it as it would on one node. False: the start was answered here (resume is
+        unavailable while Redis is down) and the session does not see it."""
+        if self.parking is None or not isinstance(frame, str):
+            return True
+        try:
+            start = p.decode_client(frame)
+        except p.ProtocolError:
+            return True
+        if not isinstance(start, p.Start):
+            return True
+        self.session.resume_token = self.parking.begin()
+        if start.resume_token is None or self.resume is None:
+            return True
+        try:
+            conversation = await self.parking.store.take(start.resume_token, self.parking.owner)
+        except p.ProtocolError as err:
+            if err.code != "resume_unavailable":
+                return True  # the session answers bad_resume_token itself
+            await self.apply([Send(p.Error(err.code, err.message))])
+            return False
+        self.resume.park(start.resume_token, conversation, self.loop.time())
+        return True
 
     def _put(self, item: object, force: bool = False) -> None:
         """Queue a frame for the writer; a full outbox means the client stopped reading."""
@@ -539,7 +589,8 @@ class App:
     config: ServerConfig
     lag: LagMonitor = field(default_factory=LagMonitor)
     sessions: set[Connection] = field(default_factory=set)
-    resume: ResumeStore | None = field(init=False)
+    resume: ResumeStore | None = field(init=False)  # the in-process store
+    shared: RedisStore | None = field(init=False)  # the fleet's store (--store redis://)
     metrics: ServerMetrics = field(init=False)
     closing: bool = False  # shutting down: new connections are refused
     authenticator: auth.Authenticator = field(init=False)
@@ -553,6 +604,8 @@ class App:
     # in (its client token used up) is never refused for room a moment later.
     _opening: dict[ServerConnection, _Opening] = field(default_factory=dict)
     _per_address: collections.Counter[str] = field(default_factory=collections.Counter)
+    _per_owner: collections.Counter[str] = field(default_factory=collections.Counter)
+    _beating: asyncio.Task[None] | None = None  # the store's heartbeat
 
     def __post_init__(self) -> None:
         self.authenticator = auth.Authenticator(self.config.auth)
@@ -561,12 +614,16 @@ class App:
         per_address = min(limits.max_handshakes, limits.max_sessions_per_address)
         self.handshakes = Handshakes(limits.max_handshakes, per_address)
         ttl = self.config.resume_ttl_s
-        self.resume = ResumeStore(ttl) if ttl > 0 else None
+        self.shared = None
+        if self.config.store != "memory":
+            self.shared = RedisStore(self.config.store, self.config.node_id, ttl)
+        self.resume = ResumeStore(ttl) if ttl > 0 and self.shared is None else None
         self.metrics = ServerMetrics(
             sessions=lambda: len(self.sessions),
             resumable=lambda: len(self.resume) if self.resume is not None else 0,
             queued=lambda: {k.value: w.pending for k, w in self.rt.workers.items()},
             handshakes=lambda: self.handshakes.in_flight,
+            store_up=lambda: self.shared is None or self.shared.ok,
         )
 
     # -- the connection's life before its session (BodyConnection reports here) --
@@ -618,7 +675,15 @@ class App:
             )
             return _json_response(connection, reply)
         if path == "/healthz":
-            return connection.respond(http.HTTPStatus.OK, "ok\n")
+            if self.shared is None:
+                return connection.respond(http.HTTPStatus.OK, "ok\n")
+            health = {"status": "ok", "store": "redis", "store_ok": self.shared.ok}
+            return connection.respond(http.HTTPStatus.OK, json.dumps(health) + "\n")
+        if path == "/readyz":
+            if (why := self.unready()) is None:
+                return connection.respond(http.HTTPStatus.OK, "ready\n")
+            body = json.dumps({"ready": False, "reason": why})
+            return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, body + "\n")
         if path == "/stats":
             return connection.respond(http.HTTPStatus.OK, json.dumps(self.stats()) + "\n")
         if path == "/metrics":
@@ -642,7 +707,8 @@ class App:
         now = time.time()
         headers = list(request.headers.raw_items())
         decision = self.authenticator.check(request.path, headers, peer, now, scope)
-        room = self.refusal(peer)
+        owner = decision.owner if isinstance(decision, auth.Accepted) else auth.OPEN_OWNER
+        room = self.refusal(peer, owner)
         if isinstance(decision, auth.Accepted) and room is None:
             decision = self.authenticator.claim(decision, now)
         if isinstance(decision, auth.Rejected):
@@ -673,10 +739,49 @@ class App:
             "tasks": len(asyncio.all_tasks()),
         }
 
-    def refusal(self, address: str) -> tuple[int, str] | None:
-        """Why a new connection from ``address`` is refused (close code, reason)."""
+    def unready(self) -> str | None:
+        """Why a balancer should send this node no new sessions (/readyz), or None.
+        A node still loading its models is not listening yet."""
+        if self.closing:
+            return "draining"
+        let_in = sum(1 for o in self._opening.values() if o.refused is None)
+        if len(self.sessions) + let_in >= self.config.limits.max_sessions:
+            return "full"
+        return None
+
+    def registry_entry(self) -> dict[str, object]:
+        """This node in the fleet's registry (server/store.py), beat every second."""
+        return {
+            "sessions": len(self.sessions),
+            "draining": self.closing,
+            "addresses": dict(self._per_address),
+            "owners": dict(self._per_owner),  # API key fingerprints (auth.owner_of)
+        }
+
+    async def start_store(self, node_id: str) -> None:
+        """Join the fleet's registry (one beat, bounded by the store's timeouts, so a
+        node whose Redis is down still starts) and keep beating in the background."""
+        if self.shared is None:
+            return
+        self.shared.node_id = self.config.node_id or node_id
+        await self.shared.beat(self.registry_entry())
+        self._beating = asyncio.create_task(self.shared.run(self.registry_entry))
+
+    async def stop_store(self) -> None:
+        if self.shared is None:
+            return
+        if self._beating is not None:
+            self._beating.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._beating
+        await self.shared.leave()
+
+    def refusal(self, address: str, owner: str = auth.OPEN_OWNER) -> tuple[int, str] | None:
+        """Why a new connection from ``address`` of ``owner`` is refused (close code,
+        reason). Per address and per key, the other nodes of a fleet count too."""
         limits = self.config.limits
         let_in = [o.address for o in self._opening.values() if o.refused is None]
+        owners = [o.owner for o in self._opening.values() if o.refused is None]
         if self.closing:
             return p.CloseCode.GOING_AWAY, "server shutting down; reconnect in a moment"
         if len(self.sessions) + len(let_in) >= limits.max_sessions:
@@ -684,9 +789,16 @@ class App:
                 p.CloseCode.TRY_AGAIN_LATER,
                 f"server full ({limits.max_sessions} sessions); retry in {_RETRY_AFTER_S} s",
             )
-        if self._per_address[address] + let_in.count(address) >= limits.max_sessions_per_address:
+        # the fleet's other nodes, as their last heartbeats said (none while Redis is down)
+        elsewhere = self.shared.fleet.addresses[address] if self.shared is not None else 0
+        here = self._per_address[address] + let_in.count(address)
+        if here + elsewhere >= limits.max_sessions_per_address:
             n = limits.max_sessions_per_address
             return p.CloseCode.POLICY_VIOLATION, f"too many connections from your address ({n})"
+        if (n := limits.max_sessions_per_key) and owner != auth.OPEN_OWNER:
+            elsewhere = self.shared.fleet.owners[owner] if self.shared is not None else 0
+            if self._per_owner[owner] + owners.count(owner) + elsewhere >= n:
+                return p.CloseCode.POLICY_VIOLATION, f"{_PER_KEY} ({n})"
         return None
 
     async def handle(self, ws: ServerConnection) -> None:
@@ -694,9 +806,10 @@ class App:
         opening = self._opening.pop(ws, None)
         if opening is None:  # gone before its handler ran (lost() dropped it)
             opening = _Opening(address, "", (p.CloseCode.POLICY_VIOLATION, "not admitted"))
-        if (refused := opening.refused or self.refusal(address)) is not None:
+        if (refused := opening.refused or self.refusal(address, opening.owner)) is not None:
             code, reason = refused
-            self.metrics.rejected.labels(_REJECTED.get(code, "not_admitted")).inc()
+            label = "per_key" if reason.startswith(_PER_KEY) else _REJECTED.get(code)
+            self.metrics.rejected.labels(label or "not_admitted").inc()
             log.warning("refused a connection from %s: %s", address, reason)
             await ws.close(code, reason)
             return
@@ -708,16 +821,21 @@ class App:
         model = _realtime_model(ws.request.path) if ws.request is not None else None
         preset = self._preset_of.pop(ws, None)
         resume = self.resume.for_owner(opening.owner) if self.resume is not None else None
-        connection = Connection(ws, self.rt, self.config, resume, self.metrics, model, preset)
+        shared = (self.shared, opening.owner) if self.shared is not None else None
+        connection = Connection(
+            ws, self.rt, self.config, resume, self.metrics, model, preset, shared
+        )
         self.sessions.add(connection)
         self._per_address[address] += 1
+        self._per_owner[opening.owner] += 1
         try:
             await connection.run()
         finally:
             self.sessions.discard(connection)
-            self._per_address[address] -= 1
-            if not self._per_address[address]:
-                del self._per_address[address]
+            for counts, counted in ((self._per_address, address), (self._per_owner, opening.owner)):
+                counts[counted] -= 1
+                if not counts[counted]:
+                    del counts[counted]
 
     async def drain(self, grace_s: float) -> None:
         """Shutdown: let the turns in flight finish (up to ``grace_s``), then end every
@@ -774,6 +892,7 @@ def _realtime_model(path_query: str) -> str | None:
     return named[: realtime.MAX_ID_CHARS] if p.encodable(named) else realtime.DEFAULT_MODEL
 
 
+_PER_KEY = "too many sessions for your API key"
 _REJECTED: dict[int, str] = {
     p.CloseCode.GOING_AWAY: "shutting_down",
     p.CloseCode.TRY_AGAIN_LATER: "server_full",
@@ -991,6 +1110,8 @@ async def start_server(
         open_timeout=app.config.limits.handshake_timeout_s,
         ssl=app.config.tls,
     )
+    host, port = server.sockets[0].getsockname()[:2]
+    await app.start_store(f"{socket.gethostname()}:{port}")
     return server, app
 
 
@@ -1012,9 +1133,11 @@ async def run_until(
     log.info(
         "shutting down: %d session(s), up to %.0f s for turns in flight", len(app.sessions), grace
     )
-    server.close(close_connections=False)  # stop accepting; open sessions go on
+    # Still listening while draining: /readyz answers 503 "draining", so a balancer
+    # moves new sessions elsewhere, and a voice handshake is closed with 1001.
     await app.drain(grace)
     server.close()  # whoever is left gets 1001 (going away)
     await server.wait_closed()
     app.save_resumable(asyncio.get_running_loop().time())
+    await app.stop_store()
     monitor.cancel()

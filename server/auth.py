@@ -67,7 +67,7 @@ MINT_PATHS = (TOKEN_PATH, CLIENT_SECRETS_PATH)
 MAX_MINT_BODY_BYTES = 64 * 1024
 MAX_LABEL_CHARS = 64
 MAX_PRESETS = 10_000  # client secrets with a session config, minted and not yet used
-STATUS_PATHS = ("/healthz", "/stats", "/metrics")
+STATUS_PATHS = ("/healthz", "/readyz", "/stats", "/metrics")
 
 _KEY_CHARS = re.compile(r"[\x21-\x7e]+")  # visible ASCII: they travel in headers
 _TOKEN_SHAPE = re.compile(r"qs1\.([A-Za-z0-9_-]{1,2048})\.([A-Za-z0-9_-]{43})")

@@ -38,6 +38,7 @@ from .app import Limits, ServerConfig, run_until
 from .metrics import JsonFormatter
 from .runtime import DEFAULT_ASR, RuntimeOptions, load_runtime
 from .session import SessionConfig
+from .store import check_url as check_store_url
 from .turn_end import EAGERNESS
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -133,6 +134,17 @@ def _parser() -> argparse.ArgumentParser:
         default=120.0,
         help="seconds a dropped session's conversation is kept for resumption (0: off)",
     )
+    serve.add_argument(
+        "--store",
+        default="memory",
+        help="where dropped sessions' conversations are kept: memory (this process) or "
+        "redis://HOST:PORT/DB, shared by the nodes of a fleet (docs/deploy.md)",
+    )
+    serve.add_argument(
+        "--node-id",
+        default="",
+        help="this node's name in the fleet's registry (default: hostname:port)",
+    )
     limits = Limits()
     serve.add_argument(
         "--max-sessions", type=int, default=limits.max_sessions, help="open sessions at once"
@@ -142,6 +154,13 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=limits.max_sessions_per_address,
         help="open sessions from one client address",
+    )
+    serve.add_argument(
+        "--max-sessions-per-key",
+        type=int,
+        default=limits.max_sessions_per_key,
+        help="with API keys: open sessions of one key, across the fleet with --store (0: no "
+        "limit of its own)",
     )
     serve.add_argument(
         "--max-session-minutes",
@@ -256,6 +275,7 @@ def _serve(args: argparse.Namespace) -> int:
         auth_config = auth.config_from_args(args, os.environ)
         tls = auth.tls_context(args.tls_cert, args.tls_key)
         chat = chat_server_options(args, os.environ)
+        store = check_store_url(args.store)
     except (auth.AuthError, ValueError) as exc:
         print(f"quicksilver: {exc}", file=sys.stderr)
         return 2
@@ -275,11 +295,14 @@ def _serve(args: argparse.Namespace) -> int:
             Limits(),
             max_sessions=args.max_sessions,
             max_sessions_per_address=args.max_sessions_per_address,
+            max_sessions_per_key=args.max_sessions_per_key,
             max_session_s=args.max_session_minutes * 60,
         ),
         resume_file=args.cache_dir / RESUME_FILE if args.cache_dir is not None else None,
         auth=auth_config,
         tls=tls,
+        store=store,
+        node_id=args.node_id,
     )
     options = RuntimeOptions(
         asr=args.asr,

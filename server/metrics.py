@@ -38,6 +38,7 @@ class ServerMetrics:
         resumable: Callable[[], int],
         queued: Callable[[], dict[str, int]],
         handshakes: Callable[[], int] = lambda: 0,
+        store_up: Callable[[], bool] = lambda: True,
     ) -> None:
         """``handshakes``: connections accepted whose opening handshake is not answered
         yet (refused ones count in ``rejected``, reasons ``handshakes*``)."""
@@ -46,6 +47,9 @@ class ServerMetrics:
         Gauge(
             "quicksilver_handshakes_in_flight", "Connections not answered yet", registry=r
         ).set_function(lambda: float(handshakes()))
+        Gauge(
+            "quicksilver_store_up", "The shared store (Redis) answers; 1 without one", registry=r
+        ).set_function(lambda: float(store_up()))
         Gauge("quicksilver_sessions", "Open voice sessions", registry=r).set_function(
             lambda: float(sessions())
         )

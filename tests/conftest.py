@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from audio.speech import SpeechFactory
+from tests.redis_server import RedisServer, redis_binary
 from tests.serverproc import ServerProcess, start_server
 
 if TYPE_CHECKING:
@@ -59,3 +60,16 @@ def server(tmp_path_factory: pytest.TempPathFactory, model_cache: Path) -> Itera
     assert list(model_cache.glob("models/*/manifest.json")), "no model built in --cache-dir"
     yield srv
     srv.stop()
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A real redis-server of this test's own on a free loopback port, stopped after."""
+    directory = tmp_path / "redis"
+    directory.mkdir()
+    server = RedisServer(redis_binary(), directory)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()

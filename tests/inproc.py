@@ -111,6 +111,7 @@ async def serving(
     finally:
         server.close()
         await server.wait_closed()
+        await app.stop_store()
         rt.close()
 
 

@@ -5,6 +5,8 @@ const INPUT_RATE = 16000;
 const OUTPUT_RATES = [8000, 16000, 22050, 24000, 48000];
 const FRAME_SAMPLES = 320; // 20 ms at 16 kHz
 const HEADER_BYTES = 8; // turn_id, seq (uint32 LE)
+// a refused resume (unresumable token; a fleet whose store is down): start a new conversation
+const RESUME_REFUSED = new Set(["bad_resume_token", "resume_expired", "resume_unavailable"]);
 // The microphone. Echo cancellation keeps the assistant's voice from the speakers from
 // barging in on itself, and changes little of what Whisper hears (0.3 dB in its log-mel
 // features). The browser's noise suppression and automatic gain control are off: they
@@ -165,7 +167,7 @@ class VoiceSession {
         stats.turns++;
         return this.turn(msg.turn_id).metrics(msg);
       case "error":
-        if ((msg.code === "bad_resume_token" || msg.code === "resume_expired") && this.resumeToken) {
+        if (RESUME_REFUSED.has(msg.code) && this.resumeToken) {
           this.resumeToken = null; // start a new conversation on the same connection
           return this.ws.send(JSON.stringify({ type: "start", sample_rate: INPUT_RATE, client: "web", output_sample_rate: this.outputRate }));
         }

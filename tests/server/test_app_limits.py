@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import urllib.error
 import urllib.request
 from dataclasses import replace
 from pathlib import Path
@@ -174,8 +175,13 @@ async def test_sigterm_drains_turns_then_closes_with_1001_and_saves_resumable(
     await asyncio.to_thread(replies.started.wait, 30)
     stop.set()  # what SIGTERM does (server/cli.py)
     await asyncio.sleep(0.2)
-    with pytest.raises(OSError):  # no longer accepting
-        await connect(urls[0], open_timeout=5)
+    # still listening while draining: not ready for a balancer, new sessions go away
+    base = urls[0].replace("ws://", "http://").removesuffix(p.PATH)
+    with pytest.raises(urllib.error.HTTPError) as unready:
+        await asyncio.to_thread(urllib.request.urlopen, base + "/readyz", timeout=10)
+    assert json.loads(unready.value.read())["reason"] == "draining"
+    late = await connect(urls[0], open_timeout=5)
+    assert (await closed(late))[0] == p.CloseCode.GOING_AWAY
     replies.go.set()  # the turn in flight finishes within the grace period
     done = await asyncio.wait_for(until(ws, "reply_done"), 30)
     assert done["text"] == replies.reply

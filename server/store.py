@@ -1,0 +1,279 @@
+"""What must outlive one node, in Redis: parked conversations, the node registry,
+session counts per address and per API key (docs/security.md, "Several nodes").
+
+``quicksilver serve --store redis://HOST:PORT/DB`` gives every node of a fleet one
+:class:`RedisStore`; the default (``memory``) keeps today's in-process
+:class:`server.resume.ResumeStore` and none of this runs. The session stays sans-I/O:
+the connection takes a resumed conversation from Redis before the session sees
+``start`` and writes the conversation after it changes (:class:`Parking`).
+
+Redis is never on the path of a turn: every call has a short timeout, one background
+task (:meth:`RedisStore.run`) pings it and flips :attr:`RedisStore.ok`, and while it is
+down a node serves new sessions without resume and counts its limits by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import urllib.parse
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from model.engine import ChatMessage
+
+from .protocol import ProtocolError
+from .resume import _role
+
+log = logging.getLogger("quicksilver.store")
+
+PREFIX = "quicksilver:"
+TIMEOUT_S = 0.5  # connect and read: Redis on the same network answers in a millisecond
+BEAT_S = 1.0  # ping, heartbeat and the fleet's counts, this often
+NODE_TTL_S = 3 * BEAT_S  # a node that stops beating leaves the registry after this
+
+# Taken at most once, by its owner only: another owner's try leaves the token good.
+# The taken mark stops a live session on the node the client left from parking the
+# conversation again under the spent token (a replay).
+_TAKE = """
+local value = redis.call('GET', KEYS[1])
+if not value then return {0, false} end
+if cjson.decode(value)['owner'] ~= ARGV[1] then return {1, false} end
+redis.call('DEL', KEYS[1])
+redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
+return {2, value}
+"""
+_PUT = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+
+
+def check_url(url: str) -> str:
+    """``memory``, or a ``redis://`` URL (ValueError otherwise)."""
+    if url == "memory":
+        return url
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("redis", "rediss") or not parts.hostname:
+        raise ValueError(f"--store: 'memory' or redis://HOST:PORT/DB, not {url!r}")
+    return url
+
+
+@dataclass
+class Fleet:
+    """What the other live nodes reported in their last heartbeats."""
+
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    addresses: Counter[str] = field(default_factory=Counter)  # sessions per address
+    owners: Counter[str] = field(default_factory=Counter)  # per API key fingerprint
+
+
+class RedisStore:
+    """One node's view of the fleet's Redis."""
+
+    def __init__(self, url: str, node_id: str, ttl_s: float) -> None:
+        from redis.asyncio import Redis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+
+        self.url = url
+        self.node_id = node_id
+        self.ttl_s = ttl_s
+        self.ok = False  # the last ping answered
+        self.fleet = Fleet()
+        self.live: set[str] = set()  # tokens of this node's sessions, refreshed by beats
+        self.redis = Redis.from_url(
+            url,
+            socket_timeout=TIMEOUT_S,
+            socket_connect_timeout=TIMEOUT_S,
+            retry=Retry(NoBackoff(), 0),  # a failure is reported, never waited out
+        )
+        self._take = self.redis.register_script(_TAKE)
+        self._put = self.redis.register_script(_PUT)
+
+    # -- conversations --
+
+    async def take(self, token: str, owner: str) -> list[ChatMessage]:
+        """The conversation parked under ``token``, removed: once, by its owner.
+        ProtocolError says why not (``resume_unavailable`` while Redis is down)."""
+        if not self.ok:
+            raise _unavailable()
+        try:
+            found, value = await self._take(
+                keys=[_parked(token), _taken(token)], args=[owner, _ms(self.ttl_s)]
+            )
+        except Exception as exc:  # redis.RedisError, OSError, timeouts: all mean down
+            self._failed("take", exc)
+            raise _unavailable() from exc
+        if found != 2:
+            raise ProtocolError("bad_resume_token", "unknown resume token; start a new session")
+        data = json.loads(value)
+        return [ChatMessage(_role(r), str(c)) for r, c in data["conversation"]]
+
+    async def put(self, token: str, owner: str, conversation: Sequence[ChatMessage]) -> bool:
+        """Park ``conversation`` under ``token`` for the resume TTL, unless the token
+        was taken already. False: not written (Redis down, or taken)."""
+        if not self.ok or self.ttl_s <= 0:
+            return False
+        value = json.dumps(
+            {
+                "owner": owner,
+                "node": self.node_id,
+                "conversation": [[m.role, m.content] for m in conversation],
+            }
+        )
+        try:
+            written = await self._put(
+                keys=[_parked(token), _taken(token)], args=[value, _ms(self.ttl_s)]
+            )
+        except Exception as exc:
+            self._failed("put", exc)
+            return False
+        return bool(written)
+
+    # -- the node's life --
+
+    async def run(self, report: Callable[[], Mapping[str, Any]]) -> None:
+        """Ping, beat and read the fleet every BEAT_S until cancelled; ``report`` is
+        this node's entry in the registry (sessions, draining, per-address counts)."""
+        while True:
+            await self.beat(report())
+            await asyncio.sleep(BEAT_S)
+
+    async def beat(self, entry: Mapping[str, Any]) -> None:
+        try:
+            await self.redis.ping()
+            was, self.ok = self.ok, True
+            if not was:
+                log.info("store: Redis at %s is up", _safe(self.url))
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.set(_node(self.node_id), json.dumps(dict(entry)), px=_ms(NODE_TTL_S))
+                for token in self.live:
+                    pipe.pexpire(_parked(token), _ms(self.ttl_s))
+                await pipe.execute()
+            self.fleet = await self._read_fleet()
+        except Exception as exc:
+            self._failed("heartbeat", exc)
+
+    async def _read_fleet(self) -> Fleet:
+        keys = [k async for k in self.redis.scan_iter(match=_node("*"), count=100)]
+        fleet = Fleet()
+        for key, value in zip(keys, await self.redis.mget(keys) if keys else [], strict=True):
+            node = key.decode()[len(_node("")) :]
+            if value is None or node == self.node_id:
+                continue
+            entry = json.loads(value)
+            fleet.nodes[node] = entry
+            fleet.addresses.update(entry.get("addresses", {}))
+            fleet.owners.update(entry.get("owners", {}))
+        return fleet
+
+    async def leave(self) -> None:
+        """Out of the registry (a clean shutdown), then the connections closed."""
+        if self.ok:
+            with contextlib.suppress(Exception):
+                await self.redis.delete(_node(self.node_id))
+        with contextlib.suppress(Exception):
+            await self.redis.aclose()
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        if self.ok:
+            log.warning(
+                "store: Redis at %s is down (%s: %r); resume is off", _safe(self.url), what, exc
+            )
+        self.ok = False
+        self.fleet = Fleet()  # nobody else's counts while we cannot see them
+
+
+class Parking:
+    """One connection's conversation in a :class:`RedisStore`: taken before the
+    session sees a resuming ``start``, written whenever it changes (each turn), and
+    once more when the connection closes."""
+
+    def __init__(self, store: RedisStore, owner: str, token: str) -> None:
+        self.store = store
+        self.owner = owner
+        self._offered = token  # the session's token, if Redis is up when it starts
+        self.token = ""  # the token written under: "" until it starts with Redis up
+        self._mark: tuple[int, int] | None = None  # the conversation last handed to a write
+        self._pending: list[ChatMessage] | None = None
+        self._writer: asyncio.Task[None] | None = None
+
+    def begin(self) -> str:
+        """The session is starting: its resume token, or "" (no resume) while Redis
+        is down, in which case nothing of it is ever written."""
+        self.store.live.discard(self.token)
+        self.token = self._offered if self.store.ok else ""
+        if self.token:
+            self.store.live.add(self.token)
+        return self.token
+
+    def changed(self, conversation: list[ChatMessage], final: bool = False) -> None:
+        """Called after every batch of effects: writes the conversation in the
+        background when it is not the one written last (cheap when it is). A turn's
+        question is written with its reply, when the turn completes; a node lost in
+        between loses the turn in flight, as a client that resumes expects."""
+        if not self.token or not self.store.ok:
+            return  # Redis back: the next batch of effects writes the whole conversation
+        if not final and conversation and conversation[-1].role == "user":
+            return
+        mark = (len(conversation), id(conversation[-1]) if conversation else 0)
+        if mark == self._mark:
+            return
+        self._mark = mark
+        self._pending = list(conversation)
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write())
+
+    async def _write(self) -> None:
+        while (conversation := self._pending) is not None:
+            self._pending = None
+            if not await self.store.put(self.token, self.owner, conversation):
+                self._mark = None  # not written: the next change writes it again
+                return
+
+    async def close(self, conversation: list[ChatMessage] | None) -> None:
+        """The connection ended: its conversation (None: it never started), as the
+        session parked it, is written one last time before the connection counts as
+        closed."""
+        if conversation is not None:
+            self._mark = None
+            self.changed(conversation, final=True)
+        if self._writer is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self._writer), 2 * TIMEOUT_S)
+        self.store.live.discard(self.token)
+
+
+def _unavailable() -> ProtocolError:
+    return ProtocolError(
+        "resume_unavailable", "resume is unavailable right now; start a new session"
+    )
+
+
+def _parked(token: str) -> str:
+    return f"{PREFIX}parked:{token}"
+
+
+def _taken(token: str) -> str:
+    return f"{PREFIX}taken:{token}"
+
+
+def _node(node_id: str) -> str:
+    return f"{PREFIX}node:{node_id}"
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+def _safe(url: str) -> str:
+    """The URL without a password, for logs."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    return f"{parts.scheme}://{host}:{parts.port or 6379}{parts.path}"
