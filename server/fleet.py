@@ -250,6 +250,7 @@ class Fleet:
             "--port", str(self.redis_port),
             "--dir", str(data),
             "--appendonly", "yes",
+            "--appendfsync", "always",
             "--save", "",
         ]  # fmt: skip
 
@@ -260,8 +261,9 @@ class Fleet:
             "--port", str(node.port),
             "--store", self.redis_url,
             "--node-id", node.name,
-            # every session arrives from the balancer's address
-            "--max-sessions-per-address", "100",
+            # every session arrives from the balancer's address, and with a store an
+            # address's sessions count across the fleet (docs/security.md)
+            "--max-sessions-per-address", str(100 * self.options.nodes),
             *self.options.serve_args,
         ]  # fmt: skip
 
