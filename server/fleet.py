@@ -80,8 +80,9 @@ def haproxy_config(nodes: list[Node], options: BalancerOptions = BalancerOptions
     for ``timeout tunnel``. A node is taken out of rotation when ``GET /readyz`` fails
     twice (loading, draining, full or gone); its open sessions are left to finish
     (no ``on-marked-down shutdown-sessions``), which is what a drain needs. A handshake
-    that meets a dead node (connection refused) or a node that turned draining
-    between checks (503) is retried once on another node.
+    that meets a node killed since the last check (connection refused) or one with too
+    many handshakes in flight (503) is tried once more on another node; a draining
+    node accepts the upgrade and closes it with 1001, and the client comes back.
     """
     servers = "\n".join(
         f"    server {n.name} {n.host}:{n.port} check maxconn {options.node_maxconn}" for n in nodes
@@ -107,7 +108,8 @@ defaults
     # an upgraded WebSocket: a car between two questions sends nothing for minutes
     timeout tunnel 1h
     timeout client-fin 5s
-    # a handshake refused by a dead or draining node is tried once more elsewhere
+    # a handshake refused by a node killed since its last check (or a 503: too many
+    # handshakes in flight) is tried once more on another node
     retries 1
     option redispatch 1
     retry-on conn-failure empty-response 503
