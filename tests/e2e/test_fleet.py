@@ -10,8 +10,11 @@ processes with the default models, on loopback ports (``quicksilver fleet``'s
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,7 +28,7 @@ from audio.speech import SpeechFactory
 from clients.car import Car, CarOptions
 from clients.common import Pcm
 from server import protocol as p
-from server.fleet import Fleet, FleetOptions
+from server.fleet import Fleet, FleetOptions, http_status
 from tests.serverproc import next_event
 from tests.speech import AUSTRALIA, ITALY, Question, missing
 
@@ -35,13 +38,18 @@ pytestmark = [pytest.mark.e2e, pytest.mark.models, pytest.mark.slow]
 # "I live in Toronto."; without that turn it makes a place up.
 FACT = "I live in Toronto."
 RECALL = Question("Where do I live?", ("Toronto",))
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def needs_fleet_tools() -> None:
+    for tool in ("redis-server", "haproxy"):
+        if shutil.which(tool) is None and not Path("/usr/sbin", tool).exists():
+            missing(f"{tool} is not installed (apt-get install redis-server haproxy)")
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory, model_cache: Path) -> Iterator[Fleet]:
-    for tool in ("redis-server", "haproxy"):
-        if shutil.which(tool) is None and not Path("/usr/sbin", tool).exists():
-            missing(f"{tool} is not installed (apt-get install redis-server haproxy)")
+    needs_fleet_tools()
     run_dir = tmp_path_factory.mktemp("fleet")
     options = FleetOptions(
         nodes=2, port=0, run_dir=run_dir, serve_args=["--cache-dir", str(model_cache)]
@@ -199,3 +207,30 @@ def store_ok(fleet: Fleet, name: str) -> bool:
     health = fleet.node_json(name, "/healthz")
     assert health is not None, f"{name} does not answer /healthz"
     return bool(health["store_ok"])
+
+
+def test_fleet_up_prints_one_url_and_stops_everything_on_sigterm(model_cache: Path) -> None:
+    """``quicksilver fleet up`` as a newcomer runs it (one node, to keep it short)."""
+    needs_fleet_tools()
+    argv = [sys.executable, "-m", "server.cli", "fleet", "up", "--nodes", "1", "--port", "0"]
+    argv += ["--", "--cache-dir", str(model_cache)]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    lines: list[str] = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("  HAProxy config"):
+                break
+        url = next(m.group(1) for ln in lines if (m := re.search(r"fleet on (ws://\S+)", ln)))
+        node = next(m.group(1) for ln in lines if (m := re.search(r"node1 (http://\S+)", ln)))
+        balancer = url.replace("ws://", "http://").removesuffix("/v1/voice")
+        assert http_status(balancer + "/readyz") == 200  # through HAProxy to the node
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0 and "fleet stopped." in rest, rest
+    assert http_status(node + "/healthz") is None  # the node is gone
+    assert http_status(balancer + "/readyz") is None  # and the balancer
