@@ -67,7 +67,7 @@ from .session import (
     State,
     VadResult,
 )
-from .store import Parking, RedisStore
+from .store import Parking, RedisStore, TextBudget
 from .turn import Pacing, run_turn
 
 log = logging.getLogger("quicksilver")
@@ -88,6 +88,9 @@ class Limits:
     # With API keys: open sessions of one key (and the client tokens it minted), across
     # the fleet with --store redis://; 0: no limit of its own (max_sessions holds).
     max_sessions_per_key: int = 0
+    # With API keys: `text` messages of one key a minute, all its sessions together
+    # (across the fleet with --store redis://); 0: only each session's own rate.
+    text_per_minute_per_key: int = 0
     # Connections accepted and not yet answered (each may hold MAX_HEADERS x
     # MAX_HEADER_LINE_BYTES until handshake_timeout_s), in all, and from one address
     # as many as it may have sessions (max_sessions_per_address: behind a load
@@ -186,13 +189,16 @@ class Connection:
         metrics: ServerMetrics | None = None,
         realtime_model: str | None = None,
         preset: dict[str, Any] | None = None,
-        shared: tuple[RedisStore, str] | None = None,
+        shared: RedisStore | None = None,
+        owner: str = auth.OPEN_OWNER,
+        texts: TextBudget | None = None,
     ) -> None:
         """``realtime_model`` set: the client speaks OpenAI Realtime (server/realtime.py)
         and named that model; its conversations are not parked (it has no resume).
         ``preset``: the session config of the client secret it connected with.
-        ``shared``: the fleet's store and this connection's owner; the session then
-        parks in a store of its own, which :class:`Parking` fills and writes out."""
+        ``shared``: the fleet's store; the session then parks in a store of its own,
+        which :class:`Parking` fills and writes out. ``owner``: whose the connection
+        is (auth.Accepted.owner); ``texts``: the text budget of each key."""
         self.ws = ws
         self.rt = rt
         self.config = config
@@ -202,10 +208,13 @@ class Connection:
         self.parking: Parking | None = None
         if realtime_model is not None:
             resume = None
-        elif shared is not None:
-            resume = ResumeStore(config.resume_ttl_s).for_owner(shared[1])
-            self.parking = Parking(shared[0], shared[1], token)
+        elif shared is not None and config.resume_ttl_s > 0:
+            resume = ResumeStore(config.resume_ttl_s).for_owner(owner)
+            self.parking = Parking(shared, owner, token)
         self.resume = resume
+        self.shared = shared
+        self.owner = owner
+        self.texts = texts
         self.session = Session(
             uuid.uuid4().hex[:12],
             config.session,
@@ -251,11 +260,11 @@ class Connection:
         try:
             await self.apply(self.wire.open(self.loop.time()))
             async for frame in self.ws:
+                if not await self._through_store(frame):
+                    continue
                 # After the session closed, frames are still read (and dropped) until the
                 # client answers the close: unread frames would hold the connection, and
                 # its slot, until websockets' close timeout.
-                if self.session.state is State.IDLE and not await self._unparked(frame):
-                    continue
                 if self.session.state is not State.CLOSED:
                     await self.apply(self.wire.receive(frame, self.loop.time()))
         except ConnectionClosed:
@@ -344,24 +353,45 @@ class Connection:
 
     # -- the fleet's store (server/store.py); nothing else here touches Redis --
 
-    async def _unparked(self, frame: str | bytes) -> bool:
-        """Before the session sees ``start``: the conversation its resume token names
-        is taken from the fleet's store into the session's own store, where the session
-        takes it as it would on one node. False: the start was answered here (resume is
-        unavailable while Redis is down) and the session does not see it."""
-        if self.parking is None or not isinstance(frame, str):
+    async def _through_store(self, frame: str | bytes) -> bool:
+        """The fleet's say on a client frame before the session sees it: a resuming
+        ``start`` first takes its conversation from the store, a ``text`` counts in its
+        key's budget. False: the frame was answered here; the session never sees it."""
+        if (self.parking is None and self.texts is None) or not isinstance(frame, str):
             return True
         try:
-            start = p.decode_client(frame)
+            message = p.decode_client(frame)
         except p.ProtocolError:
+            return True  # the session answers it (or it is the Realtime codec's)
+        if isinstance(message, p.Start) and self.session.state is State.IDLE:
+            return await self._unparked(message)
+        if isinstance(message, p.Text) and self.session.state is not State.IDLE:
+            return await self._text_allowed()
+        return True
+
+    async def _text_allowed(self) -> bool:
+        """A ``text`` message within its key's budget (:class:`TextBudget`, counted
+        across the fleet), or answered ``rate_limited``."""
+        if self.texts is None or self.session.state is State.CLOSED:
             return True
-        if not isinstance(start, p.Start):
+        fleet = self.shared.fleet if self.shared is not None else None
+        if self.texts.allow(self.owner, fleet):
+            return True
+        n = self.texts.per_minute
+        await self.apply([Send(p.Error("rate_limited", f"{_PER_KEY_TEXT} ({n} a minute)"))])
+        return False
+
+    async def _unparked(self, start: p.Start) -> bool:
+        """The conversation a resume token names is taken from the fleet's store into
+        the session's own store, where the session takes it as it would on one node;
+        or answered ``resume_unavailable`` while Redis is down."""
+        if self.parking is None:
             return True
         self.session.resume_token = self.parking.begin()
         if start.resume_token is None or self.resume is None:
             return True
         try:
-            conversation = await self.parking.store.take(start.resume_token, self.parking.owner)
+            conversation = await self.parking.store.take(start.resume_token, self.owner)
         except p.ProtocolError as err:
             if err.code != "resume_unavailable":
                 return True  # the session answers bad_resume_token itself
@@ -591,6 +621,7 @@ class App:
     sessions: set[Connection] = field(default_factory=set)
     resume: ResumeStore | None = field(init=False)  # the in-process store
     shared: RedisStore | None = field(init=False)  # the fleet's store (--store redis://)
+    texts: TextBudget | None = field(init=False)  # text messages per key (a limit)
     metrics: ServerMetrics = field(init=False)
     closing: bool = False  # shutting down: new connections are refused
     authenticator: auth.Authenticator = field(init=False)
@@ -618,6 +649,8 @@ class App:
         if self.config.store != "memory":
             self.shared = RedisStore(self.config.store, self.config.node_id, ttl)
         self.resume = ResumeStore(ttl) if ttl > 0 and self.shared is None else None
+        per_key = self.config.limits.text_per_minute_per_key
+        self.texts = TextBudget(per_key) if per_key > 0 else None
         self.metrics = ServerMetrics(
             sessions=lambda: len(self.sessions),
             resumable=lambda: len(self.resume) if self.resume is not None else 0,
@@ -734,6 +767,7 @@ class App:
                 "in_flight": self.handshakes.in_flight,
                 "refused": self.handshakes.refused,
             },
+            **({"store": self.shared.stats()} if self.shared is not None else {}),
             "loop_lag": self.lag.summary(),
             "queued": pending,
             "tasks": len(asyncio.all_tasks()),
@@ -756,6 +790,7 @@ class App:
             "draining": self.closing,
             "addresses": dict(self._per_address),
             "owners": dict(self._per_owner),  # API key fingerprints (auth.owner_of)
+            "texts": self.texts.report() if self.texts is not None else {},
         }
 
     async def start_store(self, node_id: str) -> None:
@@ -821,9 +856,17 @@ class App:
         model = _realtime_model(ws.request.path) if ws.request is not None else None
         preset = self._preset_of.pop(ws, None)
         resume = self.resume.for_owner(opening.owner) if self.resume is not None else None
-        shared = (self.shared, opening.owner) if self.shared is not None else None
         connection = Connection(
-            ws, self.rt, self.config, resume, self.metrics, model, preset, shared
+            ws,
+            self.rt,
+            self.config,
+            resume,
+            self.metrics,
+            model,
+            preset,
+            self.shared,
+            opening.owner,
+            self.texts if opening.owner != auth.OPEN_OWNER else None,
         )
         self.sessions.add(connection)
         self._per_address[address] += 1
@@ -893,6 +936,7 @@ def _realtime_model(path_query: str) -> str | None:
 
 
 _PER_KEY = "too many sessions for your API key"
+_PER_KEY_TEXT = "text: your API key's sessions send too many messages"
 _REJECTED: dict[int, str] = {
     p.CloseCode.GOING_AWAY: "shutting_down",
     p.CloseCode.TRY_AGAIN_LATER: "server_full",
@@ -1110,7 +1154,7 @@ async def start_server(
         open_timeout=app.config.limits.handshake_timeout_s,
         ssl=app.config.tls,
     )
-    host, port = server.sockets[0].getsockname()[:2]
+    port = server.sockets[0].getsockname()[1]
     await app.start_store(f"{socket.gethostname()}:{port}")
     return server, app
 

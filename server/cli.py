@@ -138,7 +138,7 @@ def _parser() -> argparse.ArgumentParser:
         "--store",
         default="memory",
         help="where dropped sessions' conversations are kept: memory (this process) or "
-        "redis://HOST:PORT/DB, shared by the nodes of a fleet (docs/deploy.md)",
+        "redis://HOST:PORT/DB, shared by the nodes of a fleet (docs/security.md)",
     )
     serve.add_argument(
         "--node-id",
@@ -161,6 +161,13 @@ def _parser() -> argparse.ArgumentParser:
         default=limits.max_sessions_per_key,
         help="with API keys: open sessions of one key, across the fleet with --store (0: no "
         "limit of its own)",
+    )
+    serve.add_argument(
+        "--text-per-minute-per-key",
+        type=int,
+        default=limits.text_per_minute_per_key,
+        help="with API keys: text messages a minute of one key's sessions together, across "
+        "the fleet with --store (0: only each session's own rate)",
     )
     serve.add_argument(
         "--max-session-minutes",
@@ -296,6 +303,7 @@ def _serve(args: argparse.Namespace) -> int:
             max_sessions=args.max_sessions,
             max_sessions_per_address=args.max_sessions_per_address,
             max_sessions_per_key=args.max_sessions_per_key,
+            text_per_minute_per_key=args.text_per_minute_per_key,
             max_session_s=args.max_session_minutes * 60,
         ),
         resume_file=args.cache_dir / RESUME_FILE if args.cache_dir is not None else None,

@@ -18,11 +18,17 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 import urllib.parse
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
+
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
 
 from model.engine import ChatMessage
 
@@ -30,6 +36,9 @@ from .protocol import ProtocolError
 from .resume import _role
 
 log = logging.getLogger("quicksilver.store")
+
+# What Redis being unreachable, slow or restarting looks like to redis-py.
+_DOWN = (RedisError, OSError, TimeoutError)
 
 PREFIX = "quicksilver:"
 TIMEOUT_S = 0.5  # connect and read: Redis on the same network answers in a millisecond
@@ -54,6 +63,9 @@ return 1
 """
 
 
+Put = Literal["written", "taken", "down"]
+
+
 def check_url(url: str) -> str:
     """``memory``, or a ``redis://`` URL (ValueError otherwise)."""
     if url == "memory":
@@ -71,20 +83,19 @@ class Fleet:
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     addresses: Counter[str] = field(default_factory=Counter)  # sessions per address
     owners: Counter[str] = field(default_factory=Counter)  # per API key fingerprint
+    minute: int = 0  # the wall-clock minute of ``texts``
+    texts: Counter[str] = field(default_factory=Counter)  # text messages per key
 
 
 class RedisStore:
     """One node's view of the fleet's Redis."""
 
     def __init__(self, url: str, node_id: str, ttl_s: float) -> None:
-        from redis.asyncio import Redis
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
-
         self.url = url
         self.node_id = node_id
         self.ttl_s = ttl_s
         self.ok = False  # the last ping answered
+        self.epoch = 0  # times Redis came (back) up
         self.fleet = Fleet()
         self.live: set[str] = set()  # tokens of this node's sessions, refreshed by beats
         self.redis = Redis.from_url(
@@ -95,6 +106,15 @@ class RedisStore:
         )
         self._take = self.redis.register_script(_TAKE)
         self._put = self.redis.register_script(_PUT)
+
+    def stats(self) -> dict[str, object]:
+        """For /stats: whether Redis answers, and the other live nodes."""
+        return {
+            "kind": "redis",
+            "ok": self.ok,
+            "node": self.node_id,
+            "others": sorted(self.fleet.nodes),
+        }
 
     # -- conversations --
 
@@ -107,7 +127,7 @@ class RedisStore:
             found, value = await self._take(
                 keys=[_parked(token), _taken(token)], args=[owner, _ms(self.ttl_s)]
             )
-        except Exception as exc:  # redis.RedisError, OSError, timeouts: all mean down
+        except _DOWN as exc:
             self._failed("take", exc)
             raise _unavailable() from exc
         if found != 2:
@@ -115,11 +135,11 @@ class RedisStore:
         data = json.loads(value)
         return [ChatMessage(_role(r), str(c)) for r, c in data["conversation"]]
 
-    async def put(self, token: str, owner: str, conversation: Sequence[ChatMessage]) -> bool:
+    async def put(self, token: str, owner: str, conversation: Sequence[ChatMessage]) -> Put:
         """Park ``conversation`` under ``token`` for the resume TTL, unless the token
-        was taken already. False: not written (Redis down, or taken)."""
+        was taken already (the client resumed elsewhere)."""
         if not self.ok or self.ttl_s <= 0:
-            return False
+            return "down"
         value = json.dumps(
             {
                 "owner": owner,
@@ -131,10 +151,10 @@ class RedisStore:
             written = await self._put(
                 keys=[_parked(token), _taken(token)], args=[value, _ms(self.ttl_s)]
             )
-        except Exception as exc:
+        except _DOWN as exc:
             self._failed("put", exc)
-            return False
-        return bool(written)
+            return "down"
+        return "written" if written else "taken"
 
     # -- the node's life --
 
@@ -142,7 +162,11 @@ class RedisStore:
         """Ping, beat and read the fleet every BEAT_S until cancelled; ``report`` is
         this node's entry in the registry (sessions, draining, per-address counts)."""
         while True:
-            await self.beat(report())
+            try:
+                await self.beat(report())
+            except Exception as exc:  # a bug: logged, and the beat goes on
+                log.exception("store: heartbeat failed")
+                self._failed("heartbeat", exc)
             await asyncio.sleep(BEAT_S)
 
     async def beat(self, entry: Mapping[str, Any]) -> None:
@@ -150,6 +174,7 @@ class RedisStore:
             await self.redis.ping()
             was, self.ok = self.ok, True
             if not was:
+                self.epoch += 1  # what Redis held may be gone: every session writes again
                 log.info("store: Redis at %s is up", _safe(self.url))
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.set(_node(self.node_id), json.dumps(dict(entry)), px=_ms(NODE_TTL_S))
@@ -157,7 +182,7 @@ class RedisStore:
                     pipe.pexpire(_parked(token), _ms(self.ttl_s))
                 await pipe.execute()
             self.fleet = await self._read_fleet()
-        except Exception as exc:
+        except _DOWN as exc:
             self._failed("heartbeat", exc)
 
     async def _read_fleet(self) -> Fleet:
@@ -167,10 +192,10 @@ class RedisStore:
             node = key.decode()[len(_node("")) :]
             if value is None or node == self.node_id:
                 continue
-            entry = json.loads(value)
-            fleet.nodes[node] = entry
-            fleet.addresses.update(entry.get("addresses", {}))
-            fleet.owners.update(entry.get("owners", {}))
+            try:
+                _count_in(fleet, node, json.loads(value))
+            except (ValueError, TypeError, AttributeError) as exc:  # not a node's entry
+                log.debug("store: ignoring the registry entry of %r: %r", node, exc)
         return fleet
 
     async def leave(self) -> None:
@@ -190,6 +215,36 @@ class RedisStore:
         self.fleet = Fleet()  # nobody else's counts while we cannot see them
 
 
+class TextBudget:
+    """``text`` messages of one API key per wall-clock minute, on every node together:
+    this node's count of the minute plus what the others reported in their beats (a
+    beat late at most). Sessions of other keys, and the sessions' own rate, are apart."""
+
+    def __init__(self, per_minute: int, clock: Callable[[], float] = time.time) -> None:
+        self.per_minute = per_minute
+        self.clock = clock  # wall-clock seconds: every node's minutes are the same
+        self.minute = 0
+        self.here: Counter[str] = Counter()  # this minute, on this node
+
+    def allow(self, owner: str, elsewhere: Fleet | None) -> bool:
+        """Count one message of ``owner`` in, unless its minute's budget is spent."""
+        self._roll()
+        others = elsewhere.texts[owner] if elsewhere and elsewhere.minute == self.minute else 0
+        if self.here[owner] + others >= self.per_minute:
+            return False
+        self.here[owner] += 1
+        return True
+
+    def report(self) -> dict[str, object]:
+        """This node's counts, for its registry entry."""
+        self._roll()
+        return {"minute": self.minute, "owners": dict(self.here)}
+
+    def _roll(self) -> None:
+        if (minute := int(self.clock() // 60)) != self.minute:
+            self.minute, self.here = minute, Counter()
+
+
 class Parking:
     """One connection's conversation in a :class:`RedisStore`: taken before the
     session sees a resuming ``start``, written whenever it changes (each turn), and
@@ -200,7 +255,7 @@ class Parking:
         self.owner = owner
         self._offered = token  # the session's token, if Redis is up when it starts
         self.token = ""  # the token written under: "" until it starts with Redis up
-        self._mark: tuple[int, int] | None = None  # the conversation last handed to a write
+        self._mark: tuple[int, int, int] | None = None  # the conversation last handed to a write
         self._pending: list[ChatMessage] | None = None
         self._writer: asyncio.Task[None] | None = None
 
@@ -222,7 +277,7 @@ class Parking:
             return  # Redis back: the next batch of effects writes the whole conversation
         if not final and conversation and conversation[-1].role == "user":
             return
-        mark = (len(conversation), id(conversation[-1]) if conversation else 0)
+        mark = (self.store.epoch, len(conversation), id(conversation[-1]) if conversation else 0)
         if mark == self._mark:
             return
         self._mark = mark
@@ -233,9 +288,14 @@ class Parking:
     async def _write(self) -> None:
         while (conversation := self._pending) is not None:
             self._pending = None
-            if not await self.store.put(self.token, self.owner, conversation):
-                self._mark = None  # not written: the next change writes it again
-                return
+            match await self.store.put(self.token, self.owner, conversation):
+                case "down":
+                    self._mark = None  # not written: the next change writes it again
+                    return
+                case "taken":  # resumed elsewhere: this session's token is spent
+                    self.store.live.discard(self.token)
+                    self.token = ""
+                    return
 
     async def close(self, conversation: list[ChatMessage] | None) -> None:
         """The connection ended: its conversation (None: it never started), as the
@@ -248,6 +308,19 @@ class Parking:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(self._writer), 2 * TIMEOUT_S)
         self.store.live.discard(self.token)
+
+
+def _count_in(fleet: Fleet, node: str, entry: dict[str, Any]) -> None:
+    """Add one node's registry entry (App.registry_entry) to ``fleet``."""
+    fleet.nodes[node] = entry
+    fleet.addresses.update(entry.get("addresses", {}))
+    fleet.owners.update(entry.get("owners", {}))
+    texts = entry.get("texts") or {}
+    minute = int(texts.get("minute", 0))
+    if minute > fleet.minute:  # counts of an older minute no longer count
+        fleet.minute, fleet.texts = minute, Counter()
+    if minute == fleet.minute:
+        fleet.texts.update(texts.get("owners", {}))
 
 
 def _unavailable() -> ProtocolError:

@@ -184,7 +184,7 @@ def get(base: str, path: str, host: str | None = None, **headers: str) -> tuple[
 async def test_status_routes_need_the_key_unless_metrics_no_auth() -> None:
     async with serving(config=CONFIG) as (url, _):
         base = http_base(url)
-        for path in ("/healthz", "/stats", "/metrics"):
+        for path in ("/healthz", "/readyz", "/stats", "/metrics"):
             status, body = await asyncio.to_thread(get, base, path)
             assert status == 401 and b"invalid_api_key" in body, (path, status)
             status, _ = await asyncio.to_thread(get, base, path, Authorization=f"Bearer {KEY}")
@@ -192,7 +192,7 @@ async def test_status_routes_need_the_key_unless_metrics_no_auth() -> None:
         assert (await asyncio.to_thread(get, base, "/"))[0] == 200  # the page is public
     open_metrics = ServerConfig(auth=AuthConfig(api_keys=frozenset({KEY}), metrics_no_auth=True))
     async with serving(config=open_metrics) as (url, _):
-        for path in ("/healthz", "/stats", "/metrics"):
+        for path in ("/healthz", "/readyz", "/stats", "/metrics"):
             assert (await asyncio.to_thread(get, http_base(url), path))[0] == 200
 
 

@@ -972,7 +972,7 @@ def http(authenticator: Authenticator, path: str, host: str = HOST, **headers: s
     return authenticator.http_access(path, pairs, "127.0.0.1")
 
 
-@pytest.mark.parametrize("path", ["/healthz", "/stats", "/metrics"])
+@pytest.mark.parametrize("path", ["/healthz", "/readyz", "/stats", "/metrics"])
 def test_status_routes_need_a_key_when_keys_are_configured(path: str) -> None:
     rejected(http(keyed(), path), 401, "invalid_api_key")  # type: ignore[arg-type]
     rejected(http(keyed(), path, Authorization=f"Bearer {token()}"), 401, "invalid_api_key")  # type: ignore[arg-type]
@@ -981,7 +981,9 @@ def test_status_routes_need_a_key_when_keys_are_configured(path: str) -> None:
     assert http(keyed(), "/") is None  # the demo page itself needs no key
 
 
-@pytest.mark.parametrize("path", ["/", "/web/app.js", "/healthz", "/stats", "/metrics", "/x"])
+@pytest.mark.parametrize(
+    "path", ["/", "/web/app.js", "/healthz", "/readyz", "/stats", "/metrics", "/x"]
+)
 def test_without_keys_every_http_route_needs_a_loopback_host(path: str) -> None:
     keyless = Authenticator(AuthConfig())
     assert http(keyless, path) is None

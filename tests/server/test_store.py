@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import threading
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -16,12 +18,13 @@ import pytest
 import redis
 from websockets.asyncio.client import ClientConnection, connect
 
+from clients.car import Car, CarOptions
 from model.engine import ChatMessage
 from server import protocol as p
 from server.app import Limits, ServerConfig
-from server.auth import AuthConfig
+from server.auth import AuthConfig, owner_of
 from server.protocol import ProtocolError
-from server.store import RedisStore, check_url
+from server.store import Fleet, RedisStore, TextBudget, check_url
 from tests.inproc import ScriptedReplies, serving, started, until
 from tests.redis_server import RedisServer
 
@@ -121,14 +124,14 @@ async def test_another_owners_try_does_not_use_the_token_up(redis_server: RedisS
     await store.beat({})
     assert store.ok
     said = [ChatMessage("user", "My PIN is 4321."), ChatMessage("assistant", "Noted.")]
-    assert await store.put("tok", "owner-a", said)
+    assert await store.put("tok", "owner-a", said) == "written"
     with pytest.raises(ProtocolError) as err:
         await store.take("tok", "owner-b")
     assert err.value.code == "bad_resume_token"
     assert await store.take("tok", "owner-a") == said
     with pytest.raises(ProtocolError):
         await store.take("tok", "owner-a")
-    assert not await store.put("tok", "owner-a", said)  # taken: never parked again
+    assert await store.put("tok", "owner-a", said) == "taken"  # never parked again
     await store.leave()
 
 
@@ -145,6 +148,8 @@ async def test_the_registry_lists_live_nodes_and_counts_addresses_across_them(
         # node b hears of node a's two sessions from 127.0.0.1 within a beat
         await eventually(lambda: app_b.shared.fleet.addresses["127.0.0.1"] == 2)  # type: ignore[union-attr]
         assert app_b.shared.fleet.nodes["node-one"]["sessions"] == 2
+        stats = json.loads((await get(b, "/stats"))[1])["store"]
+        assert stats["ok"] and stats["others"] == ["node-one"]
         refused = await connect(b)
         await refused.wait_closed()
         assert refused.close_code == p.CloseCode.POLICY_VIOLATION
@@ -276,3 +281,80 @@ async def test_a_turn_in_flight_is_not_written_until_it_completes(
         await asyncio.wait_for(until(ws, "reply_done"), 30)
         await eventually(lambda: len((parked(redis_server, token) or {})["conversation"]) == 4)
         await ws.close()
+
+
+async def test_one_keys_text_messages_count_across_the_fleet(redis_server: RedisServer) -> None:
+    key = "test-key-0123456789abcdef"
+    config = ServerConfig(
+        store=redis_server.url,
+        limits=replace(Limits(), text_per_minute_per_key=2),
+        auth=AuthConfig(api_keys=frozenset({key})),
+    )
+    bearer = {"Authorization": f"Bearer {key}"}
+    async with serving(config=config) as (a, app_a), serving(config=config) as (b, app_b):
+        assert app_a.texts is not None and app_b.texts is not None and app_b.shared is not None
+        app_a.texts.clock = app_b.texts.clock = lambda: 600.0  # one minute throughout
+        x = await connect(a, additional_headers=bearer)
+        await x.send(json.dumps({"type": "start", "sample_rate": 16_000}))
+        await until(x, "ready")
+        await turn(x)
+        await turn(x, "And Rome?")
+        await eventually(lambda: app_b.shared.fleet.texts[owner_of(key)] == 2)  # type: ignore[union-attr]
+        y = await connect(b, additional_headers=bearer)
+        await y.send(json.dumps({"type": "start", "sample_rate": 16_000}))
+        await until(y, "ready")
+        await y.send(json.dumps({"type": "text", "text": "And Madrid?"}))
+        error = await asyncio.wait_for(until(y, "error"), 10)
+        assert error["code"] == "rate_limited" and "API key" in error["message"]
+        await x.close()
+        await y.close()
+
+
+def test_a_keys_text_budget_is_per_minute_and_counts_the_other_nodes() -> None:
+    wall = [120.0]
+    budget = TextBudget(3, clock=lambda: wall[0])
+    others = Fleet(minute=2, texts=Counter({"k": 2}))
+    assert budget.allow("k", others)
+    assert not budget.allow("k", others)  # 1 here + 2 elsewhere
+    assert budget.allow("other", others)
+    stale = Fleet(minute=1, texts=Counter({"k": 5}))  # a minute that is over
+    assert budget.allow("k", stale)
+    wall[0] = 180.0  # the next minute starts over
+    assert budget.report() == {"minute": 3, "owners": {}}
+    assert budget.allow("k", others) and budget.allow("k", others)
+
+
+async def test_a_redis_that_lost_its_data_gets_every_live_conversation_again(
+    redis_server: RedisServer,
+) -> None:
+    async with serving(config=ServerConfig(store=redis_server.url)) as (a, app):
+        assert app.shared is not None
+        ws, ready = await started(a)
+        token = ready["resume_token"]
+        await turn(ws)
+        await eventually(lambda: parked(redis_server, token) is not None)
+        redis_server.kill()
+        shutil.rmtree(redis_server.directory / "appendonlydir")  # a Redis without persistence
+        await eventually(lambda: not app.shared.ok)  # type: ignore[union-attr]
+        redis_server.start()
+        await eventually(lambda: app.shared.ok)  # type: ignore[union-attr]
+        assert parked(redis_server, token) is None
+        await ws.send(bytes(640))  # any frame from the client: 20 ms of silence
+        await eventually(lambda: parked(redis_server, token) is not None)
+        assert len(parked(redis_server, token)["conversation"]) == 2  # type: ignore[index]
+        await ws.close()
+
+
+async def test_the_car_starts_a_new_conversation_while_resume_is_unavailable(
+    redis_server: RedisServer,
+) -> None:
+    async with serving(config=ServerConfig(store=redis_server.url)) as (url, app):
+        assert app.shared is not None
+        redis_server.kill()
+        await eventually(lambda: not app.shared.ok)  # type: ignore[union-attr]
+        options = CarOptions(url, rate=16_000)
+        async with Car(options, on_frame=lambda *_: None, resume_token="a-parked-token") as car:
+            assert car.log.refused == ["resume_unavailable"]
+            [ready] = car.log.readies
+            assert not ready.resumed and ready.resume_token == ""
+            assert car.resume_token is None  # nothing to resume with until Redis is back
