@@ -31,7 +31,7 @@ from model.modeldir import is_complete
 from model.openai_chat import ChatServerOptions
 from model.runtime import Device
 from model.tools import DEFAULT_TOOLS, Tool, parse_tools
-from server import auth, realtime
+from server import auth, fleet, realtime
 from server import protocol as p
 from server.app import Limits, ServerConfig, run_until
 from server.metrics import JsonFormatter
@@ -193,6 +193,7 @@ def _parser() -> argparse.ArgumentParser:
     register_export(sub)
     register_bench(sub)
     auth.register(sub)
+    fleet.register(sub)
     for command in sub.choices.values():
         command.formatter_class = argparse.ArgumentDefaultsHelpFormatter
         command.add_argument(

@@ -11,7 +11,7 @@ to another key's holder opens nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 from model.engine import ChatMessage, Role
 
@@ -121,6 +121,7 @@ class ResumeStore:
 
 
 def _role(value: object) -> Role:
-    if value not in ("system", "user", "assistant"):
+    # every role a conversation holds: "tool" is what came of an action (action_result)
+    if value not in get_args(Role):
         raise ValueError(f"not a chat role: {value!r}")
-    return value
+    return value  # type: ignore[return-value]

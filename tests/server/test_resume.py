@@ -51,3 +51,18 @@ def test_a_file_without_owners_is_not_restored() -> None:
     old = {"version": 1, "parked": {"t": {"expires_at": 2e9, "conversation": []}}}
     with pytest.raises(ValueError, match="version"):
         ResumeStore().load(old, now=0.0, wall=1e9)
+
+
+def test_a_saved_conversation_keeps_what_came_of_an_action() -> None:
+    """A turn that acted leaves a "tool" message (the action's result); the saved file
+    and the fleet's store (server/store.py reads the same rows) restore it."""
+    acted = [
+        ChatMessage("user", "Set a timer for five minutes."),
+        ChatMessage("assistant", "Timer set for five minutes."),
+        ChatMessage("tool", '{"ok": true}'),
+    ]
+    store = ResumeStore(ttl_s=60)
+    store.for_owner("key-a").park("a", acted, now=0.0)
+    restored = ResumeStore(ttl_s=60)
+    assert restored.load(store.dump(now=1.0, wall=100.0), now=2.0, wall=101.0) == 1
+    assert restored.for_owner("key-a").take("a", 3.0) == acted
