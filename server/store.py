@@ -29,6 +29,7 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeout
 
 from model.engine import ChatMessage
 
@@ -44,6 +45,10 @@ PREFIX = "quicksilver:"
 TIMEOUT_S = 0.5  # connect and read: Redis on the same network answers in a millisecond
 BEAT_S = 1.0  # ping, heartbeat and the fleet's counts, this often
 NODE_TTL_S = 3 * BEAT_S  # a node that stops beating leaves the registry after this
+# A refused connection means Redis is down; a call that only timed out may be a busy
+# host (a model build, a loaded CI machine): down after this many in a row, so one
+# slow answer does not leave the sessions starting in that second without resume.
+SLOW_CALLS_DOWN = 2
 
 # Taken at most once, by its owner only: another owner's try leaves the token good.
 # The taken mark stops a live session on the node the client left from parking the
@@ -95,6 +100,7 @@ class RedisStore:
         self.node_id = node_id
         self.ttl_s = ttl_s
         self.ok = False  # the last ping answered
+        self.slow = 0  # calls in a row that timed out while Redis was up
         self.epoch = 0  # times Redis came (back) up
         self.fleet = Fleet()
         self.live: set[str] = set()  # tokens of this node's sessions, refreshed by beats
@@ -172,7 +178,7 @@ class RedisStore:
     async def beat(self, entry: Mapping[str, Any]) -> None:
         try:
             await self.redis.ping()
-            was, self.ok = self.ok, True
+            was, self.ok, self.slow = self.ok, True, 0
             if not was:
                 self.epoch += 1  # what Redis held may be gone: every session writes again
                 log.info("store: Redis at %s is up", _safe(self.url))
@@ -207,6 +213,11 @@ class RedisStore:
             await self.redis.aclose()
 
     def _failed(self, what: str, exc: BaseException) -> None:
+        if self.ok and isinstance(exc, RedisTimeout | TimeoutError):
+            self.slow += 1
+            if self.slow < SLOW_CALLS_DOWN:
+                log.info("store: Redis at %s answered late (%s)", _safe(self.url), what)
+                return
         if self.ok:
             log.warning(
                 "store: Redis at %s is down (%s: %r); resume is off", _safe(self.url), what, exc

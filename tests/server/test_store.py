@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
+import signal
 import threading
 import urllib.error
 import urllib.request
@@ -117,6 +119,36 @@ async def test_every_completed_turn_is_in_redis_while_the_session_is_open(
         await replay.close()
         # the moved session wrote its four messages under its own new token
         assert len((parked(redis_server, resumed["resume_token"]) or {})["conversation"]) == 4
+
+
+async def test_one_late_answer_is_not_redis_down_two_in_a_row_are(
+    redis_server: RedisServer,
+) -> None:
+    """A Redis that answers late once (a busy host) keeps resume on; one that keeps
+    answering late is down. SIGSTOP holds the real server past the call timeout."""
+    store = RedisStore(redis_server.url, "n1", ttl_s=60)
+    await store.beat({})
+    assert store.ok
+    assert redis_server.proc is not None
+    pid = redis_server.proc.pid
+
+    async def beat_while_redis_is_stopped() -> None:
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            await store.beat({})
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+    await beat_while_redis_is_stopped()
+    assert store.ok and store.slow == 1
+    await store.beat({})  # answered in time: the count starts again
+    assert store.ok and store.slow == 0
+    await beat_while_redis_is_stopped()
+    await beat_while_redis_is_stopped()
+    assert not store.ok
+    await store.beat({})
+    assert store.ok  # back
+    await store.leave()
 
 
 async def test_another_owners_try_does_not_use_the_token_up(redis_server: RedisServer) -> None:
