@@ -125,3 +125,23 @@ async def test_a_call_that_does_not_fit_its_schema_fails_the_turn_without_acting
             assert "not acted on: timer.set: seconds must be integer" in message["message"]
             assert "action" not in seen, seen
             await ws.close()
+
+
+async def test_a_tool_call_is_a_realtime_function_call() -> None:
+    with ScriptedChatServer([Answer(events=[*TIMER_CALL, DONE])]).running() as chat:
+        engine = OpenAIChatGenerator(ChatServerOptions(chat.url, "big-model"))
+        tool = {"type": "function", "name": "timer.set", "parameters": TIMER}
+        content = [{"type": "input_text", "text": "Set a timer for five minutes."}]
+        item = {"type": "message", "role": "user", "content": content}
+        async with (
+            serving(replies=engine) as (url, _),
+            connect(url.replace("/v1/voice", "/v1/realtime")) as ws,
+        ):
+            session = {"type": "realtime", "tools": [tool]}
+            await ws.send(json.dumps({"type": "session.update", "session": session}))
+            await ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
+            await ws.send(json.dumps({"type": "response.create"}))
+            call = await asyncio.wait_for(until(ws, "response.function_call_arguments.done"), 30)
+            assert call["name"] == "timer.set" and json.loads(call["arguments"]) == {"seconds": 300}
+            done = await asyncio.wait_for(until(ws, "response.done"), 30)
+            assert done["response"]["status"] == "completed"
