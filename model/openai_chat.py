@@ -485,11 +485,10 @@ class OpenAIChatGenerator:
                 tokens = delta.completion_tokens if delta.completion_tokens is not None else tokens
                 finish = delta.finish_reason or finish
                 calls += delta.calls
-                if delta.calls:
+                if delta.text or delta.calls:
                     reader.expect(wait_s, f"the chat server at {url} went silent for {wait_s:g} s")
                 if delta.text:
                     pieces += 1
-                    reader.expect(wait_s, f"the chat server at {url} went silent for {wait_s:g} s")
                     yield delta.text
             else:
                 if finish is None:
@@ -499,7 +498,8 @@ class OpenAIChatGenerator:
         if should_stop():
             return GenerationStats(pieces, pieces, "cancel")
         if calls:  # the session acts on one call a reply: the first
-            first = min(assemble(calls).items())[1]
+            by_index = assemble(calls)
+            first = by_index[min(by_index)]
             yield checked_call(first.name, first.arguments, names)
         count = tokens if tokens is not None else pieces
         return GenerationStats(count, pieces, "budget" if finish == "length" else "end")
