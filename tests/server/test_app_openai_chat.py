@@ -112,6 +112,22 @@ async def test_a_tool_call_is_an_action_and_its_result_goes_back_as_a_tool_messa
     assert thanks == {"role": "user", "content": "Thanks."}
 
 
+async def test_a_call_after_the_model_s_words_acts_too() -> None:
+    """OpenAI's models may speak before they call: the call comes once the stream is
+    whole, and the client still gets it with the reply."""
+    events = [chunk("Setting a five minute timer."), *TIMER_CALL, DONE]
+    with ScriptedChatServer([Answer(events=events)]).running() as chat:
+        engine = OpenAIChatGenerator(ChatServerOptions(chat.url, "big-model"))
+        async with serving(replies=engine) as (url, _):
+            ws, _ = await started(url)  # the default tools
+            await ws.send(json.dumps({"type": "text", "text": "Set a timer for five minutes."}))
+            action = await asyncio.wait_for(until(ws, "action"), 30)
+            assert action["name"] == "timer.set" and action["arguments"] == {"seconds": 300}
+            done = await asyncio.wait_for(until(ws, "reply_done"), 30)
+            assert done["text"] == "Setting a five minute timer."
+            await ws.close()
+
+
 async def test_a_call_that_does_not_fit_its_schema_fails_the_turn_without_acting() -> None:
     with ScriptedChatServer([Answer(events=BAD_CALL)]).running() as chat:
         engine = OpenAIChatGenerator(ChatServerOptions(chat.url, "big-model"))
