@@ -108,9 +108,9 @@ def _parser() -> argparse.ArgumentParser:
         metavar="auto|default|none|FILE.json",
         help="the tools a session may call when its start names none: the default device "
         "tools, none, or a JSON list of {name, description, parameters} (docs/protocol.md, "
-        "'Actions'); auto: the default ones when the adapter was trained on tool calls "
-        "(the served one is; --adapter model/adapters is not), else none. Only the "
-        "diffusion engines call tools",
+        "'Actions'); auto: the default ones for openai-chat (the chat server's function "
+        "calling) and when the adapter was trained on tool calls (the served one is; "
+        "--adapter model/adapters is not), else none. The AR engines call no tools",
     )
     serve.add_argument(
         "--adapter",
@@ -232,6 +232,13 @@ def _add_chat_server_arguments(serve: argparse.ArgumentParser) -> None:
         help="openai-chat: seconds to wait for a reply's first piece, and for each next one, "
         "before the turn fails",
     )
+    serve.add_argument(
+        "--llm-tool-choice",
+        default=chat.tool_choice,
+        metavar="auto|required|none|TOOL",
+        help="openai-chat: OpenAI's tool_choice; a tool's name forces that call on every turn "
+        "(llama-cpp-python's server streams only a forced call)",
+    )
 
 
 def chat_server_options(
@@ -253,6 +260,7 @@ def chat_server_options(
         api_key=args.llm_key or environ.get(LLM_KEY_ENV) or None,
         connect_timeout_s=args.llm_connect_timeout,
         first_token_timeout_s=args.llm_first_token_timeout,
+        tool_choice=args.llm_tool_choice,
     )
 
 
@@ -291,7 +299,9 @@ def _serve(args: argparse.Namespace) -> int:
         print(refusal, file=sys.stderr)
         return 2
     try:
-        auto = trained_for_tools(engine_adapter(args.engine, args.adapter))
+        auto = args.engine == "openai-chat" or trained_for_tools(
+            engine_adapter(args.engine, args.adapter)
+        )
         tools = _tools(args.tools, auto)
     except (OSError, ValueError) as exc:
         print(f"quicksilver: --tools: {exc}", file=sys.stderr)

@@ -56,7 +56,9 @@ class ReplyEnd:
 
 # A reply streams as text pieces in order (a token or a few), then one ReplyEnd; a
 # cancelled reply ends without it. A reply that acts starts with its ToolCall, and its
-# text is the spoken confirmation. The turn pipeline cuts the pieces into sentences.
+# text is the spoken confirmation (the openai-chat engine's call comes once the server's
+# stream is whole, after any text the remote model wrote before it). The turn pipeline
+# cuts the pieces into sentences.
 ReplyChunk = str | ToolCall | ReplyEnd
 
 

@@ -11,6 +11,13 @@ The standard library only: one HTTP/1.1 connection per reply, read by
 of :data:`POLL_S` and checks the stop flag between them, so a cancelled turn (barge-in,
 a speculative reply thrown away) lets go within a step, not when the server's next
 chunk or a timeout comes; closing the connection also tells the server to stop.
+
+The session's tools go out as OpenAI ``tools`` (a name's dots become underscores: OpenAI
+function names are ``[a-zA-Z0-9_-]``), and a streamed ``tool_calls`` is assembled from
+its pieces, mapped back to the tool and checked against its schema
+(:func:`model.tools.validate`) before the session hears of it: a call that does not
+validate fails the turn and is never acted on. A turn that acted goes back to the server
+as an assistant message with ``tool_calls`` and a ``tool`` message with its result.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from urllib.parse import urlsplit
 
 from model.chat import SPOKEN_SYSTEM_PROMPT, with_system_prompt
 from model.engine import ChatMessage, GenerationStats
-from model.tools import Tool, ToolCall
+from model.tools import Tool, ToolCall, ToolError, split_call, validate
 
 POLL_S = 0.05  # how long one wait for bytes lasts before the stop flag is checked again
 MAX_LINE = 1 << 20  # longest line of the event stream
@@ -50,6 +57,10 @@ class ChatServerOptions:
     # the longest wait for the first piece of a reply, and for each next one
     first_token_timeout_s: float = 15.0
     system_prompt: str = SPOKEN_SYSTEM_PROMPT
+    # OpenAI's tool_choice: "auto" (the model decides), "required", "none", or one of
+    # the session's tool names, which forces that call (llama-cpp-python's server streams
+    # calls only so: it refuses "auto" with "stream")
+    tool_choice: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -74,18 +85,112 @@ def endpoint(url: str) -> _Endpoint:
 
 
 def request_body(
-    options: ChatServerOptions, conversation: Sequence[ChatMessage], max_tokens: int
+    options: ChatServerOptions,
+    conversation: Sequence[ChatMessage],
+    max_tokens: int,
+    tools: Sequence[Tool] = (),
 ) -> bytes:
     messages = with_system_prompt(conversation, options.system_prompt)
-    body = {
+    names = wire_names(tools)
+    body: dict[str, Any] = {
         "model": options.model,
-        "messages": [{"role": m.role, "content": m.content} for m in messages],
+        "messages": wire_messages(messages, names),
         "max_tokens": max_tokens,
         "stream": True,
         # the last chunk then carries the reply's token count (usage.completion_tokens)
         "stream_options": {"include_usage": True},
     }
+    if tools:
+        body["tools"] = [
+            {"type": "function", "function": {**t.schema(), "name": wire}}
+            for wire, t in names.items()
+        ]
+        body["tool_choice"] = _tool_choice(options.tool_choice, names)
     return json.dumps(body).encode()
+
+
+def wire_names(tools: Sequence[Tool]) -> dict[str, Tool]:
+    """Each tool by its OpenAI function name: dots become underscores (``timer.set``:
+    ``timer_set``); a name that two tools would share takes a number (``_2``)."""
+    names: dict[str, Tool] = {}
+    for tool in tools:
+        wire, n = tool.name.replace(".", "_"), 2
+        while wire in names:
+            wire, n = f"{tool.name.replace('.', '_')}_{n}", n + 1
+        names[wire] = tool
+    return names
+
+
+def _wire_name(name: str, names: dict[str, Tool]) -> str:
+    return next((w for w, t in names.items() if t.name == name), name.replace(".", "_"))
+
+
+def _tool_choice(choice: str, names: dict[str, Tool]) -> str | dict[str, Any]:
+    if choice in ("auto", "required", "none"):
+        return choice
+    if not any(t.name == choice for t in names.values()):
+        raise ChatServerError(f"tool_choice {choice!r} is none of the session's tools")
+    return {"type": "function", "function": {"name": _wire_name(choice, names)}}
+
+
+def wire_messages(messages: Sequence[ChatMessage], names: dict[str, Tool]) -> list[dict[str, Any]]:
+    """The conversation as chat-completions messages. A reply that acted (the session
+    keeps it as the call's text, then the words: :func:`model.tools.kept_reply`) is an
+    assistant message with ``tool_calls``, followed at once by the ``tool`` message of its
+    result (the session's ``{"name", "output"}``), as OpenAI requires: a result that
+    came later moves up to it, and a call whose result never came gets an empty one."""
+    out: list[dict[str, Any]] = []
+    pending = list(messages)
+    while pending:
+        m = pending.pop(0)
+        call, words = split_call(m.content) if m.role == "assistant" else (None, "")
+        if call is None:
+            if m.role != "tool":
+                out.append({"role": m.role, "content": m.content})
+            else:  # a result with no call before it: OpenAI takes no such tool message
+                name, output = _result(m) or ("a tool", m.content)
+                out.append({"role": "user", "content": f"Result of {name}: {output}"})
+            continue
+        call_id = f"call_{len(out)}"
+        function = {"name": _wire_name(call.name, names), "arguments": json.dumps(call.arguments)}
+        tool_call = {"id": call_id, "type": "function", "function": function}
+        # "" rather than null for a call without words: llama-cpp-python takes only a string
+        out.append({"role": "assistant", "content": words, "tool_calls": [tool_call]})
+        found = next((r for r in pending if r.role == "tool" and _is_result_of(r, call)), None)
+        if found is not None:
+            pending.remove(found)
+        result = _result(found) if found is not None else None
+        output = result[1] if result is not None else ""
+        out.append({"role": "tool", "tool_call_id": call_id, "content": output})
+    return out
+
+
+def _is_result_of(message: ChatMessage, call: ToolCall) -> bool:
+    result = _result(message)
+    return result is not None and result[0] == call.name
+
+
+def _result(message: ChatMessage) -> tuple[str, str] | None:
+    """A ``tool`` message's tool name and output (the session writes them as JSON)."""
+    try:
+        body = json.loads(message.content)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(body, dict) or not isinstance(body.get("name"), str):
+        return None
+    output = body.get("output", "")
+    return body["name"], output if isinstance(output, str) else json.dumps(output)
+
+
+@dataclass(frozen=True)
+class CallPiece:
+    """What one chunk adds to a streamed tool call: its ``index`` in the reply, and its
+    id, function name and a piece of its arguments' JSON text where the chunk has them."""
+
+    index: int
+    id: str | None
+    name: str | None
+    arguments: str
 
 
 @dataclass(frozen=True)
@@ -95,6 +200,7 @@ class Delta:
     text: str
     finish_reason: str | None
     completion_tokens: int | None  # the usage chunk's
+    calls: tuple[CallPiece, ...] = ()
 
 
 def parse_chunk(data: str) -> Delta:
@@ -127,7 +233,70 @@ def parse_chunk(data: str) -> Delta:
     finish = choice.get("finish_reason")
     if not isinstance(text, str) or not (finish is None or isinstance(finish, str)):
         raise ChatServerError(f"the chat server sent a malformed delta: {data[:200]!r}")
-    return Delta(text, finish, tokens)
+    return Delta(text, finish, tokens, _call_pieces(delta.get("tool_calls"), data))
+
+
+def _call_pieces(raw: object, data: str) -> tuple[CallPiece, ...]:
+    if raw is None:
+        return ()
+    malformed = ChatServerError(f"the chat server sent malformed tool_calls: {data[:200]!r}")
+    if not isinstance(raw, list):
+        raise malformed
+    pieces = []
+    for item in raw:
+        function = item.get("function") if isinstance(item, dict) else None
+        function = {} if function is None else function
+        if not isinstance(item, dict) or not isinstance(function, dict):
+            raise malformed
+        index, call_id = item.get("index", 0), item.get("id")
+        name, args = function.get("name"), function.get("arguments") or ""
+        if not isinstance(index, int) or not isinstance(args, str):
+            raise malformed
+        if not all(x is None or isinstance(x, str) for x in (call_id, name)):
+            raise malformed
+        pieces.append(CallPiece(index, call_id, name, args))
+    return tuple(pieces)
+
+
+@dataclass
+class _Call:
+    name: str = ""
+    arguments: str = ""
+
+
+def assemble(pieces: Iterable[CallPiece]) -> dict[int, _Call]:
+    """The calls the pieces make, by index: a name is given whole (some servers repeat
+    it in every piece), the arguments' text is written piece by piece."""
+    calls: dict[int, _Call] = {}
+    for piece in pieces:
+        call = calls.setdefault(piece.index, _Call())
+        call.name = piece.name or call.name
+        call.arguments += piece.arguments
+    return calls
+
+
+def checked_call(name: str, arguments: str, names: dict[str, Tool]) -> ToolCall:
+    """The session's call of the model's ``name(arguments)``; ChatServerError (the call
+    is not acted on) for a function that is none of the tools, arguments that are not a
+    JSON object, or ones that do not fit the tool's schema."""
+    tool = names.get(name)
+    if tool is None:
+        raise ChatServerError(f"the model called {name!r}, which is none of the session's tools")
+    try:
+        args = json.loads(arguments or "{}")
+    except json.JSONDecodeError:
+        raise ChatServerError(
+            f"the model's call of {tool.name} has arguments that are not JSON: {arguments[:200]!r}"
+        ) from None
+    if not isinstance(args, dict):
+        raise ChatServerError(
+            f"the model's call of {tool.name} has arguments that are not an object"
+        )
+    try:
+        validate(tool, args)
+    except ToolError as exc:
+        raise ChatServerError(f"the model's call was not acted on: {exc}") from None
+    return ToolCall(tool.name, args)
 
 
 def sse_data(lines: Iterable[bytes]) -> Iterator[str]:
@@ -206,8 +375,7 @@ class OpenAIChatGenerator:
     several threads share nothing."""
 
     name = "openai-chat"
-    # the remote model's own function calling is not wired to the session's tools yet
-    supports_tools = False
+    supports_tools = True  # through the server's function calling
 
     def __init__(self, options: ChatServerOptions) -> None:
         self.options = options
@@ -222,7 +390,7 @@ class OpenAIChatGenerator:
     ) -> Generator[str | ToolCall, None, GenerationStats]:
         conn = self._connect()
         try:
-            return (yield from self._exchange(conn, conversation, max_tokens, should_stop))
+            return (yield from self._exchange(conn, conversation, max_tokens, should_stop, tools))
         except _Stopped:
             return GenerationStats(0, 0, "cancel")
         except (OSError, http.client.HTTPException) as exc:
@@ -258,14 +426,14 @@ class OpenAIChatGenerator:
         conversation: Sequence[ChatMessage],
         max_tokens: int,
         should_stop: Callable[[], bool],
-    ) -> Generator[str, None, GenerationStats]:
+        tools: Sequence[Tool],
+    ) -> Generator[str | ToolCall, None, GenerationStats]:
         opts = self.options
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         if opts.api_key:
             headers["Authorization"] = f"Bearer {opts.api_key}"
-        conn.request(
-            "POST", self._endpoint.path, request_body(opts, conversation, max_tokens), headers
-        )
+        body = request_body(opts, conversation, max_tokens, tools)
+        conn.request("POST", self._endpoint.path, body, headers)
         assert conn.sock is not None
         reader = _PollingReader(conn.sock, should_stop)
         wait_s = opts.first_token_timeout_s
@@ -276,7 +444,7 @@ class OpenAIChatGenerator:
         try:
             response.begin()
             self._check(response)
-            return (yield from self._pieces(response, reader, should_stop))
+            return (yield from self._pieces(response, reader, should_stop, wire_names(tools)))
         finally:
             response.close()
 
@@ -300,9 +468,13 @@ class OpenAIChatGenerator:
         response: http.client.HTTPResponse,
         reader: _PollingReader,
         should_stop: Callable[[], bool],
-    ) -> Generator[str, None, GenerationStats]:
+        names: dict[str, Tool],
+    ) -> Generator[str | ToolCall, None, GenerationStats]:
+        """The reply's text as it comes; a call it makes once the stream is whole (its
+        arguments come in pieces), after any text."""
         url, wait_s = self.options.url, self.options.first_token_timeout_s
         pieces = 0
+        calls: list[CallPiece] = []
         tokens: int | None = None  # the server's count, when it sends usage
         finish: str | None = None
         try:
@@ -312,9 +484,11 @@ class OpenAIChatGenerator:
                 delta = parse_chunk(data)
                 tokens = delta.completion_tokens if delta.completion_tokens is not None else tokens
                 finish = delta.finish_reason or finish
+                calls += delta.calls
+                if delta.text or delta.calls:
+                    reader.expect(wait_s, f"the chat server at {url} went silent for {wait_s:g} s")
                 if delta.text:
                     pieces += 1
-                    reader.expect(wait_s, f"the chat server at {url} went silent for {wait_s:g} s")
                     yield delta.text
             else:
                 if finish is None:
@@ -323,6 +497,10 @@ class OpenAIChatGenerator:
             pass
         if should_stop():
             return GenerationStats(pieces, pieces, "cancel")
+        if calls:  # the session acts on one call a reply: the first
+            by_index = assemble(calls)
+            first = by_index[min(by_index)]
+            yield checked_call(first.name, first.arguments, names)
         count = tokens if tokens is not None else pieces
         return GenerationStats(count, pieces, "budget" if finish == "length" else "end")
 

@@ -35,6 +35,15 @@ LLAMA_MODEL = "smollm2"  # the --model_alias the server answers to
 LLAMA_SEED = 0xFFFF_FFFF
 
 
+def call_chunk(index: int, name: str | None, arguments: str, finish: str | None = None) -> str:
+    """A chunk adding a piece of a streamed tool call (its id and name with the first)."""
+    function = {"arguments": arguments} | ({"name": name} if name else {})
+    call = {"index": index, "type": "function", "function": function}
+    call |= {"id": f"call_{index}"} if name else {}
+    choice = {"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": finish}
+    return json.dumps({"object": "chat.completion.chunk", "choices": [choice]})
+
+
 def chunk(text: str | None, finish: str | None = None) -> str:
     """A ``chat.completion.chunk`` adding ``text`` (None: a delta without content)."""
     delta = {"role": "assistant"} if text is None else {"content": text}
@@ -179,13 +188,21 @@ class LlamaServer:
             self.proc.wait()
 
 
-def llama_server(python: str, gguf: Path, log: Path, timeout_s: float = 300) -> LlamaServer:
+# llama-cpp-python's chat format that takes OpenAI ``tools`` and writes ``tool_calls``
+TOOLS_CHAT_FORMAT = "chatml-function-calling"
+
+
+def llama_server(
+    python: str, gguf: Path, log: Path, timeout_s: float = 300, chat_format: str | None = None
+) -> LlamaServer:
     """llama.cpp's OpenAI-compatible server on ``gguf``, on a free loopback port, once
-    it answers ``GET /v1/models``; RuntimeError (with its log) when it does not start."""
+    it answers ``GET /v1/models``; RuntimeError (with its log) when it does not start.
+    ``chat_format``: the server's (None: the GGUF's own chat template)."""
     port = closed_port()
     cmd = [python, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", LLAMA_MODEL]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--n_threads", "2", "--n_ctx", "2048"]
     cmd += ["--seed", str(LLAMA_SEED)]
+    cmd += ["--chat_format", chat_format] if chat_format else []
     with log.open("wb") as out:  # the child keeps its own copy of the descriptor
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     server = LlamaServer(proc, f"http://127.0.0.1:{port}/v1", log)

@@ -24,6 +24,8 @@ def test_the_chat_server_options_go_with_the_engine() -> None:
         options("--llm-url", "http://h:8000/v1")
     with pytest.raises(ValueError, match="positive"):
         options(*CHAT, "--llm-first-token-timeout", "0")
+    forced = options(*CHAT, "--llm-tool-choice", "timer.set")
+    assert forced is not None and forced.tool_choice == "timer.set"
 
 
 def test_the_key_comes_from_the_option_or_else_the_environment() -> None:

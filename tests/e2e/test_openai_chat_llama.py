@@ -1,6 +1,7 @@
 """``quicksilver serve --engine openai-chat`` against llama.cpp's OpenAI-compatible
 server on the SmolLM2 GGUF: a text turn over /v1/voice, streamed from llama.cpp,
-spoken by Piper. Skipped with the reason where llama-cpp-python is not built."""
+spoken by Piper, and one that acts through llama.cpp's function calling. Skipped with
+the reason where llama-cpp-python is not built (a failure in CI)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,13 @@ import pytest
 from websockets.asyncio.client import connect
 
 from server import protocol as p
-from tests.chatserver import LLAMA_MODEL, LlamaServer, llama_python_or_skip, llama_server
+from tests.chatserver import (
+    LLAMA_MODEL,
+    TOOLS_CHAT_FORMAT,
+    LlamaServer,
+    llama_python_or_skip,
+    llama_server,
+)
 from tests.serverproc import start_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.models]
@@ -58,5 +65,51 @@ async def test_a_text_turn_is_answered_by_llama_cpp(
         # llama.cpp's first reply (tests/chatserver.py, LLAMA_SEED) names Paris
         assert "Paris" in message.text and audio > 0, message.text
         assert " ".join(sentences).split() == message.text.split()
+    finally:
+        assert srv.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def llama_tools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+    python = llama_python_or_skip()
+    from model.nn.gguf import find_smollm2_gguf
+
+    log = tmp_path_factory.mktemp("llama-tools") / "log"
+    server = llama_server(python, find_smollm2_gguf(), log, chat_format=TOOLS_CHAT_FORMAT)
+    yield server
+    server.stop()
+
+
+async def test_a_turn_acts_through_llama_cpp_s_function_calling(
+    llama_tools: LlamaServer, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The default tools go to llama.cpp as OpenAI tools; its streamed call (forced:
+    llama-cpp-python streams no call the model chose itself) comes back as the v1
+    ``action``, validated against timer.set's schema."""
+    log = tmp_path_factory.mktemp("serve-tools") / "server.log"
+    args = ("--engine", "openai-chat", "--llm-url", llama_tools.url, "--llm-model", LLAMA_MODEL)
+    # the prompt of twelve tool schemas takes a while to prefill on a busy CPU
+    args += ("--llm-tool-choice", "timer.set", "--llm-first-token-timeout", "180")
+    srv = start_server(log, *args, "--max-reply-tokens", "48")
+    try:
+        async with connect(srv.url) as ws, asyncio.timeout(300):
+            await ws.send(p.encode(p.Start(sample_rate=16000)))
+            assert isinstance(p.decode_server(await ws.recv()), p.Ready)
+            await ws.send(json.dumps({"type": "text", "text": "Set a timer for five minutes."}))
+            actions: list[p.Action] = []
+            while True:
+                frame = await ws.recv()
+                if isinstance(frame, bytes):
+                    continue
+                message = p.decode_server(frame)
+                assert not isinstance(message, p.Error), message
+                if isinstance(message, p.Action):
+                    actions.append(message)
+                elif isinstance(message, p.ReplyDone):
+                    break
+        (action,) = actions
+        assert action.name == "timer.set", action
+        seconds = action.arguments["seconds"]
+        assert isinstance(seconds, int) and seconds >= 1, action
     finally:
         assert srv.stop() == 0

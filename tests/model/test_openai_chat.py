@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import pytest
 
@@ -16,17 +17,22 @@ from model.openai_chat import (
     ChatServerError,
     ChatServerOptions,
     OpenAIChatGenerator,
+    checked_call,
     endpoint,
     parse_chunk,
+    request_body,
     sse_data,
+    wire_names,
 )
-from model.tools import Tool, ToolCall
+from model.tools import DEFAULT_TOOLS, Param, Tool, ToolCall, kept_reply, render_call
 from tests.chatserver import (
     DONE,
     LLAMA_MODEL,
+    TOOLS_CHAT_FORMAT,
     Answer,
     LlamaServer,
     ScriptedChatServer,
+    call_chunk,
     chunk,
     closed_port,
     llama_python_or_skip,
@@ -201,6 +207,100 @@ def test_a_stop_before_the_first_piece_returns_at_once(scripted: ScriptedChatSer
     assert scripted.client_gone.wait(10)
 
 
+# --- tools ------------------------------------------------------------------------------
+
+TIMER = next(t for t in DEFAULT_TOOLS if t.name == "timer.set")
+TIMER_CALL = ToolCall("timer.set", {"seconds": 300})
+SET_TIMER = [ChatMessage("user", "Set a timer for five minutes.")]
+NOT_ACTED_ON = r"not acted on: timer\.set: seconds out of range"
+
+
+def test_tool_names_map_to_openai_function_names_and_back() -> None:
+    names = wire_names([TIMER, Tool("timer_set"), Tool("media-play")])
+    assert list(names) == ["timer_set", "timer_set_2", "media-play"]
+    assert [t.name for t in names.values()] == ["timer.set", "timer_set", "media-play"]
+
+
+def test_tools_go_out_as_functions_and_an_acted_turn_as_tool_calls() -> None:
+    acted = kept_reply(render_call(TIMER, {"seconds": 300}), "Timer set.")
+    result = json.dumps({"name": "timer.set", "output": "started"})
+    conversation = [
+        *SET_TIMER,
+        ChatMessage("assistant", acted),
+        ChatMessage("user", "Thanks."),
+        ChatMessage("tool", result),  # the result came after the next question
+    ]
+    options = ChatServerOptions("http://h/v1", "m", tool_choice="timer.set")
+    body = json.loads(request_body(options, conversation, 16, [TIMER]))
+    assert body["tools"] == [
+        {"type": "function", "function": {**TIMER.schema(), "name": "timer_set"}}
+    ]
+    assert body["tool_choice"] == {"type": "function", "function": {"name": "timer_set"}}
+    _, user, assistant, tool, thanks = body["messages"]
+    assert user == {"role": "user", "content": "Set a timer for five minutes."}
+    (call,) = assistant["tool_calls"]
+    assert assistant["content"] == "Timer set."
+    assert call["function"] == {"name": "timer_set", "arguments": '{"seconds": 300}'}
+    assert tool == {"role": "tool", "tool_call_id": call["id"], "content": "started"}
+    assert thanks == {"role": "user", "content": "Thanks."}
+    # no tools, no tool fields; an unknown tool_choice is a clear error
+    assert "tools" not in json.loads(request_body(options, SET_TIMER, 16))
+    with pytest.raises(ChatServerError, match="none of the session's tools"):
+        request_body(ChatServerOptions("http://h/v1", "m", tool_choice="x"), SET_TIMER, 16, [TIMER])
+
+
+def test_a_call_is_checked_against_its_tool_s_schema() -> None:
+    names = wire_names(DEFAULT_TOOLS)
+    assert checked_call("timer_set", '{"seconds": 300}', names) == TIMER_CALL
+    for name, args, why in [
+        ("timer_set", '{"seconds": 0}', "seconds out of range"),
+        ("timer_set", '{"seconds": "five"}', "seconds must be integer"),
+        ("timer_set", "{}", "missing seconds"),
+        ("timer_set", '{"seconds": 3', "not JSON"),
+        ("timer_set", "[300]", "not an object"),
+        ("timer.set", '{"seconds": 300}', "none of the session's tools"),
+    ]:
+        with pytest.raises(ChatServerError, match=why):
+            checked_call(name, args, names)
+
+
+def _acting(gen: OpenAIChatGenerator, tools: Sequence[Tool]) -> list[str | ToolCall]:
+    """What a reply yields up to its end or its error (the error is raised)."""
+    items: list[str | ToolCall] = []
+    it = gen.generate(SET_TIMER, 32, never, tools)
+    try:
+        while True:
+            items.append(next(it))
+    except StopIteration:
+        return items
+
+
+STREAMED_CALL = [
+    chunk(None),
+    call_chunk(0, "timer_set", '{"sec'),
+    call_chunk(0, None, 'onds": 3'),
+    call_chunk(0, None, "00}", "tool_calls"),
+    DONE,
+]
+
+
+@answers(Answer(events=STREAMED_CALL))
+def test_a_streamed_call_is_assembled_and_acted_on(scripted: ScriptedChatServer) -> None:
+    assert _acting(generator(scripted.url), [TIMER]) == [TIMER_CALL]
+    assert scripted.requests[0].body["tool_choice"] == "auto"
+
+
+INVALID_CALL = [call_chunk(0, "timer_set", '{"seconds": -5}', "tool_calls"), DONE]
+
+
+@answers(Answer(events=INVALID_CALL))
+def test_a_call_that_does_not_validate_is_not_acted_on(scripted: ScriptedChatServer) -> None:
+    items: list[str | ToolCall] = []
+    with pytest.raises(ChatServerError, match=NOT_ACTED_ON):
+        items.extend(generator(scripted.url).generate(SET_TIMER, 32, never, [TIMER]))
+    assert items == []
+
+
 # --- llama.cpp's server: the real twin -----------------------------------------------------
 
 
@@ -243,3 +343,72 @@ def test_llama_cpp_s_refusal_fails_clearly(llama: LlamaServer) -> None:
     wrong_path = OpenAIChatGenerator(ChatServerOptions(f"{llama.url}/nowhere", LLAMA_MODEL))
     with pytest.raises(ChatServerError, match=r"answered 404 Not Found: "):
         drain(wrong_path.generate(ASK, 8, never))
+
+
+# --- llama.cpp's server with function calling ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llama_tools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+    python = llama_python_or_skip()
+    from model.nn.gguf import find_smollm2_gguf
+
+    log = tmp_path_factory.mktemp("llama-tools") / "log"
+    server = llama_server(python, find_smollm2_gguf(), log, chat_format=TOOLS_CHAT_FORMAT)
+    yield server
+    server.stop()
+
+
+# the function-calling prompt lists every tool's schema: its prefill on a busy two-core
+# machine can outlast the engine's default first-token wait
+PREFILL_S = 180.0
+
+
+def _forced(url: str, tool: str) -> OpenAIChatGenerator:
+    """The named call forced: llama-cpp-python streams no call the model chose itself."""
+    options = ChatServerOptions(url, LLAMA_MODEL, first_token_timeout_s=PREFILL_S)
+    return OpenAIChatGenerator(replace(options, tool_choice=tool))
+
+
+@pytest.mark.models
+def test_llama_cpp_acts_through_its_function_calling(llama_tools: LlamaServer) -> None:
+    items = _acting(_forced(llama_tools.url, "timer.set"), DEFAULT_TOOLS)
+    calls = [i for i in items if isinstance(i, ToolCall)]
+    assert len(calls) == 1 and calls[0].name == "timer.set", items
+    assert isinstance(calls[0].arguments["seconds"], int), calls  # validated: >= 1
+
+
+@pytest.mark.models
+def test_llama_cpp_s_call_that_does_not_validate_is_not_acted_on(
+    llama_tools: LlamaServer,
+) -> None:
+    """No integer fits a schema whose minimum is above its maximum; llama.cpp's grammar
+    for the call keeps to the types but not the bounds, so the model writes one anyway
+    and the engine must refuse it."""
+    never_fits = Tool(
+        "timer.set",
+        "Start a countdown timer.",
+        (Param("seconds", "integer", minimum=2, maximum=1),),
+    )
+    items: list[str | ToolCall] = []
+    with pytest.raises(ChatServerError, match=NOT_ACTED_ON):
+        for item in _forced(llama_tools.url, "timer.set").generate(
+            SET_TIMER, 32, never, [never_fits]
+        ):
+            items.append(item)
+    assert not any(isinstance(i, ToolCall) for i in items)
+
+
+@pytest.mark.models
+def test_llama_cpp_takes_an_acted_turn_and_its_result_back(llama_tools: LlamaServer) -> None:
+    acted = kept_reply(render_call(TIMER, {"seconds": 300}), "")
+    conversation = [
+        *SET_TIMER,
+        ChatMessage("assistant", acted),
+        ChatMessage("tool", json.dumps({"name": "timer.set", "output": "started"})),
+        ChatMessage("user", "Thanks!"),
+    ]
+    gen = _forced(llama_tools.url, "none")
+    pieces, stats = drain(gen.generate(conversation, 16, never, DEFAULT_TOOLS))
+    assert pieces and all(isinstance(p, str) for p in pieces), pieces
+    assert stats.stopped_by in ("end", "budget")
