@@ -29,6 +29,7 @@ import itertools
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -355,6 +356,8 @@ class Fleet:
         hosts = [link.ns_address for link in self.links] or [host] * options.nodes
         self.nodes = [Node(f"node{i + 1}", hosts[i], port) for i, port in enumerate(ports)]
         self._links_up: list[Link] = []
+        # Redis on the links' ends is not on loopback only: a password, made per fleet
+        self.redis_password = secrets.token_hex(16) if self.links else ""
         self.redis = Child("redis", self._redis_argv(), self.run_dir / "redis.log")
         self.node_procs = {
             n.name: Child(n.name, self._node_argv(n), self._log(n)) for n in self.nodes
@@ -374,7 +377,11 @@ class Fleet:
 
     @property
     def redis_url(self) -> str:
-        return f"redis://{self.options.host}:{self.redis_port}/0"
+        return self._redis_url(self.options.host)
+
+    def _redis_url(self, host: str) -> str:
+        auth = f":{self.redis_password}@" if self.redis_password else ""
+        return f"redis://{auth}{host}:{self.redis_port}/0"
 
     @property
     def stats_socket(self) -> Path:
@@ -387,10 +394,10 @@ class Fleet:
         # append-only file: a Redis restarted by hand keeps the parked conversations
         data = self.run_dir / "redis"
         data.mkdir(exist_ok=True)
-        # with namespaces, also on this end of every node's link; protected mode (no
-        # password: loopback clients only) off then, as only the nodes reach those ends
+        # with namespaces, also on this end of every node's link, and with a password
+        # (without one, Redis's protected mode serves loopback clients only)
         bind = [self.options.host, *(link.host_address for link in self.links)]
-        linked = ["--protected-mode", "no"] if self.links else []
+        linked = ["--requirepass", self.redis_password] if self.redis_password else []
         return [
             _tool(REDIS),
             "--bind", *bind,
@@ -409,7 +416,7 @@ class Fleet:
         if self.links:
             link = self.links[self.nodes.index(node)]
             prefix = link.exec_prefix()
-            store = f"redis://{link.host_address}:{self.redis_port}/0"
+            store = self._redis_url(link.host_address)
             # the balancer's address is not loopback; only this machine can reach the
             # node (Link), so a node without keys may serve it
             isolated = ["--insecure-no-auth"]

@@ -117,14 +117,19 @@ def test_a_netns_fleet_runs_each_node_in_its_namespace_and_redis_on_the_links() 
             assert argv[:4] == ["ip", "netns", "exec", link.netns]
             assert argv[4] == sys.executable
             assert argv[argv.index("--host") + 1] == node.host == link.ns_address
-            store = f"redis://{link.host_address}:{fleet.redis_port}/0"
+            password = fleet.redis_password
+            store = f"redis://:{password}@{link.host_address}:{fleet.redis_port}/0"
             assert argv[argv.index("--store") + 1] == store
             assert "--insecure-no-auth" in argv  # the balancer's address is no loopback
         redis = fleet.redis.argv
-        # on loopback and this end of each link only; no password: protected mode off
-        bind = redis[redis.index("--bind") + 1 : redis.index("--protected-mode")]
+        # on loopback and this end of each link only, with the fleet's own password
+        bind = redis[redis.index("--bind") + 1 : redis.index("--requirepass")]
         assert bind == ["127.0.0.1", first.host_address, second.host_address]
-        assert redis[redis.index("--protected-mode") + 1] == "no"
+        assert len(password) == 32 and redis[redis.index("--requirepass") + 1] == password
+        assert "--protected-mode" not in redis
+        other = netns_fleet()
+        shutil.rmtree(other.run_dir)
+        assert other.redis_password != password
         config = haproxy_config(fleet.nodes)
         for node in fleet.nodes:
             assert f"server {node.name} {node.host}:{node.port} check" in config
@@ -143,7 +148,8 @@ def test_a_loopback_fleet_has_no_namespaces() -> None:
         assert all(n.host == "127.0.0.1" for n in fleet.nodes)
         assert fleet.node_procs["node1"].argv[0] == sys.executable
         assert "--insecure-no-auth" not in fleet.node_procs["node1"].argv
-        assert "--protected-mode" not in fleet.redis.argv
+        assert fleet.redis_password == "" and "--requirepass" not in fleet.redis.argv
+        assert fleet.redis_url == f"redis://127.0.0.1:{fleet.redis_port}/0"
     finally:
         shutil.rmtree(fleet.run_dir)
 
