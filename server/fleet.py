@@ -1,6 +1,6 @@
 """``quicksilver fleet``: Redis, N nodes and HAProxy on one machine (docs/deploy.md).
 
-    quicksilver fleet up --nodes 2 [--port 8765] [--redis-port 6380] [-- SERVE OPTIONS]
+    quicksilver fleet up --nodes 2 [--port 8765] [--redis-port 6380] [--netns] [-- SERVE OPTIONS]
     quicksilver fleet config --nodes 2 > haproxy.cfg
 
 ``up`` starts ``redis-server``, the first node alone (it builds the reply model into
@@ -9,6 +9,10 @@ nodes, each with ``--store redis://...``, then HAProxy in front; it prints the o
 to use and, on Ctrl-C or SIGTERM, drains the nodes (SIGTERM: turns in flight finish,
 conversations are parked in Redis), then stops HAProxy and Redis. ``config`` prints
 the balancer's configuration; deploy/haproxy.cfg is its output for two nodes.
+
+With ``--netns`` (root) each node runs in a network namespace of its own, joined to
+this one by a veth pair: a node then reaches Redis, and the balancer reaches it, only
+over a link, as on separate machines (:class:`Link`).
 
 The :class:`Fleet` here is what the end-to-end failover test and the failover
 benchmark start too. It only runs processes and reads their HTTP routes: nothing here
@@ -21,7 +25,11 @@ import argparse
 import contextlib
 import csv
 import io
+import itertools
 import json
+import os
+import re
+import secrets
 import shutil
 import signal
 import socket
@@ -134,6 +142,133 @@ backend nodes
 """
 
 
+# -- network namespaces --
+
+NETNS_PREFIX = "qs-"
+# A namespace "qs-<pid>-<fleet>-<node>" (pid in hex: the process that made it, so a
+# leftover of one that died can be told from a fleet running now) and its veth ends
+# "qs-<pid>-<fleet>h<node>" here and "...n<node>" inside; an interface name has at most
+# 15 characters.
+_NETNS = re.compile(r"^qs-([0-9a-f]+)-\d+-\d+$")
+_VETH = re.compile(r"^qs-([0-9a-f]+)-\d+[hn]\d+$")
+_fleets = itertools.count()
+# Link-local (169.254.0.0/16, RFC 3927) is for point-to-point links like these: one
+# /24 per fleet, a /30 per node. .0 and .255 are reserved; .169 holds cloud metadata.
+LINK_LOCAL = "169.254"
+MAX_NETNS_NODES = 63
+
+
+@dataclass(frozen=True)
+class Link:
+    """A node's network namespace and the veth pair that joins it to this one:
+    ``host_address`` here, ``ns_address`` inside, a /30 between them.
+
+    The namespace has no route but that /30, so only this machine's end of the link can
+    reach the node: the balancer and the fleet's checks do, nothing beyond this machine.
+    """
+
+    netns: str
+    host_if: str
+    ns_if: str
+    host_address: str
+    ns_address: str
+
+    def up_commands(self) -> list[list[str]]:
+        ns = ["ip", "-n", self.netns]
+        return [
+            ["ip", "netns", "add", self.netns],
+            ["ip", "link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if],
+            ["ip", "link", "set", self.ns_if, "netns", self.netns],
+            ["ip", "addr", "add", f"{self.host_address}/30", "dev", self.host_if],
+            ["ip", "link", "set", self.host_if, "up"],
+            [*ns, "addr", "add", f"{self.ns_address}/30", "dev", self.ns_if],
+            [*ns, "link", "set", self.ns_if, "up"],
+            [*ns, "link", "set", "lo", "up"],
+        ]
+
+    def down_commands(self) -> list[list[str]]:
+        # deleting either end of a veth pair deletes both; the namespace's end goes
+        # with the namespace
+        return [["ip", "link", "del", self.host_if], ["ip", "netns", "del", self.netns]]
+
+    def exec_prefix(self) -> list[str]:
+        """What runs a command in the namespace: ``ip netns exec`` execs it, so the
+        child's pid is the command's own and signals reach it."""
+        return ["ip", "netns", "exec", self.netns]
+
+
+def make_links(count: int, subnet: int, fleet: int, pid: int | None = None) -> list[Link]:
+    """``count`` links in 169.254.<subnet>.0/24: node i's /30 is .4i+1 (here) and .4i+2."""
+    if not 1 <= count <= MAX_NETNS_NODES:
+        raise FleetError(f"--netns runs 1 to {MAX_NETNS_NODES} nodes, not {count}")
+    tag = f"{NETNS_PREFIX}{pid or os.getpid():x}-{fleet % 10}"
+    net = f"{LINK_LOCAL}.{subnet}"
+    return [
+        Link(f"{tag}-{i + 1}", f"{tag}h{i + 1}", f"{tag}n{i + 1}",
+             f"{net}.{4 * i + 1}", f"{net}.{4 * i + 2}")
+        for i in range(count)
+    ]  # fmt: skip
+
+
+def free_subnet() -> int:
+    """A 169.254.<k>.0/24 that no address of this namespace is in (another fleet's)."""
+    try:
+        shown = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True)
+    except FileNotFoundError:
+        raise FleetError("--netns needs ip (apt-get install iproute2)") from None
+    used = {int(m) for m in re.findall(rf"inet {re.escape(LINK_LOCAL)}\.(\d+)\.", shown.stdout)}
+    free = [k for k in range(1, 255) if k not in used and k != 169]
+    if not free:
+        raise FleetError("no free 169.254.<k>.0/24 for the nodes' links")
+    return free[os.getpid() % len(free)]
+
+
+def _ip(argv: list[str]) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise FleetError(f"{' '.join(argv)}: {done.stderr.strip() or done.returncode}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_leftover_links() -> list[str]:
+    """Delete the namespaces and veths of fleets whose process is gone (killed before
+    its teardown ran); the names deleted."""
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    gone = []
+    for line in namespaces.splitlines():
+        name = line.split(" ", 1)[0]
+        if (m := _NETNS.match(name)) and not _alive(int(m[1], 16)):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+            gone.append(name)
+    for line in links.splitlines():
+        name = line.split(":")[1].strip().split("@", 1)[0] if ":" in line else ""
+        if (m := _VETH.match(name)) and not _alive(int(m[1], 16)):
+            subprocess.run(["ip", "link", "del", name], capture_output=True)
+            gone.append(name)
+    return gone
+
+
+def netns_available() -> bool:
+    """Whether this process may make network namespaces (root, iproute2, a kernel and
+    a container that allow it): it makes one and deletes it."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        return False
+    name = f"{NETNS_PREFIX}{os.getpid():x}-probe"
+    made = subprocess.run(["ip", "netns", "add", name], capture_output=True)
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    return made.returncode == 0
+
+
 @dataclass
 class Child:
     """A process of the fleet, its output in a log file."""
@@ -189,6 +324,8 @@ class FleetOptions:
     serve_args: list[str] = field(default_factory=list)  # given to every node
     python: str = sys.executable
     start_timeout_s: float = 900.0  # the first node may build the reply model
+    # each node in a network namespace of its own (root; `fleet up --netns`): Link
+    namespaces: bool = False
 
 
 class FleetError(RuntimeError):
@@ -213,7 +350,14 @@ class Fleet:
         self.port = options.port or free_port(host)
         first = options.node_port or (options.port + 1 if options.port else 0)
         ports = [first + i if first else free_port(host) for i in range(options.nodes)]
-        self.nodes = [Node(f"node{i + 1}", host, port) for i, port in enumerate(ports)]
+        self.links: list[Link] = []
+        if options.namespaces:
+            self.links = make_links(options.nodes, free_subnet(), next(_fleets))
+        hosts = [link.ns_address for link in self.links] or [host] * options.nodes
+        self.nodes = [Node(f"node{i + 1}", hosts[i], port) for i, port in enumerate(ports)]
+        self._links_up: list[Link] = []
+        # Redis on the links' ends is not on loopback only: a password, made per fleet
+        self.redis_password = secrets.token_hex(16) if self.links else ""
         self.redis = Child("redis", self._redis_argv(), self.run_dir / "redis.log")
         self.node_procs = {
             n.name: Child(n.name, self._node_argv(n), self._log(n)) for n in self.nodes
@@ -233,7 +377,11 @@ class Fleet:
 
     @property
     def redis_url(self) -> str:
-        return f"redis://{self.options.host}:{self.redis_port}/0"
+        return self._redis_url(self.options.host)
+
+    def _redis_url(self, host: str) -> str:
+        auth = f":{self.redis_password}@" if self.redis_password else ""
+        return f"redis://{auth}{host}:{self.redis_port}/0"
 
     @property
     def stats_socket(self) -> Path:
@@ -246,9 +394,14 @@ class Fleet:
         # append-only file: a Redis restarted by hand keeps the parked conversations
         data = self.run_dir / "redis"
         data.mkdir(exist_ok=True)
+        # with namespaces, also on this end of every node's link, and with a password
+        # (without one, Redis's protected mode serves loopback clients only)
+        bind = [self.options.host, *(link.host_address for link in self.links)]
+        linked = ["--requirepass", self.redis_password] if self.redis_password else []
         return [
             _tool(REDIS),
-            "--bind", self.options.host,
+            "--bind", *bind,
+            *linked,
             "--port", str(self.redis_port),
             "--dir", str(data),
             "--appendonly", "yes",
@@ -257,15 +410,26 @@ class Fleet:
         ]  # fmt: skip
 
     def _node_argv(self, node: Node) -> list[str]:
+        prefix: list[str] = []
+        store = self.redis_url
+        isolated: list[str] = []
+        if self.links:
+            link = self.links[self.nodes.index(node)]
+            prefix = link.exec_prefix()
+            store = self._redis_url(link.host_address)
+            # the balancer's address is not loopback; only this machine can reach the
+            # node (Link), so a node without keys may serve it
+            isolated = ["--insecure-no-auth"]
         return [
-            self.options.python, *SERVE,
+            *prefix, self.options.python, *SERVE,
             "--host", node.host,
             "--port", str(node.port),
-            "--store", self.redis_url,
+            "--store", store,
             "--node-id", node.name,
             # every session arrives from the balancer's address, and with a store an
             # address's sessions count across the fleet (docs/security.md)
             "--max-sessions-per-address", str(100 * self.options.nodes),
+            *isolated,
             *self.options.serve_args,
         ]  # fmt: skip
 
@@ -275,6 +439,7 @@ class Fleet:
         """Everything started and ready: Redis answers, every node is ready, HAProxy
         sees every node up. Raises FleetError (and stops what it started) if not."""
         try:
+            self.make_links()
             self.start_redis()
             first, *rest = self.nodes
             self.start_node(first.name)  # builds the model once, if it must
@@ -286,6 +451,24 @@ class Fleet:
         except BaseException:
             self.down()
             raise
+
+    def make_links(self) -> None:
+        """The nodes' namespaces and links (none without ``namespaces``); the leftovers
+        of a fleet that died before deleting its own go first."""
+        if not self.links:
+            return
+        if os.geteuid() != 0:
+            raise FleetError("--netns needs root (ip netns add)")
+        remove_leftover_links()
+        for link in self.links:
+            self._links_up.append(link)  # deleted by down() even if half made
+            for argv in link.up_commands():
+                _ip(argv)
+
+    def delete_links(self) -> None:
+        while self._links_up:
+            for argv in self._links_up.pop().down_commands():
+                subprocess.run(argv, capture_output=True)  # gone already: fine
 
     def start_redis(self) -> None:
         self.redis.start()
@@ -326,6 +509,7 @@ class Fleet:
         for child in (self.balancer, self.redis):
             child.signal(signal.SIGTERM)
             child.wait(grace_s)
+        self.delete_links()
 
     def node(self, name: str) -> Node:
         return next(n for n in self.nodes if n.name == name)
@@ -427,6 +611,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _common(up)
     up.add_argument("--redis-port", type=int, default=0, help="Redis's port (0: a free one)")
     up.add_argument(
+        "--netns",
+        action="store_true",
+        help="run each node in a network namespace of its own, linked to this one (root)",
+    )
+    up.add_argument(
         "--run-dir",
         type=Path,
         default=None,
@@ -476,6 +665,7 @@ def _up(args: argparse.Namespace) -> int:
         redis_port=args.redis_port,
         run_dir=args.run_dir,
         serve_args=serve_args,
+        namespaces=args.netns,
     )
     try:
         fleet = Fleet(options)
@@ -507,8 +697,9 @@ def _up(args: argparse.Namespace) -> int:
 def _summary(fleet: Fleet) -> Iterator[str]:
     yield f"Quicksilver fleet on {fleet.url} (the page: {fleet.page})"
     yield f"  Redis {fleet.redis_url}"
-    for node in fleet.nodes:
-        yield f"  {node.name} {node.http} (log {fleet.node_procs[node.name].log})"
+    for node, link in itertools.zip_longest(fleet.nodes, fleet.links):
+        where = f"namespace {link.netns}, " if link else ""
+        yield f"  {node.name} {node.http} ({where}log {fleet.node_procs[node.name].log})"
     yield f"  HAProxy config {fleet.config}; Ctrl-C stops everything"
 
 

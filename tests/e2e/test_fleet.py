@@ -3,13 +3,16 @@ killed mid-reply loses no completed turn, a drained node finishes its turns whil
 sessions go to the other, and Redis going away turns resume off, not the service.
 
 Everything is real: ``redis-server``, HAProxy 2.6 and two ``quicksilver serve``
-processes with the default models, on loopback ports (``quicksilver fleet``'s
-:class:`Fleet`), and the car client talking synthesized speech through the balancer.
+processes with the default models (``quicksilver fleet``'s :class:`Fleet`), and the car
+client talking synthesized speech through the balancer. Where this process may make
+network namespaces (root; CI), each node runs in its own, reached over a veth link as
+over a network; elsewhere the nodes listen on loopback ports.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import shutil
 import signal
@@ -28,7 +31,7 @@ from audio.speech import SpeechFactory
 from clients.car import Car, CarOptions
 from clients.common import Pcm
 from server import protocol as p
-from server.fleet import Fleet, FleetOptions, http_status
+from server.fleet import Fleet, FleetOptions, http_status, netns_available
 from tests.serverproc import next_event
 from tests.speech import AUSTRALIA, ITALY, Question, missing
 
@@ -47,17 +50,35 @@ def needs_fleet_tools() -> None:
             missing(f"{tool} is not installed (apt-get install redis-server haproxy)")
 
 
+def namespaces() -> bool:
+    """Whether the nodes run in network namespaces: where this process may make them,
+    and always in CI (root, iproute2 from .ci/run), where not being able to fails."""
+    if netns_available():
+        return True
+    if os.environ.get("CI"):
+        missing("network namespaces are not available (root, apt-get install iproute2)")
+    return False
+
+
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory, model_cache: Path) -> Iterator[Fleet]:
     needs_fleet_tools()
     run_dir = tmp_path_factory.mktemp("fleet")
     options = FleetOptions(
-        nodes=2, port=0, run_dir=run_dir, serve_args=["--cache-dir", str(model_cache)]
+        nodes=2,
+        port=0,
+        run_dir=run_dir,
+        serve_args=["--cache-dir", str(model_cache)],
+        namespaces=namespaces(),
     )
     fleet = Fleet(options)
-    fleet.up()
-    yield fleet
-    fleet.down()
+    try:
+        fleet.up()
+        if options.namespaces:  # each node on its own link, not on loopback
+            assert {n.host for n in fleet.nodes} == {k.ns_address for k in fleet.links}
+        yield fleet
+    finally:
+        fleet.down()
 
 
 @pytest.fixture
@@ -210,9 +231,12 @@ def store_ok(fleet: Fleet, name: str) -> bool:
 
 
 def test_fleet_up_prints_one_url_and_stops_everything_on_sigterm(model_cache: Path) -> None:
-    """``quicksilver fleet up`` as a newcomer runs it (one node, to keep it short)."""
+    """``quicksilver fleet up`` as a newcomer runs it (one node, to keep it short), with
+    ``--netns`` where the machine allows it: the namespace goes with the fleet."""
     needs_fleet_tools()
+    isolated = namespaces()
     argv = [sys.executable, "-m", "cli", "fleet", "up", "--nodes", "1", "--port", "0"]
+    argv += ["--netns"] if isolated else []
     argv += ["--", "--cache-dir", str(model_cache)]
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
@@ -234,3 +258,8 @@ def test_fleet_up_prints_one_url_and_stops_everything_on_sigterm(model_cache: Pa
     assert proc.returncode == 0 and "fleet stopped." in rest, rest
     assert http_status(node + "/healthz") is None  # the node is gone
     assert http_status(balancer + "/readyz") is None  # and the balancer
+    if isolated:
+        [netns] = [m.group(1) for ln in lines if (m := re.search(r"namespace (\S+),", ln))]
+        assert node.startswith("http://169.254.")
+        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+        assert netns not in listed.stdout  # and its namespace
