@@ -205,7 +205,9 @@ def test_bench_times_the_ar_decoder_and_counts_its_passes(tiny_dir: Path) -> Non
 def test_bench_times_the_first_sentence(tiny_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from bench.llm import BenchOptions, print_table, run_llm_bench
 
-    r = run_llm_bench(BenchOptions(tiny_dir, prompts=2, budgets=(8,), torch_reference=False))
+    r = run_llm_bench(
+        BenchOptions(tiny_dir, prompts=2, budgets=(8,), torch_reference=False, llama_cpp="off")
+    )
     assert [row["engine"] for row in r["rows"]] == ["ar", "diffusion"]
     tps = {row["engine"]: row["tokens_per_s"] for row in r["rows"]}  # the speedup is over AR's
     assert r["speedup"] == tps["diffusion"] / tps["ar"]
@@ -280,7 +282,9 @@ def test_bench_reports_the_speedup_of_every_round(
     from bench.llm import BenchOptions, print_table, run_llm_bench
 
     r = run_llm_bench(
-        BenchOptions(tiny_dir, prompts=2, budgets=(8,), torch_reference=False, rounds=2)
+        BenchOptions(
+            tiny_dir, prompts=2, budgets=(8,), torch_reference=False, rounds=2, llama_cpp="off"
+        )
     )
     rounds = {row["engine"]: row["rounds_tokens_per_s"] for row in r["rows"]}
     assert r["speedup_per_round"] == [
