@@ -447,6 +447,7 @@ class _Turn:
     call: CallAdded | None = None  # the tool call the reply made
     asking: ToolCall | None = None  # the call its reply asks about instead of making it
     answers: ToolCall | None = None  # the call asked about that its words answer
+    answer_words: str | None = None  # those words, for a requested reply (no transcript)
     action_text: str = ""  # that call as the conversation keeps it
     action_passes: int = 0
     results: list[ChatMessage] = field(default_factory=list)  # action_results meanwhile
@@ -1065,8 +1066,13 @@ class Session:
         shape = turn.shape
         if audio is None and text is None and shape.history is None and self._ids:
             turn.asr_trusted = self._ids[-1] != self._untrusted_item  # answers those words
-        if audio is None and text is None:  # a reply asked for: no words answer a question
-            self._pending = None
+        if audio is None and text is None:  # a requested reply: of the user's last words
+            last = self.conversation[-1] if self.conversation else None
+            words = last is not None and last.role == "user" and shape.history is None
+            if words and turn.asr_trusted and shape.keep and last is not None:
+                turn.answer_words = last.content
+            else:  # no new words answer the question (or untrusted ones): it is dropped
+                self._pending = None
         turn.answers = self._pending
         history = tuple(self.conversation) if shape.history is None else shape.history
         if shape.instructions is not None:  # the reply engines take a leading system message
@@ -1099,6 +1105,8 @@ class Session:
             out += self._heard(turn)
         if turn.shape.requested:
             out += self._start_reply(turn)
+            if turn.transcript is None:  # the words it answers are the conversation's
+                out += self._answered(turn)
         out += self._shown(turn, turn.held)
         turn.held.clear()
         if turn.finished is not None:
@@ -1124,9 +1132,9 @@ class Session:
         StartTurn as ``pending``): a yes makes the call, now, with no reply model asked
         (the turn pipeline speaks its template); any other words drop it. Words the ASR
         did not trust are never a yes."""
-        asked, transcript = turn.answers, turn.transcript
-        if asked is None or not transcript or not transcript.strip():
-            return []  # no words (noise): the question still waits
+        asked, transcript = turn.answers, turn.transcript or turn.answer_words
+        if asked is None or not transcript or not transcript.strip() or not turn.shape.reply:
+            return []  # no words (noise), or words a requested reply answers: it waits
         if self._pending is asked:
             self._pending = None
         tool = next((t for t in self.tools if t.name == asked.name), None)

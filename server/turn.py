@@ -110,11 +110,11 @@ async def _run(
     else:
         await deliver(ReplyFinished(start.turn_id, None, None))
         return
-    said = (
-        _answer_said(start.pending, text, trusted)
-        if start.text or start.audio is not None
-        else None
-    )
+    # the words that may answer a question: a requested reply's are the last user message
+    last = conversation[-1] if conversation else None
+    if start.audio is None and start.text is None and last is not None and last.role == "user":
+        text = last.content
+    said = _answer_said(start.pending, text, trusted)
     chunks: asyncio.Queue[_Chunk | None] = asyncio.Queue()
     async with asyncio.TaskGroup() as tg:
         if start.audio is not None and not released.is_set():

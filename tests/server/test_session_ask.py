@@ -11,6 +11,7 @@ from model.engine import ChatMessage, GenerationStats
 from model.tools import DEFAULT_TOOLS, ToolCall
 from server import protocol as p
 from server.session import (
+    Configure,
     Effect,
     FinalTranscript,
     ReleaseTurn,
@@ -18,10 +19,12 @@ from server.session import (
     ReplyAudio,
     ReplyFinished,
     ReplySentence,
+    Respond,
     StartTurn,
+    UserText,
 )
 
-from .test_session import Driver, of, sent
+from .test_session import ENDPOINT, Driver, of, sent
 from .test_session_actions import AUDIO, acting
 
 MESSAGE = ToolCall("message.send", {"to": "my sister", "text": "I'm running late"}, passes=3)
@@ -157,3 +160,28 @@ def test_her_after_call_my_sister_resolves_to_the_sister() -> None:
     assert resolve(her, tools["message.send"], earlier_calls(nxt.history)) == (
         "Who should I send it to?"
     )
+
+
+def test_a_requested_reply_answers_the_question_with_the_user_s_last_words() -> None:
+    """On /v1/realtime a typed yes is conversation.item.create then response.create, and
+    a spoken one with create_response false is transcribed, then answered on request:
+    either makes the call. A request with no new words drops it."""
+    for how in ("typed", "spoken", "nothing new"):
+        d, _ = acting()
+        asked(d)
+        if how == "typed":
+            d.send(UserText("Yes."))
+        elif how == "spoken":
+            d.send(Configure(ENDPOINT, respond=False))
+            d.speak()
+            (heard,) = of(d.silence(7), StartTurn)
+            assert isinstance(heard, StartTurn)
+            d.send(FinalTranscript(heard.turn_id, "Yes.", 100.0, -0.2))
+            assert of(d.silence(12), ReleaseTurn)
+            d.send(ReplyFinished(heard.turn_id, None, None))
+        (start,) = of(d.send(Respond(unprompted=True)), StartTurn)
+        assert isinstance(start, StartTurn)
+        made = how != "nothing new"
+        assert start.pending == (MESSAGE if made else None), how
+        out = reply(d, start.turn_id, SENDING if made else "Okay.")
+        assert [a.name for a in sent(out, p.Action)] == (["message.send"] if made else []), how  # type: ignore[attr-defined]

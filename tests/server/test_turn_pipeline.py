@@ -457,6 +457,15 @@ async def test_a_yes_or_no_is_answered_without_the_reply_model(
     assert " ".join(turn.tts.texts) == answer
 
 
+async def test_a_requested_reply_reads_the_last_user_words_as_the_answer(make_turn: Any) -> None:
+    turn = make_turn(FakeEngine(["Never said."]))
+    turn.released.set()
+    history = (ChatMessage("assistant", "Call your sister?"), ChatMessage("user", "Yes."))
+    await turn.start(history=history, tools=DEFAULT_TOOLS, pending=SISTER)
+    assert turn.engine.calls == []
+    assert " ".join(s.text for s in turn.of(ReplySentence)) == "Calling your sister."
+
+
 async def test_other_words_or_an_untrusted_yes_go_to_the_reply_model(make_turn: Any) -> None:
     for said, trusted in (("What time is it?", True), ("Yes.", False)):
         turn = make_turn(FakeEngine(["It is nine."]), transcript=said)
