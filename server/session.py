@@ -1066,14 +1066,13 @@ class Session:
         shape = turn.shape
         if audio is None and text is None and shape.history is None and self._ids:
             turn.asr_trusted = self._ids[-1] != self._untrusted_item  # answers those words
-        if audio is None and text is None:  # a requested reply: of the user's last words
+        if audio is None and text is None and shape.keep:  # of the user's last words
             last = self.conversation[-1] if self.conversation else None
-            words = last is not None and last.role == "user" and shape.history is None
-            if words and turn.asr_trusted and shape.keep and last is not None:
-                turn.answer_words = last.content
-            else:  # no new words answer the question (or untrusted ones): it is dropped
+            if last is not None and last.role == "user" and shape.history is None:
+                turn.answer_words = last.content if turn.asr_trusted else None
+            if turn.answer_words is None:  # no new words (or untrusted ones) answer it
                 self._pending = None
-        turn.answers = self._pending
+        turn.answers = self._pending if shape.keep else None  # out of band: not its answer
         history = tuple(self.conversation) if shape.history is None else shape.history
         if shape.instructions is not None:  # the reply engines take a leading system message
             history = (ChatMessage("system", shape.instructions), *history)
