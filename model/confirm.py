@@ -273,6 +273,26 @@ _TEMPLATES: dict[str, Callable[[Mapping[str, Any]], str]] = {
 }
 
 
+_QUESTIONS: dict[str, Callable[[Mapping[str, Any]], str]] = {
+    "message.send": lambda a: f"Send '{_clause(a['text'])}' to {_theirs(a['to'])}?",
+    "call.start": lambda a: f"Call {_theirs(a['contact'])}?",
+}
+
+
+def question(call: ToolCall) -> str:
+    """The call asked about before it is made (its tool is marked ``confirm``): "Send
+    'I'm running late' to your sister?", "Call your sister?"; "Should I do <name> with
+    <arguments>?" for a tool without a question of its own. The words are the call's
+    arguments, the user's own said back to them ("my" -> "your")."""
+    ask = _QUESTIONS.get(call.name)
+    try:
+        if ask is not None:
+            return ask(call.arguments)
+    except (KeyError, TypeError, ValueError):
+        pass
+    return f"Should I do {_described(call)}?"
+
+
 def _clause(text: Any) -> str:
     """A string argument inside a sentence: its own end marks dropped."""
     if not isinstance(text, str):
@@ -300,9 +320,14 @@ def _say(v: Any) -> str:
 
 def _generic(call: ToolCall) -> str:
     """ "Done: notes add with text milk." (a name's dots and underscores read as spaces)."""
+    return f"Done: {_described(call)}."
+
+
+def _described(call: ToolCall) -> str:
+    """ "notes add with text milk" """
     name = re.sub(r"[._-]+", " ", call.name).strip()
     args = ", ".join(f"{re.sub(r'[._-]+', ' ', k)} {_say(v)}" for k, v in call.arguments.items())
-    return f"Done: {name} with {args}." if args else f"Done: {name}."
+    return f"{name} with {args}" if args else name
 
 
 def tool_named(tools: Sequence[Tool], name: str) -> Tool | None:

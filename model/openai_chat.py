@@ -30,7 +30,7 @@ import socket
 import ssl
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 from urllib.parse import urlsplit
 
@@ -102,7 +102,8 @@ def request_body(
     }
     if tools:
         body["tools"] = [
-            {"type": "function", "function": {**t.schema(), "name": wire}}
+            # ``confirm`` is this server's own: the chat server asks nobody
+            {"type": "function", "function": {**replace(t, confirm=False).schema(), "name": wire}}
             for wire, t in names.items()
         ]
         body["tool_choice"] = _tool_choice(options.tool_choice, names)

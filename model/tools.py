@@ -23,7 +23,7 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 ParamType = Literal["integer", "number", "string", "boolean"]
@@ -61,12 +61,17 @@ class Tool:
     name: str
     description: str = ""
     params: tuple[Param, ...] = ()
+    # A call is asked about before it is made ("Call your sister?"), and made only
+    # after a yes (docs/actions.md, "Asking first"): a message or a call placed on a
+    # misheard word costs more than a question.
+    confirm: bool = False
 
     def param(self, name: str) -> Param | None:
         return next((p for p in self.params if p.name == name), None)
 
     def schema(self) -> dict[str, Any]:
-        """The tool as the wire gives it: ``{name, description, parameters}``."""
+        """The tool as the wire gives it: ``{name, description, parameters}``, and
+        ``confirm`` when it is asked about first."""
         props: dict[str, Any] = {}
         for p in self.params:
             prop: dict[str, Any] = {"type": p.type}
@@ -81,7 +86,8 @@ class Tool:
             props[p.name] = prop
         required = [p.name for p in self.params if p.required]
         parameters = {"type": "object", "properties": props, "required": required}
-        return {"name": self.name, "description": self.description, "parameters": parameters}
+        wire = {"name": self.name, "description": self.description, "parameters": parameters}
+        return {**wire, "confirm": True} if self.confirm else wire
 
 
 @dataclass(frozen=True)
@@ -113,8 +119,9 @@ DEFAULT_TOOLS: tuple[Tool, ...] = (
         "message.send",
         "Send a text message.",
         (_p("to", "string"), _p("text", "string")),
+        confirm=True,
     ),
-    Tool("call.start", "Phone a contact.", (_p("contact", "string"),)),
+    Tool("call.start", "Phone a contact.", (_p("contact", "string"),), confirm=True),
     Tool("climate.set", "Set the cabin temperature.", (_p("temperature_c", "number"),)),
     Tool(
         "reminder.create",
@@ -137,7 +144,8 @@ DEFAULT_TOOLS: tuple[Tool, ...] = (
 
 
 def parse_tools(raw: Any) -> tuple[Tool, ...]:
-    """Tools from the wire (a list of ``{name, description, parameters}``)."""
+    """Tools from the wire (a list of ``{name, description, parameters, confirm}``;
+    ``confirm``, a boolean, false when not given)."""
     if not isinstance(raw, list):
         raise ToolError("tools must be a list")
     if len(raw) > MAX_TOOLS:
@@ -153,15 +161,18 @@ def parse_tool(raw: Any, i: int = 0) -> Tool:
     where = f"tools[{i}]"
     if not isinstance(raw, dict):
         raise ToolError(f"{where} must be an object")
-    if unknown := sorted(set(raw) - {"name", "description", "parameters", "type"}):
+    if unknown := sorted(set(raw) - {"name", "description", "parameters", "type", "confirm"}):
         raise ToolError(f"{where}: unknown field(s) {', '.join(unknown)}")
     name, desc = raw.get("name"), raw.get("description", "")
     if not isinstance(name, str) or not _NAME.match(name):
         raise ToolError(f"{where}.name must match {_NAME.pattern}")
     if not isinstance(desc, str) or len(desc) > 500:
         raise ToolError(f"{where}.description must be a string of at most 500 characters")
+    confirm = raw.get("confirm", False)
+    if not isinstance(confirm, bool):
+        raise ToolError(f"{where}.confirm must be a boolean")
     schema = raw.get("parameters", {"type": "object", "properties": {}})
-    return Tool(name, desc, _parse_params(schema, f"{where}.parameters"))
+    return Tool(name, desc, _parse_params(schema, f"{where}.parameters"), confirm)
 
 
 def _parse_params(schema: Any, where: str) -> tuple[Param, ...]:
@@ -339,7 +350,12 @@ def tool_line(tool: Tool) -> str:
         for p in tool.params
     )
     line = f"{tool.name}({args})"
-    return line if tool in DEFAULT_TOOLS or not tool.description else f"{line}: {tool.description}"
+    return line if _is_default(tool) or not tool.description else f"{line}: {tool.description}"
+
+
+def _is_default(tool: Tool) -> bool:
+    """A default tool, asked about first or not (the prompt does not say)."""
+    return any(replace(tool, confirm=t.confirm) == t for t in DEFAULT_TOOLS)
 
 
 def tools_system_prompt(base: str, tools: Sequence[Tool]) -> str:

@@ -41,6 +41,7 @@ from audio.endpoint import (
 )
 from audio.resample import Quality, StreamResampler, pcm16_to_float32
 from audio.ring import AudioRing
+from model.ask import answer
 from model.engine import ChatMessage, GenerationStats
 from model.tools import (
     DEFAULT_TOOLS,
@@ -358,6 +359,9 @@ class StartTurn:
     tools: tuple[Tool, ...] = ()  # what the reply may call
     max_tokens: int | None = None  # None: the server's reply budget
     reply: bool = True  # False: transcribe the audio, answer nothing
+    # A call the session asked about ("Send 'I'm running late' to your sister?") that
+    # the user's words now answer: a yes makes it, a no drops it (model/ask.py)
+    pending: ToolCall | None = None
 
 
 @dataclass(frozen=True)
@@ -441,6 +445,9 @@ class _Turn:
     end_of_turn: str | None = None  # the policy's tier when the turn was released
     user_committed: bool = False
     call: CallAdded | None = None  # the tool call the reply made
+    asking: ToolCall | None = None  # the call its reply asks about instead of making it
+    answers: ToolCall | None = None  # the call asked about that its words answer
+    answer_words: str | None = None  # those words, for a requested reply (no transcript)
     action_text: str = ""  # that call as the conversation keeps it
     action_passes: int = 0
     results: list[ChatMessage] = field(default_factory=list)  # action_results meanwhile
@@ -515,6 +522,9 @@ class Session:
         self.can_act = can_act  # the reply engine writes tool calls
         self.scored = scored  # a paused turn's end-of-turn score is on its way
         self._calls: dict[str, str] = {}  # recent call ids -> tool names
+        # The call the last reply asked about ("Call your sister?"): the next turn's
+        # words make it (a yes) or drop it (anything else); docs/actions.md, "Asking first"
+        self._pending: ToolCall | None = None
         self.respond = True  # Configure's: spoken turns are answered
         self.interrupt = True  # Configure's: speech barges in on a reply
         self.max_tokens: int | None = None
@@ -1056,6 +1066,13 @@ class Session:
         shape = turn.shape
         if audio is None and text is None and shape.history is None and self._ids:
             turn.asr_trusted = self._ids[-1] != self._untrusted_item  # answers those words
+        if audio is None and text is None and shape.keep:  # of the user's last words
+            last = self.conversation[-1] if self.conversation else None
+            if last is not None and last.role == "user" and shape.history is None:
+                turn.answer_words = last.content if turn.asr_trusted else None
+            if turn.answer_words is None:  # no new words (or untrusted ones) answer it
+                self._pending = None
+        turn.answers = self._pending if shape.keep else None  # out of band: not its answer
         history = tuple(self.conversation) if shape.history is None else shape.history
         if shape.instructions is not None:  # the reply engines take a leading system message
             history = (ChatMessage("system", shape.instructions), *history)
@@ -1069,6 +1086,7 @@ class Session:
             self.tools if turn.asr_trusted else (),
             max_tokens=turn.shape.max_tokens,
             reply=turn.shape.reply,
+            pending=turn.answers,
         )
         out: list[Effect] = [start]
         if release:
@@ -1086,6 +1104,8 @@ class Session:
             out += self._heard(turn)
         if turn.shape.requested:
             out += self._start_reply(turn)
+            if turn.transcript is None:  # the words it answers are the conversation's
+                out += self._answered(turn)
         out += self._shown(turn, turn.held)
         turn.held.clear()
         if turn.finished is not None:
@@ -1104,7 +1124,23 @@ class Session:
             out.append(heard)
         if turn.shape.reply and turn.transcript.strip():
             out += self._start_reply(turn)
-        return out
+        return out + self._answered(turn)
+
+    def _answered(self, turn: _Turn) -> list[Effect]:
+        """The words of a turn that answers a question (the call asked about went to its
+        StartTurn as ``pending``): a yes makes the call, now, with no reply model asked
+        (the turn pipeline speaks its template); any other words drop it. Words the ASR
+        did not trust are never a yes."""
+        asked, transcript = turn.answers, turn.transcript or turn.answer_words
+        if asked is None or not transcript or not transcript.strip() or not turn.shape.reply:
+            return []  # no words (noise), or words a requested reply answers: it waits
+        if self._pending is asked:
+            self._pending = None
+        tool = next((t for t in self.tools if t.name == asked.name), None)
+        yes = turn.asr_trusted and answer(transcript) == "yes"
+        if tool is None or not yes or not turn.started:
+            return []
+        return self._act(turn, tool, asked)
 
     def _start_reply(self, turn: _Turn) -> list[Effect]:
         if turn.started:
@@ -1232,18 +1268,26 @@ class Session:
         return self._emit(turn, Send(text), added)
 
     def _on_action(self, event: ReplyAction) -> list[Effect]:
-        """Tell the client to act: with the reply's first audio, as its text goes (an
-        answer withdrawn before it is heard must not have acted either)."""
+        """Tell the client to act, or, for a tool marked ``confirm``, keep the call to
+        ask about (:meth:`_answered` makes it after a yes)."""
         turn = self._current(event.turn_id)
         tool = next((t for t in self.tools if t.name == event.call.name), None)
         if turn is None or tool is None or turn.call is not None or not turn.asr_trusted:
             return []  # an untrusted transcript's words were not surely said: no action
+        if tool.confirm:  # the reply asks about it (the pipeline speaks the question)
+            turn.asking = event.call
+            return []
+        return self._act(turn, tool, event.call)
+
+    def _act(self, turn: _Turn, tool: Tool, call: ToolCall) -> list[Effect]:
+        """The client is told to make ``call``: with the reply's first audio, as its
+        text goes (an answer withdrawn before it is heard must not have acted either)."""
         call_id = f"call_{turn.id}"
-        args = dict(event.call.arguments)
+        args = dict(call.arguments)
         turn.call = CallAdded(
             turn.id, call_item(turn.id), call_id, tool.name, args, turn.shape.keep
         )
-        turn.action_text, turn.action_passes = render_call(tool, args), event.call.passes
+        turn.action_text, turn.action_passes = render_call(tool, args), call.passes
         self._calls[call_id] = tool.name
         while len(self._calls) > MAX_OPEN_CALLS:
             del self._calls[next(iter(self._calls))]
@@ -1353,6 +1397,7 @@ class Session:
         kept = text if turn.audio.unwritten <= 0 else self._spoken(turn)
         if turn.shape.keep:  # an out-of-band reply joins no conversation
             self._remember_reply(turn, kept)
+            self._pending = turn.asking or self._pending
         self._turn = None
         self._to(State.LISTENING)
         out += self._end_reply(turn, "completed", None, text)
@@ -1411,6 +1456,8 @@ class Session:
                 self._ids.pop()
         elif turn.shape.keep:
             self._remember_reply(turn, spoken)
+            if reason in ("barge_in", "new_input", "client_cancel"):  # cut off: asked still
+                self._pending = turn.asking or self._pending
         self._to(State.LISTENING)
         out: list[Effect] = [CancelTurn(turn.id)]
         if reason == "closed":  # nobody is told

@@ -13,14 +13,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from audio.resample import float32_to_pcm16, int16_to_float32, resample
-from model.engine import ChatMessage, GenerationStats, ReplyEnd
-from model.tools import ToolCall
+from model.ask import DECLINED, answer, earlier_calls, resolve
+from model.confirm import question, template, tool_named
+from model.engine import ChatMessage, GenerationStats, ReplyChunk, ReplyEnd
+from model.tools import Tool, ToolCall
 
 from .runtime import Runtime, WorkerKind
 from .session import (
@@ -87,7 +89,7 @@ async def _run(
     rt: Runtime, start: StartTurn, released: asyncio.Event, deliver: Deliver, pacing: Pacing
 ) -> None:
     loop = asyncio.get_running_loop()
-    text = start.text or ""
+    text, trusted = start.text or "", True
     if start.audio is not None:
         t0 = loop.time()
         transcript = await rt.worker(WorkerKind.ASR).run(rt.asr.transcribe, start.audio)
@@ -97,7 +99,7 @@ async def _run(
             FinalTranscript(start.turn_id, text, asr_ms, transcript.avg_logprob, transcript.trusted)
         )
         if not transcript.trusted:  # a looped decode, de-duplicated: answered, not acted on
-            start = replace(start, tools=())
+            start, trusted = replace(start, tools=()), False
         if not start.reply:  # heard, not answered (the client asks for a reply itself)
             await deliver(ReplyFinished(start.turn_id, None, None))
             return
@@ -108,14 +110,31 @@ async def _run(
     else:
         await deliver(ReplyFinished(start.turn_id, None, None))
         return
+    # the words that may answer a question: a requested reply's are the last user message
+    last = conversation[-1] if conversation else None
+    if start.audio is None and start.text is None and last is not None and last.role == "user":
+        text = last.content
+    said = _answer_said(start.pending, text, trusted)
     chunks: asyncio.Queue[_Chunk | None] = asyncio.Queue()
     async with asyncio.TaskGroup() as tg:
         if start.audio is not None and not released.is_set():
             tg.create_task(_score_turn_end(rt, start.turn_id, text, deliver))
-        produced = tg.create_task(_produce(rt, start, conversation, chunks, deliver))
+        produced = tg.create_task(_produce(rt, start, conversation, said, chunks, deliver))
         tg.create_task(_send(start, released, chunks, deliver, pacing))
     stats, reply_ms = produced.result()
     await deliver(ReplyFinished(start.turn_id, stats, reply_ms))
+
+
+def _answer_said(pending: ToolCall | None, text: str, trusted: bool) -> str | None:
+    """What is said to words that answer a question (the session reads them alike and
+    makes the call on a yes): its template, or "Okay, I won't."; None for anything
+    else, a turn the reply model answers."""
+    if pending is None or not trusted:
+        return None
+    verdict = answer(text)
+    if verdict == "yes":
+        return template(pending)
+    return DECLINED if verdict == "no" else None
 
 
 async def _score_turn_end(rt: Runtime, turn_id: int, text: str, deliver: Deliver) -> None:
@@ -135,6 +154,7 @@ async def _produce(
     rt: Runtime,
     start: StartTurn,
     conversation: tuple[ChatMessage, ...],
+    said: str | None,
     chunks: asyncio.Queue[_Chunk | None],
     deliver: Deliver,
 ) -> tuple[GenerationStats | None, float]:
@@ -152,7 +172,15 @@ async def _produce(
         # No name holds the engine's stream: cancelled here (say, while Piper works), this
         # frame's traceback must not keep it alive, so that it is closed and the model
         # stops writing.
-        async for chunk in sentences(rt.reply.stream(conversation, budget, start.tools, pauses)):
+        # An answer to a question is said without asking the reply model.
+        earlier = earlier_calls(start.history) + ([start.pending] if start.pending else [])
+        async for chunk in sentences(
+            _saying(said)
+            if said is not None
+            else _asking(
+                rt.reply.stream(conversation, budget, start.tools, pauses), start.tools, earlier
+            )
+        ):
             match chunk:
                 case ToolCall():
                     await deliver(ReplyAction(start.turn_id, chunk))
@@ -172,6 +200,39 @@ async def _produce(
         pauses.release()
         chunks.put_nowait(None)
     return stats, _ms(t0, loop.time())
+
+
+_CUT = GenerationStats(0, 0, "cancel")  # a reply the pipeline ended for the model
+
+
+async def _saying(text: str) -> AsyncIterator[ReplyChunk]:
+    yield text
+    yield ReplyEnd(GenerationStats(0, 0, "end"))
+
+
+async def _asking(
+    reply: AsyncIterator[ReplyChunk], tools: Sequence[Tool], earlier: Sequence[ToolCall]
+) -> AsyncIterator[ReplyChunk]:
+    """The model's reply, with its call's references resolved against the earlier
+    calls ("her" -> "my sister", model/ask.py); a call of a tool marked ``confirm`` is
+    asked about instead of confirmed ("Call your sister?"), and a reference no earlier
+    call resolves is asked about and not made ("Who should I call?"). Either ends the
+    model's reply: what it would have said confirms a call not made."""
+    async for chunk in reply:
+        tool = tool_named(tools, chunk.name) if isinstance(chunk, ToolCall) else None
+        if not isinstance(chunk, ToolCall) or tool is None:
+            yield chunk
+            continue
+        call = resolve(chunk, tool, earlier)
+        if isinstance(call, str):
+            yield call
+            yield ReplyEnd(_CUT)
+            return
+        yield call
+        if tool.confirm:
+            yield question(call)
+            yield ReplyEnd(_CUT)
+            return
 
 
 async def _send(

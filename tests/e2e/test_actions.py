@@ -68,12 +68,18 @@ async def typed_turn(ws: ClientConnection, text: str) -> list[p.ServerMessage]:
 
 async def test_typed_commands_carry_the_user_s_own_words(server: ServerProcess) -> None:
     """String arguments are spans of what was said (model/spans.py): the contact, the
-    message and the destination as the user put them, no carrier words around them."""
+    message and the destination as the user put them, no carrier words around them. A
+    message is asked about first and sent after a yes (docs/actions.md, "Asking first")."""
+    async with connect(server.url) as ws:
+        await start_session(ws, 16000, "test")
+        asked = await typed_turn(ws, "Send a message to Anna saying I am running late.")
+        assert not any(isinstance(e, p.Action) for e in asked)
+        question = " ".join(e.text for e in asked if isinstance(e, p.ReplyText))
+        assert question == "Send 'I am running late' to Anna?", question
+        events = await typed_turn(ws, "Yes, please.")
+        actions = [(a.name, a.arguments) for a in events if isinstance(a, p.Action)]
+        assert actions == [("message.send", {"to": "Anna", "text": "I am running late"})]
     want = {
-        "Send a message to Anna saying I am running late.": (
-            "message.send",
-            {"to": "Anna", "text": "I am running late"},
-        ),
         "Navigate to the nearest gas station, please.": (
             "navigation.start",
             {"destination": "the nearest gas station"},

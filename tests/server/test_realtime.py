@@ -1152,6 +1152,28 @@ def test_an_engine_that_cannot_act_refuses_tools() -> None:
     assert error["error"]["code"] == "not_supported" and error["error"]["param"] == "session.tools"
 
 
+def test_a_function_marked_confirm_is_called_only_after_a_yes() -> None:
+    """``confirm`` (this server's own field: OpenAI's function tools have no approval
+    setting) is echoed back; a call of it is asked about, and a typed yes answered on
+    request is its function_call (docs/actions.md, "Asking first")."""
+    d = acting()
+    door = {**TIMER_TOOL, "name": "door_unlock", "confirm": True}
+    (updated,) = d.send(update({"type": "realtime", "tools": [door]}))
+    assert updated["session"]["tools"] == [door]
+    d.send(user_text("Unlock the door."))
+    d.send({"type": "response.create"})
+    turn = d.started().turn_id
+    events = d.deliver(ReplyAction(turn, ToolCall("door_unlock", {"seconds": 5})))
+    events += answer(d, turn, "Should I do door unlock with seconds five?")
+    assert "response.function_call_arguments.done" not in types(events)
+    d.send(user_text("Yes."))
+    d.send({"type": "response.create"})
+    assert d.started().pending == ToolCall("door_unlock", {"seconds": 5})
+    events = answer(d, d.started().turn_id, "Done: door unlock with seconds five.")
+    done = one(events, "response.function_call_arguments.done")
+    assert done["name"] == "door_unlock" and json.loads(done["arguments"]) == {"seconds": 5}
+
+
 def test_a_call_is_a_function_call_item_and_its_output_joins_the_conversation() -> None:
     d = acting()
     d.send(update({"type": "realtime", "tools": [TIMER_TOOL]}))

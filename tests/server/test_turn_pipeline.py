@@ -33,11 +33,12 @@ import pytest
 
 from audio.asr import Transcript
 from model.engine import ChatMessage, GenerationStats, ReplyChunk, ReplyEnd
-from model.tools import DEFAULT_TOOLS, Tool
+from model.tools import DEFAULT_TOOLS, Tool, ToolCall, kept_reply, render_call
 from server.runtime import Runtime, Worker, WorkerKind
 from server.session import (
     Event,
     FinalTranscript,
+    ReplyAction,
     ReplyAudio,
     ReplyFinished,
     ReplySentence,
@@ -86,7 +87,7 @@ class FakeEngine:
 
     def __init__(
         self,
-        pieces: Sequence[str],
+        pieces: Sequence[str | ToolCall],
         block_after: int | None = None,
         fail: Exception | None = None,
     ) -> None:
@@ -188,8 +189,11 @@ class Turn:
         max_tokens: int | None = None,
         reply: bool = True,
         tools: tuple[Tool, ...] = (),
+        pending: ToolCall | None = None,
     ) -> asyncio.Task[None]:
-        start = StartTurn(TURN, audio, text, history, output_rate, speak, tools, max_tokens, reply)
+        start = StartTurn(
+            TURN, audio, text, history, output_rate, speak, tools, max_tokens, reply, pending
+        )
         return asyncio.create_task(run_turn(self.rt, start, self.released, self.deliver, pacing))
 
     def of(self, kind: type) -> list[Any]:
@@ -386,6 +390,90 @@ async def test_an_untrusted_transcript_is_answered_without_tools(make_turn: Any)
         assert turn.of(FinalTranscript)[0].trusted is trusted
         assert turn.engine.tools == [DEFAULT_TOOLS if trusted else ()]
         assert [s.text for s in turn.of(ReplySentence)] == ["Okay."]
+
+
+MESSAGE = ToolCall("message.send", {"to": "my sister", "text": "I'm running late"}, passes=3)
+SISTER = ToolCall("call.start", {"contact": "my sister"})
+
+
+async def test_a_call_that_needs_confirmation_is_asked_about_instead(make_turn: Any) -> None:
+    """The call goes to the session (which keeps it to ask about); the question is
+    said in place of the model's confirmation, whose stream is closed."""
+    engine = FakeEngine([MESSAGE, "Sending it now. ", "Done."])
+    turn = make_turn(engine)
+    turn.released.set()
+    await turn.start(text="Text my sister that I'm running late.", tools=DEFAULT_TOOLS)
+    question = "Send 'I'm running late' to your sister?"
+    assert turn.of(ReplyAction) == [ReplyAction(TURN, MESSAGE)]
+    # said in phrases, as any first sentence is (server/speech.py)
+    assert " ".join(s.text for s in turn.of(ReplySentence)) == question
+    assert " ".join(turn.tts.texts) == question and turn.frames
+    assert engine.ended_by == "GeneratorExit"
+    assert turn.of(ReplyFinished)[0].stats.stopped_by == "cancel"
+
+
+async def test_her_after_call_my_sister_is_the_sister(make_turn: Any) -> None:
+    """A reference resolves against the calls the conversation kept, and against the
+    call asked about that the user's words did not answer."""
+    her = ToolCall("message.send", {"to": "her instead", "text": "I'm running late"}, passes=3)
+    made = kept_reply(render_call(DEFAULT_TOOLS[7], SISTER.arguments), "Calling your sister.")
+    history = (ChatMessage("user", "Call my sister."), ChatMessage("assistant", made))
+    text = "Actually, text her instead that I'm running late."
+    for earlier in ({"history": history}, {"pending": SISTER}):
+        turn = make_turn(FakeEngine([her, "Texting her instead."]))
+        turn.released.set()
+        await turn.start(text=text, tools=DEFAULT_TOOLS, **earlier)
+        assert turn.of(ReplyAction) == [ReplyAction(TURN, MESSAGE)], earlier
+        said = " ".join(s.text for s in turn.of(ReplySentence))
+        assert said == "Send 'I'm running late' to your sister?"
+
+
+async def test_a_reference_nothing_resolves_is_asked_about_and_not_made(make_turn: Any) -> None:
+    her = ToolCall("message.send", {"to": "her", "text": "I'm running late"})
+    turn = make_turn(FakeEngine([her, "Texting her."]))
+    turn.released.set()
+    await turn.start(text="Text her that I'm running late.", tools=DEFAULT_TOOLS)
+    assert turn.of(ReplyAction) == []
+    assert [s.text for s in turn.of(ReplySentence)] == ["Who should I send it to?"]
+
+
+@pytest.mark.parametrize(
+    ("said", "answer"),
+    [
+        ("Yes, please.", "Sending your sister your message: I'm running late."),
+        ("No.", "Okay, I won't."),
+    ],
+)
+async def test_a_yes_or_no_is_answered_without_the_reply_model(
+    make_turn: Any, said: str, answer: str
+) -> None:
+    """The session makes the call on a yes; the pipeline says its template (or drops
+    it on a no) and delivers no call of its own."""
+    turn = make_turn(FakeEngine(["Never said."]), transcript=said)
+    turn.released.set()
+    await turn.start(audio=QUESTION_AUDIO, tools=DEFAULT_TOOLS, pending=MESSAGE)
+    assert turn.engine.calls == [] and turn.of(ReplyAction) == []
+    assert " ".join(s.text for s in turn.of(ReplySentence)) == answer
+    assert " ".join(turn.tts.texts) == answer
+
+
+async def test_a_requested_reply_reads_the_last_user_words_as_the_answer(make_turn: Any) -> None:
+    turn = make_turn(FakeEngine(["Never said."]))
+    turn.released.set()
+    history = (ChatMessage("assistant", "Call your sister?"), ChatMessage("user", "Yes."))
+    await turn.start(history=history, tools=DEFAULT_TOOLS, pending=SISTER)
+    assert turn.engine.calls == []
+    assert " ".join(s.text for s in turn.of(ReplySentence)) == "Calling your sister."
+
+
+async def test_other_words_or_an_untrusted_yes_go_to_the_reply_model(make_turn: Any) -> None:
+    for said, trusted in (("What time is it?", True), ("Yes.", False)):
+        turn = make_turn(FakeEngine(["It is nine."]), transcript=said)
+        turn.asr.trusted = trusted
+        turn.released.set()
+        await turn.start(audio=QUESTION_AUDIO, tools=DEFAULT_TOOLS, pending=MESSAGE)
+        assert len(turn.engine.calls) == 1, said
+        assert [s.text for s in turn.of(ReplySentence)] == ["It is nine."]
 
 
 @pytest.mark.parametrize(("asked", "budget"), [(None, 33), (7, 7), (500, 33)])

@@ -1,0 +1,114 @@
+"""Asking before acting, without a model (model/ask.py, model/confirm.py's question):
+the yes/no reader, the question said about a call, and references to earlier calls."""
+
+from __future__ import annotations
+
+import pytest
+
+from model.ask import answer, earlier_calls, resolve
+from model.confirm import question
+from model.engine import ChatMessage
+from model.tools import DEFAULT_TOOLS, ToolCall, kept_reply, parse_tools, render_call
+
+TOOLS = {t.name: t for t in DEFAULT_TOOLS}
+SISTER = ToolCall("call.start", {"contact": "my sister"})
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["Yes.", "yes", "Yeah.", "Sure!", "Yes, please.", "Yes please.", "Do it.", "Please do.",
+     "Send it.", "Go ahead.", "Okay, go ahead.", "Yep, thanks.", "Yes \u2026 send it."],
+)  # fmt: skip
+def test_a_plain_yes_is_a_yes(text: str) -> None:
+    assert answer(text) == "yes"
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["No.", "no", "Nope.", "Don't.", "Cancel.", "Never mind.", "No, thanks.", "No, don\u2019t."],
+)
+def test_a_plain_no_is_a_no(text: str) -> None:
+    assert answer(text) == "no"
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "  ", "Please.", "What time is it?", "No, call my brother.", "Yes. No.",
+     "Yes, and set a timer.", "I said yes yesterday.", "Send it to my mom."],
+)  # fmt: skip
+def test_anything_else_is_neither(text: str) -> None:
+    """A new request, both at once, or a yes inside other words is no answer: the
+    turn is answered as one, and the call asked about is dropped."""
+    assert answer(text) is None
+
+
+def test_a_question_says_the_call_with_the_user_s_words_turned_round() -> None:
+    message = ToolCall("message.send", {"to": "my sister", "text": "I'm running late."})
+    assert question(message) == "Send 'I'm running late' to your sister?"
+    assert question(SISTER) == "Call your sister?"
+    assert question(ToolCall("call.start", {"contact": "Anna"})) == "Call Anna?"
+    door = ToolCall("door.unlock", {"side": "left", "all": True})
+    assert question(door) == "Should I do door unlock with side left, all on?"
+    assert question(ToolCall("message.send", {"to": "Bob"})) == (  # a call missing an argument
+        "Should I do message send with to Bob?"
+    )
+
+
+def test_confirm_is_on_for_messages_and_calls_and_read_from_the_wire() -> None:
+    assert {t.name for t in DEFAULT_TOOLS if t.confirm} == {"message.send", "call.start"}
+    (door,) = parse_tools([{"name": "door.unlock", "confirm": True}])
+    assert door.confirm and door.schema()["confirm"] is True
+    (lamp,) = parse_tools([{"name": "lamp.on"}])
+    assert not lamp.confirm and "confirm" not in lamp.schema()
+    with pytest.raises(ValueError, match=r"tools\[0\].confirm"):
+        parse_tools([{"name": "lamp.on", "confirm": "yes"}])
+
+
+def test_her_after_call_my_sister_resolves_to_the_sister() -> None:
+    her = ToolCall("message.send", {"to": "her instead", "text": "I'm running late"}, passes=2)
+    made = resolve(her, TOOLS["message.send"], [SISTER])
+    assert made == ToolCall("message.send", {"to": "my sister", "text": "I'm running late"}, 2)
+    for said in ("her", "Him.", "them", "that person", "it"):
+        call = ToolCall("call.start", {"contact": said})
+        assert resolve(call, TOOLS["call.start"], [SISTER]) == SISTER, said
+
+
+def test_the_latest_call_that_named_someone_is_the_one_meant() -> None:
+    earlier = [
+        ToolCall("call.start", {"contact": "Anna"}),
+        ToolCall("message.send", {"to": "my dad", "text": "hi"}),
+        ToolCall("timer.set", {"seconds": 60}),  # names nobody
+    ]
+    him = ToolCall("call.start", {"contact": "him"})
+    assert resolve(him, TOOLS["call.start"], earlier) == ToolCall(
+        "call.start", {"contact": "my dad"}
+    )
+
+
+def test_a_reference_nothing_resolves_is_asked_about() -> None:
+    her = ToolCall("message.send", {"to": "her", "text": "hi"})
+    assert resolve(her, TOOLS["message.send"], []) == "Who should I send it to?"
+    timer = [ToolCall("timer.set", {"seconds": 60})]
+    assert resolve(ToolCall("call.start", {"contact": "her"}), TOOLS["call.start"], timer) == (
+        "Who should I call?"
+    )
+
+
+def test_a_name_keeps_its_words_without_a_trailing_instead() -> None:
+    call = ToolCall("call.start", {"contact": "my brother instead"})
+    assert resolve(call, TOOLS["call.start"], [SISTER]) == ToolCall(
+        "call.start", {"contact": "my brother"}
+    )
+    media = ToolCall("media.play", {"query": "it"})  # not a name: left as it is
+    assert resolve(media, TOOLS["media.play"], [SISTER]) == media
+
+
+def test_earlier_calls_are_read_from_the_replies_the_conversation_kept() -> None:
+    made = kept_reply(render_call(TOOLS["call.start"], SISTER.arguments), "Calling your sister.")
+    history = [
+        ChatMessage("user", "Call my sister."),
+        ChatMessage("assistant", made),
+        ChatMessage("user", "Tell me a joke."),
+        ChatMessage("assistant", "Why did the <tool_call> cross the road?"),
+    ]
+    assert earlier_calls(history) == [SISTER]

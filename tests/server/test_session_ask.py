@@ -1,0 +1,187 @@
+"""Asking before acting in the session (docs/actions.md, "Asking first"): a call of a
+tool marked ``confirm`` is asked about, not made; the user's next words make it (a
+yes) or drop it (anything else). The turn pipeline's part, what is said, is in
+tests/server/test_turn_pipeline.py; the yes/no reader and the references in
+tests/model/test_ask.py."""
+
+from __future__ import annotations
+
+from model.ask import earlier_calls, resolve
+from model.engine import ChatMessage, GenerationStats
+from model.tools import DEFAULT_TOOLS, ToolCall
+from server import protocol as p
+from server.session import (
+    Configure,
+    Effect,
+    FinalTranscript,
+    ReleaseTurn,
+    ReplyAction,
+    ReplyAudio,
+    ReplyFinished,
+    ReplySentence,
+    Respond,
+    StartTurn,
+    UserText,
+)
+
+from .test_session import ENDPOINT, Driver, of, sent
+from .test_session_actions import AUDIO, acting
+
+MESSAGE = ToolCall("message.send", {"to": "my sister", "text": "I'm running late"}, passes=3)
+QUESTION = "Send 'I'm running late' to your sister?"
+SENDING = "Sending your sister your message: I'm running late."
+DONE = GenerationStats(0, 0, "end")
+
+
+def typed(d: Driver, text: str) -> StartTurn:
+    (start,) = of(d.send(p.Text(text)), StartTurn)
+    assert isinstance(start, StartTurn)
+    return start
+
+
+def reply(d: Driver, turn: int, sentence: str, call: ToolCall | None = None) -> list[Effect]:
+    """What the pipeline delivers of a reply: its call, one sentence and its audio."""
+    out = d.send(ReplyAction(turn, call)) if call is not None else []
+    out += d.send(ReplySentence(turn, 0, sentence, 40.0))
+    out += d.send(ReplyAudio(turn, 0, AUDIO, 100, 20.0))
+    return out + d.send(ReplyFinished(turn, DONE, 50.0))
+
+
+def asked(d: Driver) -> int:
+    """The user asks for a message; the reply asks about it, and nothing acts."""
+    start = typed(d, "Text my sister that I'm running late.")
+    assert start.pending is None
+    out = reply(d, start.turn_id, QUESTION, MESSAGE)
+    assert sent(out, p.ReplyText) == [p.ReplyText(start.turn_id, 0, QUESTION)]
+    assert not sent(out, p.Action)
+    assert d.s.conversation[-1] == ChatMessage("assistant", QUESTION)  # no call made
+    return start.turn_id
+
+
+def test_a_message_that_needs_confirmation_is_sent_only_after_a_yes() -> None:
+    d, _ = acting()
+    asked(d)
+    start = typed(d, "Yes, please.")
+    assert start.pending == MESSAGE  # the pipeline says the template, asks no model
+    out = reply(d, start.turn_id, SENDING)
+    turn = start.turn_id
+    assert sent(out, p.Action) == [
+        p.Action(turn, f"call_{turn}", "message.send", MESSAGE.arguments)
+    ]
+    kinds = [type(m) for m in sent(out)]
+    assert kinds.index(p.Action) < kinds.index(p.ReplyText)  # with the first audio
+    said = d.s.conversation[-1].content
+    assert said.startswith('<tool_call>{"name": "message.send"') and said.endswith(SENDING)
+    # made once: the next yes answers nothing
+    again = typed(d, "Yes.")
+    assert again.pending is None
+    assert not sent(reply(d, again.turn_id, "Okay."), p.Action)
+
+
+def test_a_no_drops_the_pending_call() -> None:
+    d, _ = acting()
+    asked(d)
+    start = typed(d, "No, thanks.")
+    assert start.pending == MESSAGE
+    assert not sent(reply(d, start.turn_id, "Okay, I won't."), p.Action)
+    later = typed(d, "Yes.")
+    assert later.pending is None
+    assert not sent(reply(d, later.turn_id, "Okay."), p.Action)
+
+
+def test_another_request_drops_the_pending_call_and_is_answered() -> None:
+    d, _ = acting()
+    asked(d)
+    start = typed(d, "What time is it?")
+    out = reply(d, start.turn_id, "It is five past nine.")
+    assert sent(out, p.ReplyText) == [p.ReplyText(start.turn_id, 0, "It is five past nine.")]
+    assert not sent(out, p.Action)
+    assert typed(d, "Yes.").pending is None
+
+
+def test_a_barge_in_during_the_question_keeps_the_call_for_the_next_words() -> None:
+    d, _ = acting()
+    start = typed(d, "Text my sister that I'm running late.")
+    turn = start.turn_id
+    d.send(ReplyAction(turn, MESSAGE))
+    d.send(ReplySentence(turn, 0, QUESTION, 40.0))
+    d.send(ReplyAudio(turn, 0, AUDIO, 100, 20.0))
+    out = d.speak()  # "Yes" over the question
+    assert [m.reason for m in sent(out, p.ReplyCancelled)] == ["barge_in"]  # type: ignore[attr-defined]
+    (answer,) = of(d.silence(7), StartTurn)
+    assert isinstance(answer, StartTurn) and answer.pending == MESSAGE
+    d.send(FinalTranscript(answer.turn_id, "Yes.", 100.0, -0.2))
+    assert of(d.silence(12), ReleaseTurn)
+    out = reply(d, answer.turn_id, SENDING)
+    assert [a.name for a in sent(out, p.Action)] == ["message.send"]  # type: ignore[attr-defined]
+
+
+def test_a_yes_the_asr_did_not_trust_makes_no_call() -> None:
+    d, _ = acting()
+    asked(d)
+    d.speak()
+    (answer,) = of(d.silence(7), StartTurn)
+    assert isinstance(answer, StartTurn) and answer.pending == MESSAGE
+    d.send(FinalTranscript(answer.turn_id, "Yes.", 100.0, -0.2, trusted=False))
+    assert of(d.silence(12), ReleaseTurn)
+    assert not sent(reply(d, answer.turn_id, "Okay."), p.Action)
+
+
+def test_a_tool_that_needs_no_confirmation_acts_at_once() -> None:
+    d, _ = acting()
+    start = typed(d, "Set a timer for five minutes.")
+    out = reply(d, start.turn_id, "Timer set.", ToolCall("timer.set", {"seconds": 300}))
+    assert [a.name for a in sent(out, p.Action)] == ["timer.set"]  # type: ignore[attr-defined]
+    assert typed(d, "Yes.").pending is None
+
+
+def test_her_after_call_my_sister_resolves_to_the_sister() -> None:
+    """The call made after a yes stays in the conversation, and so does the one asked
+    about: the next turn's "her" resolves against either (the pipeline resolves with
+    model/ask.py's resolve over what StartTurn carries)."""
+    tools = {t.name: t for t in DEFAULT_TOOLS}
+    sister = ToolCall("call.start", {"contact": "my sister"})
+    her = ToolCall("message.send", {"to": "her instead", "text": "I'm running late"})
+    for answered in (True, False):
+        d, _ = acting()
+        start = typed(d, "Call my sister.")
+        reply(d, start.turn_id, "Call your sister?", sister)
+        if answered:
+            yes = typed(d, "Yes.")
+            reply(d, yes.turn_id, "Calling your sister.")
+        nxt = typed(d, "Actually, text her instead that I'm running late.")
+        earlier = earlier_calls(nxt.history) + ([nxt.pending] if nxt.pending else [])
+        made = resolve(her, tools["message.send"], earlier)
+        assert made == ToolCall("message.send", {"to": "my sister", "text": "I'm running late"})
+        assert (nxt.pending is None) is answered
+    # with no earlier call, "her" is asked about
+    d, _ = acting()
+    nxt = typed(d, "Text her that I'm running late.")
+    assert resolve(her, tools["message.send"], earlier_calls(nxt.history)) == (
+        "Who should I send it to?"
+    )
+
+
+def test_a_requested_reply_answers_the_question_with_the_user_s_last_words() -> None:
+    """On /v1/realtime a typed yes is conversation.item.create then response.create, and
+    a spoken one with create_response false is transcribed, then answered on request:
+    either makes the call. A request with no new words drops it."""
+    for how in ("typed", "spoken", "nothing new"):
+        d, _ = acting()
+        asked(d)
+        if how == "typed":
+            d.send(UserText("Yes."))
+        elif how == "spoken":
+            d.send(Configure(ENDPOINT, respond=False))
+            d.speak()
+            (heard,) = of(d.silence(7), StartTurn)
+            assert isinstance(heard, StartTurn)
+            d.send(FinalTranscript(heard.turn_id, "Yes.", 100.0, -0.2))
+            assert of(d.silence(12), ReleaseTurn)
+            d.send(ReplyFinished(heard.turn_id, None, None))
+        (start,) = of(d.send(Respond(unprompted=True)), StartTurn)
+        assert isinstance(start, StartTurn)
+        made = how != "nothing new"
+        assert start.pending == (MESSAGE if made else None), how
+        out = reply(d, start.turn_id, SENDING if made else "Okay.")
+        assert [a.name for a in sent(out, p.Action)] == (["message.send"] if made else []), how  # type: ignore[attr-defined]
