@@ -35,6 +35,7 @@ from typing import Any, cast
 from urllib.parse import urlsplit
 
 from model.chat import SPOKEN_SYSTEM_PROMPT, with_system_prompt
+from model.confirm import template
 from model.engine import ChatMessage, GenerationStats
 from model.tools import Tool, ToolCall, ToolError, split_call, validate
 
@@ -472,7 +473,8 @@ class OpenAIChatGenerator:
         names: dict[str, Tool],
     ) -> Generator[str | ToolCall, None, GenerationStats]:
         """The reply's text as it comes; a call it makes once the stream is whole (its
-        arguments come in pieces), after any text."""
+        arguments come in pieces), after any text, and the call's plain confirmation
+        (``model.confirm.template``) when the model said nothing."""
         url, wait_s = self.options.url, self.options.first_token_timeout_s
         pieces = 0
         calls: list[CallPiece] = []
@@ -501,7 +503,10 @@ class OpenAIChatGenerator:
         if calls:  # the session acts on one call a reply: the first
             by_index = assemble(calls)
             first = by_index[min(by_index)]
-            yield checked_call(first.name, first.arguments, names)
+            call = checked_call(first.name, first.arguments, names)
+            yield call
+            if not pieces:  # a call made in silence leaves the user guessing
+                yield template(call)
         count = tokens if tokens is not None else pieces
         return GenerationStats(count, pieces, "budget" if finish == "length" else "end")
 

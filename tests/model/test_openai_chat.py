@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 
 from model.chat import SPOKEN_SYSTEM_PROMPT
+from model.confirm import template
 from model.engine import ChatMessage, GenerationStats, ReplyEnd, ThreadedReplyEngine, drain
 from model.openai_chat import (
     ChatServerError,
@@ -286,8 +287,23 @@ STREAMED_CALL = [
 
 @answers(Answer(events=STREAMED_CALL))
 def test_a_streamed_call_is_assembled_and_acted_on(scripted: ScriptedChatServer) -> None:
-    assert _acting(generator(scripted.url), [TIMER]) == [TIMER_CALL]
+    # the model said nothing beside its call: its plain confirmation is spoken
+    assert _acting(generator(scripted.url), [TIMER]) == [TIMER_CALL, template(TIMER_CALL)]
+    assert template(TIMER_CALL) == "Timer set for five minutes."
     assert scripted.requests[0].body["tool_choice"] == "auto"
+
+
+SPOKEN_CALL = [chunk("Starting a five-minute timer."), *STREAMED_CALL[1:]]
+
+
+@answers(Answer(events=SPOKEN_CALL))
+def test_a_call_after_words_adds_no_confirmation_of_its_own(
+    scripted: ScriptedChatServer,
+) -> None:
+    assert _acting(generator(scripted.url), [TIMER]) == [
+        "Starting a five-minute timer.",
+        TIMER_CALL,
+    ]
 
 
 INVALID_CALL = [call_chunk(0, "timer_set", '{"seconds": -5}', "tool_calls"), DONE]
