@@ -40,7 +40,7 @@ from websockets.typing import Subprotocol
 from . import auth, metrics, realtime
 from . import protocol as p
 from .auth import AuthConfig
-from .lifecycle import Lifecycle
+from .lifecycle import Lifecycle, ReplyEnded
 from .metrics import ServerMetrics
 from .realtime import Emit, Out, Realtime
 from .resume import ResumeStore
@@ -326,6 +326,8 @@ class Connection:
                     samples = len(pcm) // 2
                     self._put(_Frame(turn_id, sentence, samples, self.wire.audio(effect)))
                 case Lifecycle():
+                    if self.parking is not None and _completes(effect):
+                        await self.parking.written(self.session.conversation)
                     for text in self.wire.lifecycle(effect):
                         self._put(text)
                 case RunVad(samples=samples):
@@ -537,6 +539,12 @@ def web_file(path: str) -> Path | None:
         return None
     file = WEB_ROOT / name
     return file if file.is_file() else None
+
+
+def _completes(event: Lifecycle) -> bool:
+    """A reply that is done and joins the conversation: the fleet's store writes it
+    before the client hears of it (Parking.written)."""
+    return isinstance(event, ReplyEnded) and event.status == "completed" and event.keep
 
 
 def _file_response(connection: ServerConnection, file: Path) -> Response:

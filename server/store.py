@@ -308,6 +308,18 @@ class Parking:
                     self.token = ""
                     return
 
+    async def written(self, conversation: list[ChatMessage]) -> None:
+        """A completed turn, durable before the client is told it is done: a node
+        lost after a ``reply.done`` must not lose that turn. Waits at most as long as
+        a write may take; Redis down, it does not wait at all."""
+        self.changed(conversation)
+        await self._settled()
+
+    async def _settled(self) -> None:
+        if self._writer is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self._writer), 2 * TIMEOUT_S)
+
     async def close(self, conversation: list[ChatMessage] | None) -> None:
         """The connection ended: its conversation (None: it never started), as the
         session parked it, is written one last time before the connection counts as
@@ -315,9 +327,7 @@ class Parking:
         if conversation is not None:
             self._mark = None
             self.changed(conversation, final=True)
-        if self._writer is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(self._writer), 2 * TIMEOUT_S)
+        await self._settled()
         self.store.live.discard(self.token)
 
 

@@ -27,6 +27,7 @@ from server.app import Limits, ServerConfig
 from server.auth import AuthConfig, owner_of
 from server.protocol import ProtocolError
 from server.store import Fleet, RedisStore, TextBudget, check_url
+from server.turn import Pacing
 from tests.inproc import ScriptedReplies, serving, started, until
 from tests.redis_server import RedisServer
 
@@ -94,16 +95,14 @@ async def test_a_conversation_parked_on_one_node_resumes_on_the_other_once(
 async def test_every_completed_turn_is_in_redis_while_the_session_is_open(
     redis_server: RedisServer,
 ) -> None:
-    """Write-through: the node may be lost right after a turn, and the turn is kept."""
+    """Write-through: the turn is in Redis before the client hears ``reply_done``, so
+    the node may be lost right after it and the turn is kept."""
     config = ServerConfig(store=redis_server.url)
     async with serving(config=config) as (a, _), serving(config=config) as (b, _):
         ws, ready = await started(a)
         token = ready["resume_token"]
         done = await turn(ws)
-        await eventually(
-            lambda: len((parked(redis_server, token) or {}).get("conversation", [])) == 2
-        )
-        stored = parked(redis_server, token)
+        stored = parked(redis_server, token)  # no waiting: written before the done event
         assert stored is not None and stored["conversation"][1] == ["assistant", done["text"]]
         # the client moves to the other node while the first still holds the session
         moved, resumed = await started(b, resume_token=token)
@@ -119,6 +118,21 @@ async def test_every_completed_turn_is_in_redis_while_the_session_is_open(
         await replay.close()
         # the moved session wrote its four messages under its own new token
         assert len((parked(redis_server, resumed["resume_token"]) or {})["conversation"]) == 4
+
+
+async def test_reply_done_waits_for_a_slow_write(redis_server: RedisServer) -> None:
+    """Redis holds writes back for a moment (CLIENT PAUSE ... WRITE, well under the
+    store's timeout): the client hears ``reply_done`` only once the turn is stored.
+    Unpaced audio: the reply ends well inside the pause."""
+    config = ServerConfig(store=redis_server.url, pacing=Pacing(lead_ms=60_000))
+    async with serving(config=config) as (url, _):
+        ws, ready = await started(url)
+        await ws.send(json.dumps({"type": "text", "text": "Where is Paris?"}))
+        redis.Redis.from_url(redis_server.url).execute_command("CLIENT", "PAUSE", 300, "WRITE")
+        done = await asyncio.wait_for(until(ws, "reply_done"), 30)
+        stored = parked(redis_server, ready["resume_token"])  # reads are not held back
+        assert stored is not None and stored["conversation"][1] == ["assistant", done["text"]]
+        await ws.close()
 
 
 async def test_one_late_answer_is_not_redis_down_two_in_a_row_are(
