@@ -28,11 +28,24 @@ from typing import Any, Literal
 import onnxruntime as ort
 import torch
 
-from export.graph import StepGraph, dynamic_axes, example_inputs, input_names, output_names
+from export.graph import (
+    BatchGraph,
+    StepGraph,
+    batch_dynamic_axes,
+    batch_example_inputs,
+    batch_input_names,
+    batch_output_names,
+    dynamic_axes,
+    example_inputs,
+    input_names,
+    output_names,
+)
 from export.parity import ParityReport, check_parity
 from export.tensorrt import build_engine
 from model.modeldir import (
     ATTENTION,
+    BATCH_FILES,
+    BATCH_ROWS,
     FILES,
     FORMAT_VERSION,
     MANIFEST,
@@ -72,6 +85,9 @@ class BuildOptions:
     # scale per row and block (MatMulNBits, accuracy level 4); "dynamic": ONNX
     # Runtime's quantize_dynamic, one activation scale per call (docs/export.md)
     int8_method: Int8Method = "blockwise"
+    # replies per pass of the batched graph built beside the fp32 and int8 files
+    # (model/batch.py); 0 or 1: none, every reply's steps run alone
+    batch_rows: int = BATCH_ROWS
     per_channel: bool = False  # dynamic only: int8 weight scales per output channel
 
 
@@ -122,6 +138,26 @@ def export_onnx(model: Llama, path: Path, attention: Attention = "fused") -> Pat
             input_names=input_names(n_layer),
             output_names=output_names(n_layer),
             dynamic_axes=dynamic_axes(n_layer),
+            opset_version=OPSET,
+            custom_opsets={"com.microsoft": 1},
+            dynamo=False,
+        )
+    return path
+
+
+def export_batch_onnx(model: Llama, path: Path, rows: int) -> Path:
+    """``rows`` replies' steps of ``model`` in one pass (:class:`BatchGraph`)."""
+    graph = BatchGraph(model, rows).eval()
+    n_layer = model.config.n_layer
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # as export_onnx
+        torch.onnx.export(
+            graph,
+            batch_example_inputs(model, rows),
+            str(path),
+            input_names=batch_input_names(n_layer, rows),
+            output_names=batch_output_names(n_layer, rows),
+            dynamic_axes=batch_dynamic_axes(n_layer, rows),
             opset_version=OPSET,
             custom_opsets={"com.microsoft": 1},
             dynamo=False,
@@ -210,6 +246,7 @@ def build(out: Path, options: BuildOptions, source: Source | None = None) -> dic
             "exporting fp16 (plain attention, for GPUs)",
             lambda: export_onnx(half, out / FILES["fp16"], ATTENTION["fp16"]),
         )
+    batched = _batched(out, model, built, options)
     tok = Tokenizer(src.tokenizer)
     parity: dict[str, Any] = {}
     memo: dict[tuple[int, ...], list[int]] = {}  # PyTorch's replies, computed once
@@ -223,13 +260,48 @@ def build(out: Path, options: BuildOptions, source: Source | None = None) -> dic
     if not options.keep_fp32:
         fp32.unlink()
         del built["fp32"]
+        if "fp32" in batched:
+            batched.pop("fp32").unlink()
     tensorrt = _tensorrt(out, built, model, options)
     (out / TOKENIZER).write_text(json.dumps(dataclasses.asdict(src.tokenizer)))
     manifest = _manifest(out, built, model, src, parity, tensorrt, time.perf_counter() - t0)
+    for variant, path in batched.items():
+        manifest["files"][path.name] = {
+            "variant": variant,
+            "attention": "fused",
+            "rows": options.batch_rows,
+            "bytes": path.stat().st_size,
+            "sha256": sha256(path),
+        }
     if "int8" in built:
         manifest["files"][FILES["int8"]]["quantisation"] = _int8_recipe(options)
+        if "int8" in batched:
+            manifest["files"][BATCH_FILES["int8"]]["quantisation"] = _int8_recipe(options)
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
     return manifest
+
+
+def _batched(
+    out: Path, model: Llama, built: dict[Variant, Path], options: BuildOptions
+) -> dict[Variant, Path]:
+    """The batched graph beside the fp32 file, and beside the int8 one quantised the
+    same way (its rows' logits are the one-reply graph's: tests/export/test_batch.py)."""
+    if options.batch_rows < 2:
+        return {}
+    rows = options.batch_rows
+    fp32 = _timed(
+        f"exporting the batched step graph ({rows} replies a pass)",
+        lambda: export_batch_onnx(model, out / BATCH_FILES["fp32"], rows),
+    )
+    batched: dict[Variant, Path] = {"fp32": fp32}
+    if "int8" in built:
+        batched["int8"] = _timed(
+            "quantising the batched graph to int8",
+            lambda: quantize_int8(
+                fp32, out / BATCH_FILES["int8"], options.int8_method, options.per_channel
+            ),
+        )
+    return batched
 
 
 def _check(

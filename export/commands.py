@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from model.modeldir import default_model_dir
+from model.modeldir import BATCH_ROWS, default_model_dir
 
 
 def register(sub: Any) -> None:
@@ -38,6 +38,13 @@ def register(sub: Any) -> None:
     ex.add_argument(
         "--per-channel", action="store_true", help="dynamic int8: weight scales per channel"
     )
+    ex.add_argument(
+        "--batch-rows",
+        type=int,
+        default=BATCH_ROWS,
+        metavar="N",
+        help=f"replies per pass of the batched graph (default {BATCH_ROWS}; 0: none)",
+    )
     ex.add_argument("--no-check", action="store_true", help="skip the parity checks")
     ex.set_defaults(run=run_export)
 
@@ -55,6 +62,7 @@ def run_export(args: argparse.Namespace) -> int:
         check=not args.no_check,
         int8_method=args.int8_method,
         per_channel=args.per_channel,
+        batch_rows=args.batch_rows,
     )
     try:
         build_atomic(out.expanduser(), options)

@@ -278,3 +278,134 @@ def example_inputs(model: Llama, T: int = 3, P: int = 2, C: int = 8) -> tuple[to
         torch.arange(T),
         *buffers,
     )
+
+
+# -- several replies in one pass -------------------------------------------------------
+
+BATCH_INPUTS = ["input_ids", "positions", "lengths", "past_lengths", "blocks", "logit_rows"]
+
+
+def row_cache_names(n_layer: int, rows: int, prefix: str) -> list[str]:
+    """``<prefix>_key_<layer>_<row>``, ...: each row's own per-layer buffers."""
+    return [f"{name}_{row}" for row in range(rows) for name in cache_names(n_layer, prefix)]
+
+
+def batch_input_names(n_layer: int, rows: int) -> list[str]:
+    return [*BATCH_INPUTS, *row_cache_names(n_layer, rows, "past")]
+
+
+def batch_output_names(n_layer: int, rows: int) -> list[str]:
+    return ["logits", *row_cache_names(n_layer, rows, "present")]
+
+
+def batch_dynamic_axes(n_layer: int, rows: int) -> dict[str, dict[int, str]]:
+    axes = {
+        "input_ids": {0: "N"},
+        "positions": {0: "N"},
+        "logit_rows": {0: "K"},
+        "logits": {0: "K"},
+    }
+    for row in range(rows):  # each row's cache has its own capacity
+        for prefix in ("past", "present"):
+            for name in cache_names(n_layer, prefix):
+                axes[f"{name}_{row}"] = {2: f"C_{row}"}
+    return axes
+
+
+class BatchGraph(StepGraph):
+    """``rows`` replies' steps in one pass (fused attention only), packed: no padding.
+
+    The chunks of every row lie end to end in ``input_ids`` and ``positions`` (N,);
+    ``lengths`` (B,) says how many tokens each row has (>= 1), ``past_lengths`` (B,)
+    each row's S, ``blocks`` (B,) bool each row's attention (as ``block``). Every row
+    has its own cache buffers (``past_key_<l>_<b>``), bound to its reply's cache, so a
+    reply's cache never moves. The projections and the MLP run once over all N tokens
+    (where batching pays: their weights are read once per pass, not once per reply);
+    attention runs per row, the same fused node :class:`StepGraph` runs, on the row's
+    own buffers. ``logit_rows`` index the packed tokens. A row's logits are what
+    :class:`StepGraph` gives for its chunk alone: the projections are per token, and
+    the int8 kernel scales activations per token (docs/export.md).
+    """
+
+    def __init__(self, model: Llama, rows: int) -> None:
+        super().__init__(model, "fused")
+        self.rows = rows
+
+    def forward(  # type: ignore[override]
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        lengths: torch.Tensor,
+        past_lengths: torch.Tensor,
+        blocks: torch.Tensor,
+        logit_rows: torch.Tensor,
+        *past: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        cfg, B, L = self.cfg, self.rows, self.cfg.n_layer
+        N = input_ids.shape[0]
+        x = self.embed_t.index_select(1, input_ids).t()[None]  # (1, N, C)
+        rope = rope_cos_sin(positions[None], cfg.head_dim, cfg.rope_theta, x.dtype)
+        ends = torch.cumsum(lengths, 0)
+        spans = []  # per row: its token indices, and the fused node's lengths and mask
+        for b in range(B):
+            T, S = lengths[b], past_lengths[b]
+            at = torch.arange(ends[b] - T, ends[b], device=x.device)  # type: ignore[call-overload]
+            total = S + T
+            i = torch.arange(T, device=x.device)[:, None]  # type: ignore[call-overload]
+            j = torch.arange(total, device=x.device)[None, :]  # type: ignore[call-overload]
+            allowed = (j <= i + S) | blocks[b]
+            bias = torch.zeros(allowed.shape, dtype=x.dtype).masked_fill(~allowed, float("-inf"))
+            lens = (total.to(torch.int32) - 1).reshape(1), total.to(torch.int32)
+            spans.append((at, lens, bias[None, None]))
+        present: list[list[torch.Tensor]] = [[] for _ in range(B)]
+        for layer, blk in enumerate(self.blocks):
+            a: Any = blk.attn
+            h = blk.attn_norm(x)  # type: ignore[operator]
+            q = apply_rope(a.q_proj(h).view(1, N, a.nh, a.hd).transpose(1, 2), *rope)
+            k = apply_rope(a.k_proj(h).view(1, N, a.nkv, a.hd).transpose(1, 2), *rope)
+            q = q.transpose(1, 2).reshape(1, N, a.nh * a.hd)
+            k = k.transpose(1, 2).reshape(1, N, a.nkv * a.hd)
+            v = a.v_proj(h)
+            ys = []
+            for b, (at, lens, bias) in enumerate(spans):
+                pk, pv = past[2 * (b * L + layer)], past[2 * (b * L + layer) + 1]
+                y, pk, pv = GroupQueryAttention.apply(  # type: ignore[no-untyped-call]
+                    q.index_select(1, at),
+                    k.index_select(1, at),
+                    v.index_select(1, at),
+                    pk,
+                    pv,
+                    *lens,
+                    bias,
+                    a.nh,
+                    a.nkv,
+                )
+                ys.append(y)
+                present[b] += [pk, pv]
+            x = x + a.o_proj(torch.cat(ys, 1))
+            x = x + blk.mlp(blk.mlp_norm(x))  # type: ignore[operator]
+        y = self.norm(x[0].index_select(0, logit_rows))
+        logits = (y @ self.embed_t)[:, : cfg.vocab_size] if self.head is None else self.head(y)
+        return (logits.float(), *(t for row in present for t in row))
+
+
+def batch_example_inputs(model: Llama, rows: int, C: int = 8) -> tuple[torch.Tensor, ...]:
+    """Rows of different lengths and pasts, so nothing traces as a constant."""
+    cfg = model.config
+    lengths = torch.tensor([1 + b % 3 for b in range(rows)])
+    past = torch.tensor([b % 4 for b in range(rows)])
+    spans = zip(past.tolist(), lengths.tolist(), strict=True)
+    positions = torch.cat([torch.arange(p, p + t) for p, t in spans])
+    buffers = [
+        torch.zeros(cache_buffer_shape(cfg, C), dtype=model.dtype)
+        for _ in range(2 * cfg.n_layer * rows)
+    ]
+    return (
+        torch.zeros(int(lengths.sum()), dtype=torch.long),
+        positions,
+        lengths,
+        past,
+        torch.tensor([b % 2 == 1 for b in range(rows)]),
+        torch.arange(int(lengths.sum())),
+        *buffers,
+    )

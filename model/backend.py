@@ -15,6 +15,7 @@ repeatedly and committed once, when its tokens are final.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -25,6 +26,20 @@ from numpy.typing import NDArray
 Attend = Literal["causal", "block"]
 Logits = NDArray[np.float32]
 Rows = Sequence[int] | NDArray[np.int64] | None
+
+
+_reply = threading.local()
+
+
+def set_urgent(urgent: bool) -> None:
+    """Say, from a reply's thread, whether its listener is still waiting for its first
+    sentence: a backend that shares passes between replies (``model/batch.py``) runs
+    urgent replies' steps first. A backend that runs one reply at a time ignores it."""
+    _reply.urgent = urgent
+
+
+def is_urgent() -> bool:
+    return bool(getattr(_reply, "urgent", False))
 
 
 def last_row(ids: Sequence[int] | NDArray[np.int64]) -> list[int]:

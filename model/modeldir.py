@@ -32,13 +32,18 @@ ATTENTION: dict[Variant, Attention] = {
     "int8": "fused",
     "fp16": "plain",
 }
+# The batched graph of a CPU file (export.graph.BatchGraph): BATCH_ROWS replies' steps in
+# one pass. On a GPU the fp16 file still serves one reply per pass.
+BATCH_FILES: dict[Variant, str] = {"fp32": "model.batch.onnx", "int8": "model.int8.batch.onnx"}
+BATCH_ROWS = 8
 MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer.json"
 # Bump when the graph's inputs or outputs or a file's format change: cached
 # directories are rebuilt. 2: blockwise int8 (export/build.py); 3: a ``positions`` input
 # (export/graph.py), for an in-block cache since removed; 4: per-layer cache buffers
-# written in place by a fused GroupQueryAttention.
-FORMAT_VERSION = 4
+# written in place by a fused GroupQueryAttention; 5: a batched graph beside the
+# one-reply graph (several replies' steps in one pass, model/batch.py).
+FORMAT_VERSION = 5
 DEFAULT_NAME = f"smollm2-135m-instruct-onnx-v{FORMAT_VERSION}"
 
 
@@ -67,7 +72,7 @@ def default_cache_dir() -> Path:
 
 
 def default_model_dir(cache_dir: Path | None = None, adapter: Path | None = None) -> Path:
-    """``<cache>/models/smollm2-135m-instruct-onnx-v4``: the serving default's home; with
+    """``<cache>/models/smollm2-135m-instruct-onnx-v5``: the serving default's home; with
     an adapter, a directory named after the adapter's weights (a retrained adapter is
     built afresh, never mistaken for an older one)."""
     root = cache_dir.expanduser() if cache_dir is not None else default_cache_dir()
@@ -106,6 +111,15 @@ def is_complete(model_dir: Path, variant: Variant = "int8") -> bool:
         and entry.get("attention", "fused") == ATTENTION[variant]
         and (model_dir / name).is_file()
     )
+
+
+def batch_file(model_dir: Path, variant: Variant) -> tuple[Path, int] | None:
+    """The batched graph of ``variant`` in ``model_dir`` and its rows, when built."""
+    name = BATCH_FILES.get(variant)
+    entry = read_manifest(model_dir).get("files", {}).get(name) if name else None
+    if name is None or entry is None or not (model_dir / name).is_file():
+        return None
+    return model_dir / name, int(entry["rows"])
 
 
 def load_tokenizer(model_dir: Path) -> Tokenizer:

@@ -1,0 +1,189 @@
+"""Several replies' steps in one pass (export.graph.BatchGraph, model/batch.py): each
+row gets what it gets alone, on the tiny model's fp32 and int8 files."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from model.backend import StepBackend
+from model.batch import (
+    PREFILL_CHUNK,
+    BatchedBackend,
+    BatchRunner,
+    CachePool,
+    PoolFullError,
+    Request,
+    StepLoop,
+)
+from model.generate import greedy
+from model.modeldir import BATCH_ROWS, batch_file, read_manifest
+from model.runtime import OrtBackend, OrtCache, RuntimeConfig
+from model.sampler import DiffusionConfig, SamplerSettings, sample
+from tests.export.conftest import TINY
+
+VOCAB = TINY.vocab_size
+DIFFUSION = DiffusionConfig(mask_id=VOCAB, end_ids=frozenset({2}), attention="block", shift=True)
+SETTINGS = SamplerSettings(block_size=8, steps_per_block=4)
+PROMPTS = [[5, 17, 42, 7, 99, 3], [9, 8, 7], [1, *range(40, 80)], [200, 201]]
+
+
+def runner_of(tiny_dir: Path, variant: str = "fp32") -> BatchRunner:
+    config = RuntimeConfig(device="cpu", max_len=128)
+    name = "model.onnx" if variant == "fp32" else "model.int8.onnx"
+    found = batch_file(tiny_dir, "fp32" if variant == "fp32" else "int8")
+    assert found is not None
+    return BatchRunner(OrtBackend(tiny_dir / name, config), found[0], config)
+
+
+def filled(backend: OrtBackend, ids: Sequence[int]) -> OrtCache:
+    cache = backend.new_cache()
+    if ids:
+        backend.step(cache, np.asarray(ids, np.int64), "causal", commit=True)
+    return cache
+
+
+def test_the_build_writes_a_batched_graph_of_the_default_rows(tiny_dir: Path) -> None:
+    manifest = read_manifest(tiny_dir)
+    for variant in ("fp32", "int8"):
+        found = batch_file(tiny_dir, variant)  # type: ignore[arg-type]
+        assert found is not None and found[1] == BATCH_ROWS
+        assert manifest["files"][found[0].name]["variant"] == variant
+
+
+@pytest.mark.parametrize("variant", ["fp32", "int8"])
+def test_each_row_of_a_batched_pass_gets_what_it_gets_alone(tiny_dir: Path, variant: str) -> None:
+    """Exact logits and cache entries, rows of every kind in one pass (an AR step, a
+    committed prefill chunk, an uncommitted block, a block on an empty cache) and the
+    graph's other rows idle."""
+    runner = runner_of(tiny_dir, variant)
+    single, rng = runner.single, np.random.default_rng(0)
+    kinds = [(5, 1, "causal", True), (0, 7, "causal", True), (9, 4, "block", False)]
+    kinds.append((0, 3, "block", False))
+    pasts = [rng.integers(0, VOCAB, p).tolist() for p, *_ in kinds]
+    chunks = [rng.integers(0, VOCAB, t) for _, t, *_ in kinds]
+    alone_caches = [filled(single, p) for p in pasts]
+    alone = [
+        single.step(c, x, attend, commit)
+        for c, x, (_, _, attend, commit) in zip(alone_caches, chunks, kinds, strict=True)
+    ]
+    caches = [filled(single, p) for p in pasts]
+    requests = [
+        Request(False, i, c, x, attend, commit, np.arange(len(x)))
+        for i, (c, x, (_, _, attend, commit)) in enumerate(zip(caches, chunks, kinds, strict=True))
+    ]
+    together = runner.run(requests)
+    assert runner.rows == BATCH_ROWS > len(requests)  # idle rows in the pass
+    for a, b in zip(alone, together, strict=True):
+        np.testing.assert_array_equal(a, b)
+    for a_cache, b_cache in zip(alone_caches, caches, strict=True):
+        assert a_cache.length == b_cache.length
+        n = a_cache.length
+        np.testing.assert_array_equal(
+            a_cache.buffers.numpy()[..., :n, :], b_cache.buffers.numpy()[..., :n, :]
+        )
+
+
+def in_threads(jobs: Sequence[Callable[[], Any]]) -> list[Any]:
+    """Run every job in its own thread at once; their results in order."""
+    out: list[Any] = [None] * len(jobs)
+    start = threading.Barrier(len(jobs))
+
+    def run(i: int) -> None:
+        start.wait()
+        out[i] = jobs[i]()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def diffusion(backend: StepBackend, prompt: list[int], stop: Callable[[], bool] = bool) -> list:
+    rng = np.random.default_rng(0)
+    return list(sample(backend, prompt, DIFFUSION, SETTINGS, rng, 24, lambda: stop()))
+
+
+def ar(backend: StepBackend, prompt: list[int]) -> list[int]:
+    return list(greedy(backend, prompt, 20, ()))
+
+
+@pytest.mark.parametrize("decode", [diffusion, ar], ids=["diffusion", "ar"])
+def test_replies_sharing_passes_give_the_tokens_they_give_alone(
+    tiny_dir: Path, decode: Callable[[StepBackend, list[int]], list[int]]
+) -> None:
+    runner = runner_of(tiny_dir)
+    alone = [decode(runner.single, p) for p in PROMPTS]
+    rows: list[int] = []
+    loop = StepLoop(runner, on_pass=lambda taken: rows.append(len(taken)))
+    try:
+        shared = BatchedBackend(loop)
+        together = in_threads([lambda p=p: decode(shared, p) for p in PROMPTS])
+    finally:
+        loop.close()
+    assert together == alone and all(len(t) > 0 for t in alone)
+    assert max(rows) > 1  # replies did share passes
+
+
+def test_a_cancelled_reply_leaves_the_others_unchanged(tiny_dir: Path) -> None:
+    runner = runner_of(tiny_dir)
+    alone = [diffusion(runner.single, p) for p in PROMPTS[1:]]
+    loop = StepLoop(runner)
+    try:
+        shared = BatchedBackend(loop)
+        steps = iter(range(1000))
+        cancelled = [lambda: next(steps) >= 3]  # stops before its fourth pass
+        jobs = [lambda: diffusion(shared, PROMPTS[0], cancelled[0])]
+        jobs += [lambda p=p: diffusion(shared, p) for p in PROMPTS[1:]]
+        cut, *others = in_threads(jobs)
+    finally:
+        loop.close()
+    assert others == alone
+    assert len(cut) < len(diffusion(runner.single, PROMPTS[0]))
+
+
+def test_a_long_prefill_runs_in_chunks_between_other_replies_steps(tiny_dir: Path) -> None:
+    runner = runner_of(tiny_dir)
+    long_prompt = [int(i) for i in np.random.default_rng(1).integers(3, VOCAB, 3 * PREFILL_CHUNK)]
+    alone = ar(runner.single, long_prompt)
+    passes: list[list[int]] = []  # each pass: its rows' widths
+    loop = StepLoop(runner, on_pass=lambda taken: passes.append([len(r.ids) for r in taken]))
+    try:
+        shared = BatchedBackend(loop)
+        short, long = in_threads([lambda: ar(shared, PROMPTS[1]), lambda: ar(shared, long_prompt)])
+    finally:
+        loop.close()
+    assert long == alone and short == ar(runner.single, PROMPTS[1])
+    chunks = [w for p in passes for w in p if w > len(PROMPTS[1])]
+    assert chunks == [PREFILL_CHUNK] * 3  # never one pass of the whole prompt
+    # the short reply's one-token steps ran in passes beside the chunks
+    assert any(PREFILL_CHUNK in p and 1 in p for p in passes)
+
+
+def test_the_cache_pool_refuses_a_reply_when_live_ones_hold_it_all(tiny_dir: Path) -> None:
+    runner = runner_of(tiny_dir)
+    loop = StepLoop(runner)
+    kept: list[Any] = []
+
+    def evict() -> bool:
+        return bool(kept) and kept.pop(0) is not None
+
+    try:
+        shared = BatchedBackend(loop, CachePool(budget=2 * 128, evict=evict))
+        live = [shared.new_cache() for _ in range(3)]
+        for cache in live[:2]:  # each reserves its whole 128 positions (GROW > max_len)
+            shared.step(cache, np.arange(3, dtype=np.int64), "causal", True)
+        with pytest.raises(PoolFullError, match="KV cache pool is full"):
+            shared.step(live[2], np.arange(3, dtype=np.int64), "causal", True)
+        kept.append(live.pop(0))  # a finished conversation, kept for its next turn ...
+        shared.step(live[1], np.arange(3, dtype=np.int64), "causal", True)  # ... gives way
+        assert live[1].length == 3
+    finally:
+        loop.close()
