@@ -1,4 +1,4 @@
-"""``quicksilver bench llm``, ``bench loop`` and ``bench passes``.
+"""``quicksilver bench llm``, ``bench loop``, ``bench passes`` and ``bench replies``.
 
 Each benchmark's heavy imports (torch for the PyTorch reference column, the server's
 client for the loop) wait until it runs or registers, so registering them costs
@@ -53,6 +53,7 @@ def register(sub: Any) -> None:
     llm.add_argument("--log-level", default="INFO")
     register_bench_loop(bench_sub)
     register_bench_passes(bench_sub)
+    register_bench_replies(bench_sub)
 
 
 def register_bench_loop(bench_sub: Any) -> None:
@@ -68,6 +69,14 @@ def register_bench_passes(bench_sub: Any) -> None:
 
     help = "cost of one forward pass: 1-32 tokens x 100/1000 cached, per step graph"
     _register_module(bench_sub, "passes", help, passes)
+
+
+def register_bench_replies(bench_sub: Any) -> None:
+    """``quicksilver bench replies``: many replies at once, sharing passes or not."""
+    from bench import replies
+
+    help = "1-16 replies at once: tokens/s and first sentence, batched and one at a time"
+    _register_module(bench_sub, "replies", help, replies)
 
 
 def _register_module(bench_sub: Any, name: str, help: str, module: Any) -> None:

@@ -21,6 +21,7 @@ from model.assemble import (
     DEFAULT_ENGINE,
     ENGINES,
     ONNX_ENGINES,
+    Batching,
     EngineName,
     engine_adapter,
     engine_model_dir,
@@ -80,6 +81,22 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--engine", default=DEFAULT_ENGINE, choices=ENGINES, help="reply model")
     serve.add_argument("--max-reply-tokens", type=int, default=64, help="longest reply, in tokens")
+    serve.add_argument(
+        "--reply-batch",
+        type=int,
+        default=None,
+        metavar="N",
+        help="replies whose steps share one pass of the reply model (default: the model "
+        "directory's batched graph, 8 rows; 1: one reply at a time)",
+    )
+    serve.add_argument(
+        "--kv-cache-mb",
+        type=float,
+        default=None,
+        metavar="MB",
+        help="memory for every reply's and kept conversation's KV cache; a reply past it "
+        "gets a turn error (default: room for every live reply and 32 kept conversations)",
+    )
     _add_chat_server_arguments(serve)
     serve.add_argument(
         "--cache-dir",
@@ -333,6 +350,7 @@ def _serve(args: argparse.Namespace) -> int:
         turn_model=args.turn_end == "model",
         chat=chat,
         adapter=args.adapter,
+        batching=Batching(args.reply_batch, args.kv_cache_mb),
     )
     try:
         prepare_model(options.engine, options.cache_dir, options.device, options.adapter)

@@ -17,10 +17,13 @@ module only loads a directory that is already complete.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
 
 from model.ar import ARGenerator, AROptions
+from model.backend import StepBackend
+from model.batch import BatchedBackend, BatchRunner, CachePool, StepLoop
 from model.diffusion_engine import (
     DiffusionGenerator,
     DiffusionOptions,
@@ -33,6 +36,7 @@ from model.modeldir import (
     SHIPPED_ADAPTER,
     Variant,
     adapter_calls_tools,
+    batch_file,
     default_model_dir,
     is_complete,
     load_tokenizer,
@@ -41,7 +45,7 @@ from model.modeldir import (
 )
 from model.openai_chat import ChatServerOptions, OpenAIChatGenerator
 from model.router import find_router
-from model.runtime import Device, OrtBackend, RuntimeConfig, choose_providers
+from model.runtime import GROW, Device, OrtBackend, RuntimeConfig, choose_providers
 from model.spans import find_spans
 
 EngineName = Literal["diffusion-onnx", "diffusion", "smollm2-ar-onnx", "smollm2-ar", "openai-chat"]
@@ -117,6 +121,49 @@ def load_onnx_backend(
     return OrtBackend(model_dir / name, config, name=f"onnx-{variant}")
 
 
+@dataclass(frozen=True)
+class Batching:
+    """How replies share the model (``model/batch.py``). ``rows`` None: the model
+    directory's batched graph, when it has one; 0 or 1: one reply's step per pass.
+    ``kv_cache_mb`` None: room for every live reply and every kept conversation."""
+
+    rows: int | None = None
+    kv_cache_mb: float | None = None
+
+
+def shared_backend(
+    single: OrtBackend,
+    model_dir: Path,
+    variant: Variant,
+    batching: Batching,
+    kept: int,
+    per_cache: int,
+) -> BatchedBackend | None:
+    """``single``'s model behind a :class:`StepLoop` of the directory's batched graph,
+    its caches in one :class:`CachePool` (None: no batched graph, or batching off)."""
+    found = batch_file(model_dir, variant)
+    if batching.rows is not None and batching.rows < 2:
+        return None
+    if found is None:
+        if batching.rows is not None:
+            raise FileNotFoundError(
+                f"{model_dir} has no batched {variant} graph: rebuild it with "
+                "`quicksilver export` (format v5), or serve with --reply-batch 1"
+            )
+        return None
+    path, rows = found
+    if batching.rows is not None and batching.rows > rows:
+        raise ValueError(f"--reply-batch {batching.rows}: {path.name} holds {rows} rows")
+    loop = StepLoop(BatchRunner(single, path, single.threads))
+    L, n_kv, hd = single.dims
+    position_bytes = L * 2 * n_kv * hd * single.dtype.itemsize
+    if batching.kv_cache_mb is None:
+        budget = (kept + rows) * per_cache
+    else:
+        budget = int(batching.kv_cache_mb * 2**20 // position_bytes)
+    return BatchedBackend(loop, CachePool(budget))
+
+
 def load_onnx_ar_generator(
     model_dir: Path,
     variant: Variant = "int8",
@@ -130,14 +177,28 @@ def load_onnx_ar_generator(
 
 
 def load_onnx_diffusion_generator(
-    model_dir: Path, variant: Variant = "int8", config: RuntimeConfig | None = None
+    model_dir: Path,
+    variant: Variant = "int8",
+    config: RuntimeConfig | None = None,
+    batching: Batching | None = None,
 ) -> DiffusionGenerator:
+    """The served diffusion engine; with ``batching``, every reply's steps go through
+    one step loop that shares passes between them (``model/batch.py``)."""
     options = served_options(read_manifest(model_dir).get("source", {}).get("adapter"))
     config = config or RuntimeConfig(max_len=options.cache_len)
-    backend = load_onnx_backend(model_dir, variant, config)
+    single = load_onnx_backend(model_dir, variant, config)
+    backend: StepBackend = single
+    shared = None
+    if batching is not None:
+        per_cache = min(single.max_len, -(-options.cache_len // GROW) * GROW)
+        kept = options.cache_sessions
+        shared = shared_backend(single, model_dir, variant, batching, kept, per_cache)
+        backend = shared or single
     tok = load_tokenizer(model_dir)
     model = smollm2_diffusion_config(tok)
     gen = DiffusionGenerator(backend, tok, model, options, name="diffusion-onnx")
+    if shared is not None and shared.pool is not None:
+        shared.pool.evict = gen.prefixes.evict_oldest
     gen.router = find_router(model_dir, vocab=backend.vocab_size)
     gen.spans = find_spans(model_dir, vocab=backend.vocab_size)
     return gen
@@ -149,6 +210,7 @@ def load_generator(
     device: Device = "auto",
     chat: ChatServerOptions | None = None,
     adapter: Path | None = None,
+    batching: Batching | None = None,
 ) -> TextGenerator:
     """The blocking generator of ``engine``. An ONNX engine's model directory must be
     complete (``quicksilver serve`` builds it on first start, :mod:`export.build`);
@@ -178,4 +240,4 @@ def load_generator(
         return load_onnx_ar_generator(model_dir, variant, RuntimeConfig(device=device))
     cache_len = DiffusionOptions().cache_len
     config = RuntimeConfig(device=device, max_len=cache_len)
-    return load_onnx_diffusion_generator(model_dir, variant, config)
+    return load_onnx_diffusion_generator(model_dir, variant, config, batching or Batching())

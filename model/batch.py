@@ -26,6 +26,7 @@ from __future__ import annotations
 import gc
 import itertools
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ import onnxruntime as ort
 from numpy.typing import NDArray
 
 from model.backend import Attend, Logits, Rows, is_urgent
-from model.runtime import GROW, OrtBackend, OrtCache, RuntimeConfig
+from model.runtime import GROW, OrtBackend, OrtCache
 
 _order = itertools.count()
 # Prompt tokens per prefill request: a block's width, so a chunk costs about what a
@@ -97,12 +98,12 @@ class BatchRunner:
     """The batched graph of a model directory beside its one-reply graph: runs a list
     of requests (1 to ``rows``) in one pass and hands each its logits."""
 
-    def __init__(self, single: OrtBackend, path: Path, config: RuntimeConfig) -> None:
+    def __init__(self, single: OrtBackend, path: Path, threads: int = 0) -> None:
         self.single = single
-        options = ort.SessionOptions()
+        options = ort.SessionOptions()  # as the one-reply graph's (OrtBackend)
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if config.threads:
-            options.intra_op_num_threads = config.threads
+        if threads:
+            options.intra_op_num_threads = threads
         options.add_session_config_entry("session.force_spinning_stop", "1")
         self.session = ort.InferenceSession(str(path), options, providers=single.providers)
         names = [i.name for i in self.session.get_inputs()]
@@ -112,6 +113,16 @@ class BatchRunner:
             raise ValueError(f"{path} is not a batched step graph of this model")
         self._idle = OrtCache(single)  # a row with no request writes here
         self._idle.reserve(1)
+        self._io = self.session.io_binding()
+        self._io.bind_output("logits")  # first: its index in get_outputs() stays 0
+        # per row: the cache bound (weakly: a kept cache may be dropped any time), and
+        # the buffer and capacity it was bound at
+        self._bound: list[tuple[weakref.ref[OrtCache], int, int]] = []
+        for b in range(self.rows):
+            self._bound.append((lambda: None, 0, 0))  # type: ignore[arg-type]
+            self._bind_row(b, self._idle)
+        self._used = [0] * self.rows
+        self._tick = 0
 
     def run(self, requests: Sequence[Request]) -> list[Logits]:
         if len(requests) == 1:
@@ -119,56 +130,111 @@ class BatchRunner:
             return [self.single.step(r.cache, r.ids, r.attend, r.commit, r.rows)]
         if len(requests) > self.rows:
             raise ValueError(f"{len(requests)} requests for a graph of {self.rows} rows")
-        io = self.session.io_binding()
-        io.bind_output("logits")
+        at_row = self._place(requests)
         ids, positions, lengths, pasts, blocks, rows = [], [], [], [], [], []
+        held = []  # every bound buffer stays alive until the pass is over
         offset = 0
         for b in range(self.rows):
-            if b < len(requests):
-                r = requests[b]
-                P, T = r.cache.length, len(r.ids)
+            if (req := at_row.get(b)) is not None:
+                P, T = req.cache.length, len(req.ids)
                 if self.single.max_len < P + T:
                     raise ValueError(f"KV cache full: {P} + {T} > {self.single.max_len}")
-                r.cache.reserve(P + T)
-                cache, chunk, block = r.cache, r.ids, r.attend == "block"
-                rows.append(r.rows + offset)
-            else:  # an idle row: one token on the idle buffer, no logits
-                cache, P, T = self._idle, 0, 1
-                chunk, block = np.zeros(1, np.int64), False
-            self._bind(io, b, cache)
+                req.cache.reserve(P + T)
+                self._bind_row(b, req.cache)
+                chunk, block = req.ids, req.attend == "block"
+                rows.append(req.rows + offset)
+                held.append(req.cache.buffers)
+            else:  # no request: one token, no logits, written past what the row's cache holds
+                cache = self._idle_cache(b)
+                P, T, chunk, block = cache.length, 1, np.zeros(1, np.int64), False
+                held.append(cache.buffers)
             ids.append(chunk)
             positions.append(np.arange(P, P + T, dtype=np.int64))
             lengths.append(T)
             pasts.append(P)
             blocks.append(block)
             offset += T
+        io = self._io
         io.bind_cpu_input("input_ids", np.ascontiguousarray(np.concatenate(ids), np.int64))
         io.bind_cpu_input("positions", np.concatenate(positions))
         io.bind_cpu_input("lengths", np.array(lengths, np.int64))
         io.bind_cpu_input("past_lengths", np.array(pasts, np.int64))
         io.bind_cpu_input("blocks", np.array(blocks))
         io.bind_cpu_input("logit_rows", np.concatenate(rows).astype(np.int64))
+        io.bind_output("logits")  # afresh: sized for this pass's rows
         self.session.run_with_iobinding(io)
         logits: Logits = io.get_outputs()[0].numpy()
-        out, at = [], 0
-        for r in requests:
-            out.append(logits[at : at + len(r.rows)])
-            at += len(r.rows)
-            if r.commit:
-                r.cache.length += len(r.ids)
-        return out
+        del held
+        out, at = {}, 0
+        for b in sorted(at_row):  # logits come in row order
+            done = at_row[b]
+            out[id(done)] = logits[at : at + len(done.rows)]
+            at += len(done.rows)
+            if done.commit:
+                done.cache.length += len(done.ids)
+        return [out[id(q)] for q in requests]
 
-    def _bind(self, io: Any, row: int, cache: OrtCache) -> None:
+    # Each row's 2 x layers buffers stay bound from pass to pass (binding them all costs
+    # ~1 ms a row): a reply keeps its row while its cache lives, and a row with no
+    # request runs one token on whatever cache it holds, past that cache's end.
+
+    def _place(self, requests: Sequence[Request]) -> dict[int, Request]:
+        """Each request's row: the one its cache is bound to, else a free one (a row
+        whose cache is gone first, then the longest unused)."""
+        at_row: dict[int, Request] = {}
+        homeless = []
+        for r in requests:
+            b = self._row_of(r.cache)
+            if b is None or b in at_row:
+                homeless.append(r)
+            else:
+                at_row[b] = r
+        self._tick += 1
+        for r in homeless:
+            free = [b for b in range(self.rows) if b not in at_row]
+            b = min(free, key=lambda b: (self._bound[b][0]() is not None, self._used[b]))
+            at_row[b] = r
+        for b in at_row:
+            self._used[b] = self._tick
+        return at_row
+
+    def _row_of(self, cache: OrtCache) -> int | None:
+        for b, (ref, _, _) in enumerate(self._bound):
+            if ref() is cache:
+                return b
+        return None
+
+    def _idle_cache(self, row: int) -> OrtCache:
+        """The cache a row with no request runs its token on: the one bound, when it is
+        alive, bound where it still is, and has room past its end; else the idle one."""
+        ref, ptr, capacity = self._bound[row]
+        cache = ref()
+        if (
+            cache is None
+            or cache.buffers.data_ptr() != ptr
+            or cache.capacity != capacity
+            or cache.length >= capacity
+        ):
+            cache = self._idle
+            self._idle.length = 0
+            self._bind_row(row, cache)
+        return cache
+
+    def _bind_row(self, row: int, cache: OrtCache) -> None:
+        ptr, capacity = cache.buffers.data_ptr(), cache.capacity
+        ref, bound_ptr, bound_capacity = self._bound[row]
+        if ref() is cache and bound_ptr == ptr and bound_capacity == capacity:
+            return
         be = self.single
         L, n_kv, hd = be.dims
-        shape = [1, n_kv, cache.capacity, hd]
+        shape = [1, n_kv, capacity, hd]
         layer_bytes = int(np.prod(shape)) * be.dtype.itemsize
-        base = cache.buffers.data_ptr()
         for layer in range(L):
             for j, kv in enumerate(("key", "value")):
-                args = (be.device, 0, be.dtype.type, shape, base + (2 * layer + j) * layer_bytes)
-                io.bind_input(f"past_{kv}_{layer}_{row}", *args)
-                io.bind_output(f"present_{kv}_{layer}_{row}", *args)
+                args = (be.device, 0, be.dtype.type, shape, ptr + (2 * layer + j) * layer_bytes)
+                self._io.bind_input(f"past_{kv}_{layer}_{row}", *args)
+                self._io.bind_output(f"present_{kv}_{layer}_{row}", *args)
+        self._bound[row] = (weakref.ref(cache), ptr, capacity)
 
 
 class StepLoop:

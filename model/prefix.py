@@ -61,6 +61,15 @@ class PrefixCache:
             while len(self._entries) > self.capacity:
                 self._entries.popitem(last=False)
 
+    def evict_oldest(self) -> bool:
+        """Forget the least recently kept cache (its memory is wanted by a live reply,
+        ``model/batch.py``'s pool); False when none is kept."""
+        with self._lock:
+            if not self._entries:
+                return False
+            self._entries.popitem(last=False)
+            return True
+
     def _longest(self, ids: np.ndarray) -> tuple[int | None, int]:
         best, n = None, 0
         for key, (toks, _) in self._entries.items():

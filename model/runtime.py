@@ -171,6 +171,7 @@ class OrtBackend:
         vocab = self.session.get_outputs()[0].shape[1]
         self.vocab_size = int(vocab) if isinstance(vocab, int) else _manifest_vocab(self.path)
         self.max_len = config.max_len
+        self.threads = config.threads
         self.name = name
         self.device = cache_device(self.providers)
 

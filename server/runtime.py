@@ -24,7 +24,8 @@ from audio.asr import AsrOptions, Transcriber, load_transcriber, recommended_mod
 from audio.tts import Synthesizer
 from audio.vad import SileroVad
 from model.ar import ARGenerator
-from model.assemble import DEFAULT_ENGINE, EngineName, load_generator, reply_on_cpu
+from model.assemble import DEFAULT_ENGINE, Batching, EngineName, load_generator, reply_on_cpu
+from model.batch import BatchedBackend
 from model.diffusion_engine import DiffusionGenerator
 from model.engine import ReplyEngine, TextGenerator, ThreadedReplyEngine
 from model.openai_chat import ChatServerOptions
@@ -58,10 +59,15 @@ class WorkerKind(StrEnum):
 CHAT_REPLY_THREADS = 32
 
 
-def reply_threads(engine: EngineName) -> int:
-    """Threads of the reply worker: one for a model in this process (it uses the CPU or
-    the GPU alone), :data:`CHAT_REPLY_THREADS` for a chat server's replies."""
-    return CHAT_REPLY_THREADS if engine == "openai-chat" else 1
+def reply_threads(engine: EngineName, generator: TextGenerator | None = None) -> int:
+    """Threads of the reply worker: a reply each, as many as share one pass of a
+    batched model in this process (``model/batch.py``), one when its replies run one at a
+    time (the model uses the CPU or the GPU alone), :data:`CHAT_REPLY_THREADS` for a chat
+    server's replies."""
+    if engine == "openai-chat":
+        return CHAT_REPLY_THREADS
+    backend = getattr(generator, "backend", None)
+    return backend.loop.runner.rows if isinstance(backend, BatchedBackend) else 1
 
 
 class Worker:
@@ -117,6 +123,7 @@ class RuntimeOptions:
     turn_model: bool = True  # score paused turns with the reply model (docs/turn_end.md)
     chat: ChatServerOptions | None = None  # the server the "openai-chat" engine asks
     adapter: Path | None = None  # the diffusion engines' adapter; None: the shipped one
+    batching: Batching = field(default_factory=Batching)  # replies sharing passes
 
 
 def resolve_device(device: Device) -> Literal["cpu", "cuda"]:
@@ -144,7 +151,6 @@ def _timed(what: str, fn: Callable[[], T]) -> T:
 def load_runtime(options: RuntimeOptions) -> Runtime:
     """Load every model once; say what is happening, since first start takes a while."""
     workers = {kind: Worker(kind.value) for kind in WorkerKind}
-    workers[WorkerKind.REPLY] = Worker(WorkerKind.REPLY.value, reply_threads(options.engine))
     vad = _timed("Silero VAD", SileroVad)
     device = resolve_device(options.device)
     asr_name = recommended_model(device) if options.asr == "auto" else options.asr
@@ -168,9 +174,18 @@ def load_runtime(options: RuntimeOptions) -> Runtime:
     generator = _timed(
         what,
         lambda: load_generator(
-            options.engine, options.cache_dir, options.device, options.chat, options.adapter
+            options.engine,
+            options.cache_dir,
+            options.device,
+            options.chat,
+            options.adapter,
+            options.batching,
         ),
     )
+    threads = reply_threads(options.engine, generator)
+    workers[WorkerKind.REPLY] = Worker(WorkerKind.REPLY.value, threads)
+    if threads > 1 and options.engine != "openai-chat":
+        log.info("replies share the reply model's passes: up to %d a pass", threads)
     reply = ThreadedReplyEngine(generator, workers[WorkerKind.REPLY].executor)
     turn_end = turn_end_model(generator) if options.turn_model else None
     log.info(

@@ -38,7 +38,7 @@ def runner_of(tiny_dir: Path, variant: str = "fp32") -> BatchRunner:
     name = "model.onnx" if variant == "fp32" else "model.int8.onnx"
     found = batch_file(tiny_dir, "fp32" if variant == "fp32" else "int8")
     assert found is not None
-    return BatchRunner(OrtBackend(tiny_dir / name, config), found[0], config)
+    return BatchRunner(OrtBackend(tiny_dir / name, config), found[0])
 
 
 def filled(backend: OrtBackend, ids: Sequence[int]) -> OrtCache:
@@ -111,8 +111,8 @@ def diffusion(backend: StepBackend, prompt: list[int], stop: Callable[[], bool] 
     return list(sample(backend, prompt, DIFFUSION, SETTINGS, rng, 24, lambda: stop()))
 
 
-def ar(backend: StepBackend, prompt: list[int]) -> list[int]:
-    return list(greedy(backend, prompt, 20, ()))
+def ar(backend: StepBackend, prompt: list[int], n: int = 20) -> list[int]:
+    return list(greedy(backend, prompt, n, ()))
 
 
 @pytest.mark.parametrize("decode", [diffusion, ar], ids=["diffusion", "ar"])
@@ -157,10 +157,13 @@ def test_a_long_prefill_runs_in_chunks_between_other_replies_steps(tiny_dir: Pat
     loop = StepLoop(runner, on_pass=lambda taken: passes.append([len(r.ids) for r in taken]))
     try:
         shared = BatchedBackend(loop)
-        short, long = in_threads([lambda: ar(shared, PROMPTS[1]), lambda: ar(shared, long_prompt)])
+        # the short reply's 120 steps span the long prompt's prefill, whichever starts first
+        short, long = in_threads(
+            [lambda: ar(shared, PROMPTS[1], 120), lambda: ar(shared, long_prompt)]
+        )
     finally:
         loop.close()
-    assert long == alone and short == ar(runner.single, PROMPTS[1])
+    assert long == alone and short == ar(runner.single, PROMPTS[1], 120)
     chunks = [w for p in passes for w in p if w > len(PROMPTS[1])]
     assert chunks == [PREFILL_CHUNK] * 3  # never one pass of the whole prompt
     # the short reply's one-token steps ran in passes beside the chunks

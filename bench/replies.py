@@ -1,0 +1,208 @@
+"""``quicksilver bench replies``: many replies at once on the served reply engine.
+
+N threads start together, as N sessions' replies would in ``quicksilver serve``
+(server/runtime.py gives each reply its thread), and each answers its share of the
+held-out questions one after another. Each configuration runs twice in one process,
+interleaved per level: with the model directory's batched graph (replies share passes,
+``model/batch.py``) and one reply per pass (``--reply-batch 1``), the same-run baseline.
+
+Per level: aggregate reply tokens per second (every reply's tokens over the wall time),
+first sentence p50/p95 (from the moment a reply is asked for, queueing included: what
+a listener waits for), passes run and rows per pass.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from audio.speech import QUESTIONS
+from model.assemble import Batching, load_onnx_diffusion_generator
+from model.backend import set_urgent
+from model.batch import BatchedBackend
+from model.diffusion_engine import DiffusionGenerator, DiffusionOptions
+from model.engine import ChatMessage, GenerationStats
+from model.modeldir import batch_file
+from model.runtime import RuntimeConfig
+from model.tools import DEFAULT_TOOLS
+
+
+@dataclass(frozen=True)
+class RepliesOptions:
+    model_dir: Path
+    levels: Sequence[int] = (1, 4, 8, 16)
+    replies: int = 16  # replies per level (each thread answers levels' share)
+    max_tokens: int = 64
+    tools: bool = False  # the default device tools in every prompt (as serve's sessions)
+
+
+@dataclass
+class _Reply:
+    asked: float
+    first: float | None = None
+    tokens: int = 0
+
+
+def _answer(gen: DiffusionGenerator, question: str, opts: RepliesOptions) -> _Reply:
+    set_urgent(True)
+    r = _Reply(time.perf_counter())
+    tools = DEFAULT_TOOLS if opts.tools else ()
+    it = gen.generate([ChatMessage("user", question)], opts.max_tokens, lambda: False, tools)
+    while True:
+        try:
+            next(it)
+        except StopIteration as done:
+            stats: GenerationStats = done.value
+            break
+        if r.first is None:
+            r.first = time.perf_counter() - r.asked
+            set_urgent(False)
+    r.tokens = stats.tokens
+    if r.first is None:  # nothing said: its end is its first sentence
+        r.first = time.perf_counter() - r.asked
+    return r
+
+
+def run_level(gen: DiffusionGenerator, n: int, opts: RepliesOptions) -> dict[str, Any]:
+    """``n`` threads at once, ``opts.replies`` replies in all."""
+    questions = [QUESTIONS[i % len(QUESTIONS)] for i in range(max(opts.replies, n))]
+    shares = [questions[i::n] for i in range(n)]
+    done: list[_Reply] = []
+    lock = threading.Lock()
+    start = threading.Barrier(n + 1)
+    backend = gen.backend
+    loop = backend.loop if isinstance(backend, BatchedBackend) else None
+    passes0, rows0 = (loop.passes, loop.rows_run) if loop else (0, 0)
+
+    def work(share: list[str]) -> None:
+        start.wait()
+        for q in share:
+            gen.prefixes.evict_oldest()  # every reply a fresh session's, as the harness's
+            r = _answer(gen, q, opts)
+            with lock:
+                done.append(r)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in shares]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    first = [r.first for r in done if r.first is not None]
+    tokens = sum(r.tokens for r in done)
+    out: dict[str, Any] = {
+        "concurrent": n,
+        "replies": len(done),
+        "tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall,
+        "first_sentence_p50_s": statistics.median(first),
+        "first_sentence_p95_s": float(np.percentile(first, 95)),
+    }
+    if loop is not None:
+        passes = loop.passes - passes0
+        out["passes"] = passes
+        out["rows_per_pass"] = (loop.rows_run - rows0) / max(passes, 1)
+    return out
+
+
+def run_replies_bench(opts: RepliesOptions) -> dict[str, Any]:
+    found = batch_file(opts.model_dir, "int8")
+    if found is None:
+        raise FileNotFoundError(
+            f"{opts.model_dir} has no batched int8 graph: rebuild it with `quicksilver export`"
+        )
+    config = RuntimeConfig(device="cpu", max_len=DiffusionOptions().cache_len)
+    engines = {
+        "batched": load_onnx_diffusion_generator(opts.model_dir, "int8", config, Batching()),
+        "one-at-a-time": load_onnx_diffusion_generator(
+            opts.model_dir, "int8", config, Batching(rows=1)
+        ),
+    }
+    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in engines}
+    for n in opts.levels:
+        for name, gen in engines.items():  # interleaved: the same machine state for both
+            row = run_level(gen, n, opts)
+            rows[name].append(row)
+            print(_line(name, row), flush=True)
+    for gen in engines.values():
+        if isinstance(gen.backend, BatchedBackend):
+            gen.backend.loop.close()
+    one = {name: r[0] for name, r in rows.items() if r and r[0]["concurrent"] == 1}
+    return {
+        "model_dir": str(opts.model_dir),
+        "batch_rows": found[1],
+        "max_tokens": opts.max_tokens,
+        "tools": opts.tools,
+        "levels": rows,
+        "speedup_vs_one_reply": {
+            name: [r["tokens_per_s"] / one[name]["tokens_per_s"] for r in r_list]
+            for name, r_list in rows.items()
+            if name in one
+        },
+    }
+
+
+def _line(name: str, row: dict[str, Any]) -> str:
+    extra = f"  rows/pass {row['rows_per_pass']:.2f}" if "rows_per_pass" in row else ""
+    return (
+        f"{name:14s} {row['concurrent']:3d} at once: {row['tokens_per_s']:7.1f} tokens/s, "
+        f"first sentence p50 {row['first_sentence_p50_s']:.3f} s "
+        f"p95 {row['first_sentence_p95_s']:.3f} s ({row['replies']} replies){extra}"
+    )
+
+
+def add_arguments(parser: Any) -> None:
+    parser.add_argument(
+        "--model-dir",
+        type=Path,
+        default=None,
+        help="the served diffusion model's directory (default: the cache's)",
+    )
+    parser.add_argument("--cache-dir", type=Path, default=None)
+    parser.add_argument(
+        "--levels", type=int, nargs="+", default=[1, 4, 8, 16], help="replies at once"
+    )
+    parser.add_argument("--replies", type=int, default=16, help="replies per level")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--tools", action="store_true", help="the default tools in every prompt")
+    parser.add_argument("--json", type=Path, default=None, help="write the results here")
+
+
+def run_command(args: Any) -> int:
+    import json
+    import sys
+
+    from model.assemble import engine_model_dir
+    from model.modeldir import is_complete
+
+    model_dir = args.model_dir or engine_model_dir("diffusion-onnx", args.cache_dir)
+    if not is_complete(model_dir):
+        print(
+            f"quicksilver bench replies: no served model in {model_dir}: `quicksilver serve` "
+            "builds it on first start (or `quicksilver export --adapter model/adapters-tools`)",
+            file=sys.stderr,
+        )
+        return 1
+    if min(args.levels) < 1 or args.replies < 1:
+        print("quicksilver bench replies: --levels and --replies need 1 or more", file=sys.stderr)
+        return 1
+    opts = RepliesOptions(model_dir, args.levels, args.replies, args.max_tokens, args.tools)
+    try:
+        results = run_replies_bench(opts)
+    except FileNotFoundError as exc:
+        print(f"quicksilver bench replies: {exc}", file=sys.stderr)
+        return 1
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=2))
+        print(f"wrote {args.json}")
+    return 0
