@@ -24,13 +24,13 @@ from typing import Any
 import numpy as np
 
 from audio.speech import QUESTIONS
-from model.assemble import Batching, load_onnx_diffusion_generator
+from model.assemble import Batching, load_onnx_diffusion_generator, serving_variant
 from model.backend import set_urgent
 from model.batch import BatchedBackend
 from model.diffusion_engine import DiffusionGenerator, DiffusionOptions
 from model.engine import ChatMessage, GenerationStats
 from model.modeldir import batch_file
-from model.runtime import RuntimeConfig
+from model.runtime import Device, RuntimeConfig
 from model.tools import DEFAULT_TOOLS
 
 
@@ -41,6 +41,7 @@ class RepliesOptions:
     replies: int = 16  # replies per level (each thread answers levels' share)
     max_tokens: int = 64
     tools: bool = False  # the default device tools in every prompt (as serve's sessions)
+    device: Device = "cpu"  # cuda / tensorrt: the fp16 files, as serve --device serves
 
 
 @dataclass
@@ -116,16 +117,18 @@ def run_level(gen: DiffusionGenerator, n: int, opts: RepliesOptions) -> dict[str
 
 
 def run_replies_bench(opts: RepliesOptions) -> dict[str, Any]:
-    found = batch_file(opts.model_dir, "int8")
+    variant = serving_variant("diffusion-onnx", opts.device)
+    found = batch_file(opts.model_dir, variant)
     if found is None:
         raise FileNotFoundError(
-            f"{opts.model_dir} has no batched int8 graph: rebuild it with `quicksilver export`"
+            f"{opts.model_dir} has no batched {variant} graph: rebuild it with "
+            f"`quicksilver export{' --fp16' if variant == 'fp16' else ''}`"
         )
-    config = RuntimeConfig(device="cpu", max_len=DiffusionOptions().cache_len)
+    config = RuntimeConfig(device=opts.device, max_len=DiffusionOptions().cache_len)
     engines = {
-        "batched": load_onnx_diffusion_generator(opts.model_dir, "int8", config, Batching()),
+        "batched": load_onnx_diffusion_generator(opts.model_dir, variant, config, Batching()),
         "one-at-a-time": load_onnx_diffusion_generator(
-            opts.model_dir, "int8", config, Batching(rows=1)
+            opts.model_dir, variant, config, Batching(rows=1)
         ),
     }
     rows: dict[str, list[dict[str, Any]]] = {name: [] for name in engines}
@@ -140,6 +143,10 @@ def run_replies_bench(opts: RepliesOptions) -> dict[str, Any]:
     one = {name: r[0] for name, r in rows.items() if r and r[0]["concurrent"] == 1}
     return {
         "model_dir": str(opts.model_dir),
+        "variant": variant,
+        "providers": engines["batched"].backend.loop.runner.session.get_providers()
+        if isinstance(engines["batched"].backend, BatchedBackend)
+        else [],
         "batch_rows": found[1],
         "max_tokens": opts.max_tokens,
         "tools": opts.tools,
@@ -175,6 +182,12 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--replies", type=int, default=16, help="replies per level")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--tools", action="store_true", help="the default tools in every prompt")
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        choices=("cpu", "cuda", "tensorrt"),
+        help="where the reply model runs (cuda, tensorrt: the fp16 files)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
 
 
@@ -186,7 +199,7 @@ def run_command(args: Any) -> int:
     from model.modeldir import is_complete
 
     model_dir = args.model_dir or engine_model_dir("diffusion-onnx", args.cache_dir)
-    if not is_complete(model_dir):
+    if not is_complete(model_dir, serving_variant("diffusion-onnx", args.device)):
         print(
             f"quicksilver bench replies: no served model in {model_dir}: `quicksilver serve` "
             "builds it on first start (or `quicksilver export --adapter model/adapters-tools`)",
@@ -196,7 +209,9 @@ def run_command(args: Any) -> int:
     if min(args.levels) < 1 or args.replies < 1:
         print("quicksilver bench replies: --levels and --replies need 1 or more", file=sys.stderr)
         return 1
-    opts = RepliesOptions(model_dir, args.levels, args.replies, args.max_tokens, args.tools)
+    opts = RepliesOptions(
+        model_dir, args.levels, args.replies, args.max_tokens, args.tools, args.device
+    )
     try:
         results = run_replies_bench(opts)
     except FileNotFoundError as exc:

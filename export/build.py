@@ -145,9 +145,9 @@ def export_onnx(model: Llama, path: Path, attention: Attention = "fused") -> Pat
     return path
 
 
-def export_batch_onnx(model: Llama, path: Path, rows: int) -> Path:
+def export_batch_onnx(model: Llama, path: Path, rows: int, attention: Attention = "fused") -> Path:
     """``rows`` replies' steps of ``model`` in one pass (:class:`BatchGraph`)."""
-    graph = BatchGraph(model, rows).eval()
+    graph = BatchGraph(model, rows, attention).eval()
     n_layer = model.config.n_layer
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # as export_onnx
@@ -268,7 +268,7 @@ def build(out: Path, options: BuildOptions, source: Source | None = None) -> dic
     for variant, path in batched.items():
         manifest["files"][path.name] = {
             "variant": variant,
-            "attention": "fused",
+            "attention": ATTENTION[variant],
             "rows": options.batch_rows,
             "bytes": path.stat().st_size,
             "sha256": sha256(path),
@@ -300,6 +300,12 @@ def _batched(
             lambda: quantize_int8(
                 fp32, out / BATCH_FILES["int8"], options.int8_method, options.per_channel
             ),
+        )
+    if "fp16" in built:
+        half = copy.deepcopy(model).half()
+        batched["fp16"] = _timed(
+            "exporting the batched fp16 graph (plain attention, for GPUs)",
+            lambda: export_batch_onnx(half, out / BATCH_FILES["fp16"], rows, ATTENTION["fp16"]),
         )
     return batched
 

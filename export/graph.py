@@ -313,7 +313,7 @@ def batch_dynamic_axes(n_layer: int, rows: int) -> dict[str, dict[int, str]]:
 
 
 class BatchGraph(StepGraph):
-    """``rows`` replies' steps in one pass (fused attention only), packed: no padding.
+    """``rows`` replies' steps in one pass, packed: no padding.
 
     The chunks of every row lie end to end in ``input_ids`` and ``positions`` (N,);
     ``lengths`` (B,) says how many tokens each row has (>= 1), ``past_lengths`` (B,)
@@ -322,13 +322,14 @@ class BatchGraph(StepGraph):
     reply's cache never moves. The projections and the MLP run once over all N tokens
     (where batching pays: their weights are read once per pass, not once per reply);
     attention runs per row, the same fused node :class:`StepGraph` runs, on the row's
-    own buffers. ``logit_rows`` index the packed tokens. A row's logits are what
+    own buffers (the fused node on the CPU files, :func:`plain_attention` on the GPU's).
+    ``logit_rows`` index the packed tokens. A row's logits are what
     :class:`StepGraph` gives for its chunk alone: the projections are per token, and
     the int8 kernel scales activations per token (docs/export.md).
     """
 
-    def __init__(self, model: Llama, rows: int) -> None:
-        super().__init__(model, "fused")
+    def __init__(self, model: Llama, rows: int, attention: Attention = "fused") -> None:
+        super().__init__(model, attention)
         self.rows = rows
 
     def forward(  # type: ignore[override]
@@ -351,12 +352,14 @@ class BatchGraph(StepGraph):
             T, S = lengths[b], past_lengths[b]
             at = torch.arange(ends[b] - T, ends[b], device=x.device)  # type: ignore[call-overload]
             total = S + T
+            # fused: the row's first S+T entries; plain: its buffer's whole capacity
+            span = total if self.attention == "fused" else past[2 * b * L].shape[2]
             i = torch.arange(T, device=x.device)[:, None]  # type: ignore[call-overload]
-            j = torch.arange(total, device=x.device)[None, :]  # type: ignore[call-overload]
-            allowed = (j <= i + S) | blocks[b]
+            j = torch.arange(span, device=x.device)[None, :]  # type: ignore[arg-type]
+            allowed = ((j <= i + S) | blocks[b]) & (j < total)
             bias = torch.zeros(allowed.shape, dtype=x.dtype).masked_fill(~allowed, float("-inf"))
             lens = (total.to(torch.int32) - 1).reshape(1), total.to(torch.int32)
-            spans.append((at, lens, bias[None, None]))
+            spans.append((at, S, lens, bias))
         present: list[list[torch.Tensor]] = [[] for _ in range(B)]
         for layer, blk in enumerate(self.blocks):
             a: Any = blk.attn
@@ -367,19 +370,15 @@ class BatchGraph(StepGraph):
             k = k.transpose(1, 2).reshape(1, N, a.nkv * a.hd)
             v = a.v_proj(h)
             ys = []
-            for b, (at, lens, bias) in enumerate(spans):
+            for b, (at, S, lens, bias) in enumerate(spans):
                 pk, pv = past[2 * (b * L + layer)], past[2 * (b * L + layer) + 1]
-                y, pk, pv = GroupQueryAttention.apply(  # type: ignore[no-untyped-call]
-                    q.index_select(1, at),
-                    k.index_select(1, at),
-                    v.index_select(1, at),
-                    pk,
-                    pv,
-                    *lens,
-                    bias,
-                    a.nh,
-                    a.nkv,
-                )
+                qkv = q.index_select(1, at), k.index_select(1, at), v.index_select(1, at)
+                if self.attention == "fused":
+                    y, pk, pv = GroupQueryAttention.apply(  # type: ignore[no-untyped-call]
+                        *qkv, pk, pv, *lens, bias[None, None], a.nh, a.nkv
+                    )
+                else:
+                    y, pk, pv = plain_attention(*qkv, pk, pv, S, bias, a.nh, a.nkv)
                 ys.append(y)
                 present[b] += [pk, pv]
             x = x + a.o_proj(torch.cat(ys, 1))

@@ -32,9 +32,13 @@ ATTENTION: dict[Variant, Attention] = {
     "int8": "fused",
     "fp16": "plain",
 }
-# The batched graph of a CPU file (export.graph.BatchGraph): BATCH_ROWS replies' steps in
-# one pass. On a GPU the fp16 file still serves one reply per pass.
-BATCH_FILES: dict[Variant, str] = {"fp32": "model.batch.onnx", "int8": "model.int8.batch.onnx"}
+# The batched graph of each file (export.graph.BatchGraph): BATCH_ROWS replies' steps in
+# one pass, in the attention form of the file it sits beside.
+BATCH_FILES: dict[Variant, str] = {
+    "fp32": "model.batch.onnx",
+    "int8": "model.int8.batch.onnx",
+    "fp16": "model.fp16.batch.onnx",
+}
 BATCH_ROWS = 8
 MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer.json"

@@ -50,7 +50,7 @@ def filled(backend: OrtBackend, ids: Sequence[int]) -> OrtCache:
 
 def test_the_build_writes_a_batched_graph_of_the_default_rows(tiny_dir: Path) -> None:
     manifest = read_manifest(tiny_dir)
-    for variant in ("fp32", "int8"):
+    for variant in ("fp32", "int8", "fp16"):
         found = batch_file(tiny_dir, variant)  # type: ignore[arg-type]
         assert found is not None and found[1] == BATCH_ROWS
         assert manifest["files"][found[0].name]["variant"] == variant
@@ -87,6 +87,32 @@ def test_each_row_of_a_batched_pass_gets_what_it_gets_alone(tiny_dir: Path, vari
         np.testing.assert_array_equal(
             a_cache.buffers.numpy()[..., :n, :], b_cache.buffers.numpy()[..., :n, :]
         )
+
+
+def test_the_plain_attention_form_batches_as_exactly(
+    tiny_plain: Path, tiny_ref: Any, tmp_path: Path
+) -> None:
+    """The GPU file's form (standard operators, the row's whole buffer masked), in fp32
+    on the CPU: each row exactly what the plain one-reply graph gives it."""
+    from export.build import export_batch_onnx
+
+    config = RuntimeConfig(device="cpu", max_len=128)
+    single = OrtBackend(tiny_plain, config)
+    runner = BatchRunner(single, export_batch_onnx(tiny_ref, tmp_path / "b.onnx", 3, "plain"))
+    rng = np.random.default_rng(2)
+    pasts = [rng.integers(0, VOCAB, n).tolist() for n in (4, 0)]
+    chunks = [rng.integers(0, VOCAB, t) for t in (1, 5)]
+    attends = ["causal", "block"]
+    alone = [
+        single.step(filled(single, p), x, a, False)  # type: ignore[arg-type]
+        for p, x, a in zip(pasts, chunks, attends, strict=True)
+    ]
+    requests = [
+        Request(False, i, filled(single, p), x, a, False, np.arange(len(x)))  # type: ignore[arg-type]
+        for i, (p, x, a) in enumerate(zip(pasts, chunks, attends, strict=True))
+    ]
+    for a, b in zip(alone, runner.run(requests), strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def in_threads(jobs: Sequence[Callable[[], Any]]) -> list[Any]:
