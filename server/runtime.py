@@ -103,6 +103,20 @@ class Runtime:
     speech_first: SpeechFirst = field(default_factory=lambda: SpeechFirst(enabled=False))
     # scores paused turns' transcripts (server/turn_end.py); None: silence and words only
     turn_end: EndOfTurnModel | None = None
+    # the step loop every reply's passes go through (model/batch.py); None: one at a time
+    shared: BatchedBackend | None = None
+
+    def passes(self) -> dict[str, object] | None:
+        """The reply model's shared passes so far, for /stats."""
+        if self.shared is None:
+            return None
+        loop, pool = self.shared.loop, self.shared.pool
+        return {
+            "rows": loop.runner.rows,
+            "passes": loop.passes,
+            "rows_per_pass": round(loop.rows_run / max(loop.passes, 1), 2),
+            **({"kv_positions": pool.held, "kv_budget": pool.budget} if pool else {}),
+        }
 
     def worker(self, kind: WorkerKind) -> Worker:
         return self.workers[kind]
@@ -191,8 +205,18 @@ def load_runtime(options: RuntimeOptions) -> Runtime:
     log.info(
         "end of turn: %s", "scored by the reply model" if turn_end else "silence and words only"
     )
+    shared = getattr(generator, "backend", None)
     return Runtime(
-        vad, asr, tts, reply, asr_name, options.max_reply_tokens, workers, speech, turn_end
+        vad,
+        asr,
+        tts,
+        reply,
+        asr_name,
+        options.max_reply_tokens,
+        workers,
+        speech,
+        turn_end,
+        shared if isinstance(shared, BatchedBackend) else None,
     )
 
 

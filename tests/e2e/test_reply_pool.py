@@ -31,6 +31,9 @@ async def test_a_reply_past_the_kv_cache_budget_is_a_turn_error(
                     assert not isinstance(event, p.ReplyDone), event
                 assert event.code == "turn_failed"
                 assert "KV cache pool is full" in event.message, event
-        assert server.proc.poll() is None and server.stats()["sessions"] == 0
+        assert server.proc.poll() is None
+        stats = server.stats()
+        assert stats["sessions"] == 0 and stats["reply_passes"]["rows"] == 8, stats
+        assert stats["reply_passes"]["kv_budget"] == 4 * 2**20 // 46_080
     finally:
         server.stop()
