@@ -34,6 +34,7 @@ from numpy.typing import NDArray
 
 from bench.llamacpp import LLAMA_PYTHON_ENV, LlamaCppWorker, llama_cpp_python
 from export.prompts import QUESTIONS
+from model.assemble import DEFAULT_ENGINE
 from model.backend import Attend, Rows, StepBackend
 from model.chat import build_prompt
 from model.diffusion_engine import DiffusionOptions, smollm2_diffusion_config
@@ -145,6 +146,10 @@ class CountingBackend:
 
 
 Decoder = Callable[[StepBackend, list[int], int], Generator[int, None, GenerationStats]]
+
+
+# The row of each ONNX engine `quicksilver serve --engine` names.
+SERVED_ROW = {"diffusion-onnx": "diffusion", "smollm2-ar-onnx": "ar"}
 
 
 def ar_decoder(tok: Tokenizer) -> Decoder:
@@ -548,6 +553,8 @@ def _results(
         "adapter": _adapter_summary(manifest),
         "prompts": list(questions),
         "rows": rows,
+        # the row `quicksilver serve` serves by default (model/assemble.py's DEFAULT_ENGINE)
+        "served": {"engine": SERVED_ROW[DEFAULT_ENGINE], "runtime": "onnx-int8", "budget": top},
         "speedup": (diff / ar) if (ar and diff) else None,
         "speedup_per_round": rounds,
         # each diffusion engine's tokens/s over AR's, by name (the one served today)

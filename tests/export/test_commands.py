@@ -212,6 +212,9 @@ def test_bench_times_the_first_sentence(tiny_dir: Path, capsys: pytest.CaptureFi
     tps = {row["engine"]: row["tokens_per_s"] for row in r["rows"]}  # the speedup is over AR's
     assert r["speedup"] == tps["diffusion"] / tps["ar"]
     assert r["speedup_by_engine"] == {"diffusion": r["speedup"]}
+    # the served row is one of the rows, and the one serve's default engine runs
+    assert r["served"] == {"engine": "diffusion", "runtime": "onnx-int8", "budget": 8}
+    assert sum(all(row[k] == v for k, v in r["served"].items()) for row in r["rows"]) == 1
     for row in r["rows"]:  # each reply's first sentence comes no later than its end
         assert 0 < row["first_sentence_p50_s"] <= row["p50_s"]
         assert row["first_sentence_p95_s"] <= row["p95_s"]
