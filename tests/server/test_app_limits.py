@@ -126,7 +126,7 @@ async def test_a_client_that_stops_reading_is_closed_without_slowing_others() ->
 
 async def test_no_audio_of_a_cancelled_turn_follows_reply_cancelled_for_a_slow_reader() -> None:
     replies = ScriptedReplies(reply=LONG)
-    async with serving(replies=replies, config=config(max_audio_backlog_s=60.0)) as (url, _):
+    async with serving(replies=replies, config=config(max_audio_backlog_s=60.0)) as (url, app):
         ws = await connect(url, sock=slow_socket(url), max_queue=1)
         await ws.send(
             json.dumps({"type": "start", "sample_rate": 16000, "output_sample_rate": 48000})
@@ -134,6 +134,10 @@ async def test_no_audio_of_a_cancelled_turn_follows_reply_cancelled_for_a_slow_r
         await ws.send(json.dumps({"type": "text", "text": "Tell me everything."}))
         await asyncio.to_thread(replies.started.wait, 30)
         await asyncio.sleep(1.0)  # audio backs up in the socket meanwhile
+        (conn,) = app.sessions
+        async with asyncio.timeout(60):  # a loaded machine synthesizes slowly: wait for it
+            while conn.ws.transport.get_write_buffer_size() == 0:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
         await ws.send(json.dumps({"type": "cancel"}))
         turn = None
         after_cancel = 0
