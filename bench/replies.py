@@ -4,7 +4,8 @@ N threads start together, as N sessions' replies would in ``quicksilver serve``
 (server/runtime.py gives each reply its thread), and each answers its share of the
 held-out questions one after another. Each configuration runs twice in one process,
 interleaved per level: with the model directory's batched graph (replies share passes,
-``model/batch.py``) and one reply per pass (``--reply-batch 1``), the same-run baseline.
+``model/batch.py``) and one reply at a time (``--reply-batch 1``: serve then has one
+reply thread, and the others wait for it), the same-run baseline.
 
 Per level: aggregate reply tokens per second (every reply's tokens over the wall time),
 first sentence p50/p95 (from the moment a reply is asked for, queueing included: what
@@ -13,6 +14,7 @@ a listener waits for), passes run and rows per pass.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import threading
 import time
@@ -25,7 +27,7 @@ import numpy as np
 
 from audio.speech import QUESTIONS
 from model.assemble import Batching, load_onnx_diffusion_generator, serving_variant
-from model.backend import set_urgent
+from model.backend import begin_reply, spoke
 from model.batch import BatchedBackend
 from model.diffusion_engine import DiffusionGenerator, DiffusionOptions
 from model.engine import ChatMessage, GenerationStats
@@ -51,9 +53,16 @@ class _Reply:
     tokens: int = 0
 
 
-def _answer(gen: DiffusionGenerator, question: str, opts: RepliesOptions) -> _Reply:
-    set_urgent(True)
+def _answer(
+    gen: DiffusionGenerator, question: str, opts: RepliesOptions, alone: threading.Lock | None
+) -> _Reply:
     r = _Reply(time.perf_counter())
+    with alone or contextlib.nullcontext():  # one at a time: as serve's one reply thread
+        return _answered(gen, question, opts, r)
+
+
+def _answered(gen: DiffusionGenerator, question: str, opts: RepliesOptions, r: _Reply) -> _Reply:
+    begin_reply()
     tools = DEFAULT_TOOLS if opts.tools else ()
     it = gen.generate([ChatMessage("user", question)], opts.max_tokens, lambda: False, tools)
     while True:
@@ -64,7 +73,7 @@ def _answer(gen: DiffusionGenerator, question: str, opts: RepliesOptions) -> _Re
             break
         if r.first is None:
             r.first = time.perf_counter() - r.asked
-            set_urgent(False)
+            spoke()
     r.tokens = stats.tokens
     if r.first is None:  # nothing said: its end is its first sentence
         r.first = time.perf_counter() - r.asked
@@ -80,13 +89,14 @@ def run_level(gen: DiffusionGenerator, n: int, opts: RepliesOptions) -> dict[str
     start = threading.Barrier(n + 1)
     backend = gen.backend
     loop = backend.loop if isinstance(backend, BatchedBackend) else None
+    alone = None if loop is not None else threading.Lock()
     passes0, rows0 = (loop.passes, loop.rows_run) if loop else (0, 0)
 
     def work(share: list[str]) -> None:
         start.wait()
         for q in share:
             gen.prefixes.evict_oldest()  # every reply a fresh session's, as the harness's
-            r = _answer(gen, q, opts)
+            r = _answer(gen, q, opts, alone)
             with lock:
                 done.append(r)
 

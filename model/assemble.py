@@ -17,13 +17,14 @@ module only loads a directory that is already complete.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
 
 from model.ar import ARGenerator, AROptions
 from model.backend import StepBackend
-from model.batch import BatchedBackend, BatchRunner, CachePool, StepLoop
+from model.batch import SHAPES, BatchedBackend, BatchRunner, CachePool, StepLoop, host_shape
 from model.diffusion_engine import (
     DiffusionGenerator,
     DiffusionOptions,
@@ -47,6 +48,8 @@ from model.openai_chat import ChatServerOptions, OpenAIChatGenerator
 from model.router import find_router
 from model.runtime import GROW, Device, OrtBackend, RuntimeConfig, choose_providers
 from model.spans import find_spans
+
+log = logging.getLogger("quicksilver")
 
 EngineName = Literal["diffusion-onnx", "diffusion", "smollm2-ar-onnx", "smollm2-ar", "openai-chat"]
 ENGINES: tuple[EngineName, ...] = get_args(EngineName)
@@ -154,7 +157,16 @@ def shared_backend(
     path, rows = found
     if batching.rows is not None and batching.rows > rows:
         raise ValueError(f"--reply-batch {batching.rows}: {path.name} holds {rows} rows")
-    loop = StepLoop(BatchRunner(single, path, single.threads))
+    runner = BatchRunner(single, path, single.threads)
+    shape, measured = host_shape(runner, model_dir)
+    log.info(
+        "reply passes on this host%s: up to %d wide and %d narrow steps a pass (%s)",
+        " (measured now)" if measured else "",
+        shape.wide,
+        shape.narrow,
+        model_dir / SHAPES,
+    )
+    loop = StepLoop(runner, shape=shape)
     L, n_kv, hd = single.dims
     position_bytes = L * 2 * n_kv * hd * single.dtype.itemsize
     if batching.kv_cache_mb is None:

@@ -15,6 +15,7 @@ repeatedly and committed once, when its tokens are final.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,17 +30,26 @@ Rows = Sequence[int] | NDArray[np.int64] | None
 
 
 _reply = threading.local()
+_replies = itertools.count()
 
 
-def set_urgent(urgent: bool) -> None:
-    """Say, from a reply's thread, whether its listener is still waiting for its first
-    sentence: a backend that shares passes between replies (``model/batch.py``) runs
-    urgent replies' steps first. A backend that runs one reply at a time ignores it."""
-    _reply.urgent = urgent
+def begin_reply() -> None:
+    """Say, from a reply's thread, that a new reply starts there: its listener waits for
+    its first sentence (:func:`spoke` ends that). A backend that shares passes between
+    replies (``model/batch.py``) runs the steps of replies still silent first, oldest
+    reply first; a backend that runs one reply at a time ignores both."""
+    _reply.urgent = True
+    _reply.order = next(_replies)
 
 
-def is_urgent() -> bool:
-    return bool(getattr(_reply, "urgent", False))
+def spoke() -> None:
+    """The reply of this thread has said its first sentence."""
+    _reply.urgent = False
+
+
+def reply_rank() -> tuple[bool, int]:
+    """This thread's reply: (said its first sentence, when it began), lower first."""
+    return not getattr(_reply, "urgent", False), int(getattr(_reply, "order", 0))
 
 
 def last_row(ids: Sequence[int] | NDArray[np.int64]) -> list[int]:

@@ -23,9 +23,15 @@ memory.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import gc
 import itertools
+import json
+import os
+import platform
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -37,7 +43,7 @@ import numpy as np
 import onnxruntime as ort
 from numpy.typing import NDArray
 
-from model.backend import Attend, Logits, Rows, is_urgent
+from model.backend import Attend, Logits, Rows, reply_rank
 from model.runtime import GROW, OrtBackend, OrtCache
 
 _order = itertools.count()
@@ -81,10 +87,11 @@ class CachePool:
 
 @dataclass(order=True)
 class Request:
-    """One reply's step, waiting for a pass: urgent ones first (a reply whose first
-    sentence is not out, :func:`model.backend.set_urgent`), then in the order asked."""
+    """One reply's step, waiting for a pass: the steps of replies that have not said
+    their first sentence first, the oldest reply first (:func:`model.backend.reply_rank`),
+    then in the order asked."""
 
-    later: bool  # not urgent
+    rank: tuple[bool, int]
     order: int
     cache: OrtCache = field(compare=False)
     ids: NDArray[np.int64] = field(compare=False)
@@ -237,14 +244,108 @@ class BatchRunner:
         self._bound[row] = (weakref.ref(cache), ptr, capacity)
 
 
+# A step of at most this many tokens is narrow (an AR token, the end-of-turn score's
+# one position): its pass reads the weights once for little arithmetic, so narrow rows
+# share a pass almost for free. Wider ones (a diffusion block, a prefill chunk) are
+# arithmetic-bound on a CPU, where sharing a pass gains less and delays every row in it.
+NARROW = 4
+
+
+@dataclass(frozen=True)
+class PassShape:
+    """How many wide and narrow rows one pass may hold (``measure_shape``)."""
+
+    wide: int
+    narrow: int
+
+
+def measure_shape(runner: BatchRunner, repeats: int = 5, cached: int = 64) -> PassShape:
+    """The pass shape that is fastest for listeners on this host, from the cost of a
+    pass of k rows (2, 4, all) against one row, wide (a 16-token block) and narrow (one
+    token). k rows share a pass when that gets k silent replies' first sentences out no
+    later at the median than running them one after another: k passes of cost c(k)
+    against (k + 1) / 2 of cost c(1), so c(k) <= c(1) (k + 1) / 2. On a GPU, or a CPU
+    with cheap wide passes, every row shares; on a CPU without, wide rows run alone
+    (narrow ones, bound by reading the weights, share there too)."""
+    single = runner.single
+    rng = np.random.default_rng(0)
+    caches = []
+    for _ in range(runner.rows):
+        cache = OrtCache(single)
+        single.step(cache, rng.integers(0, single.vocab_size, cached), "causal", commit=True)
+        caches.append(cache)
+
+    def cost(k: int, width: int) -> float:
+        times = []
+        for _ in range(repeats + 1):  # the first warms the graph's kernels up: not timed
+            requests = [
+                Request((False, 0), i, caches[i], rng.integers(0, 100, width), "block", False, rows)
+                for i in range(k)
+                for rows in [np.arange(width)]
+            ]
+            t0 = time.perf_counter()
+            runner.run(requests)
+            times.append(time.perf_counter() - t0)
+        return float(np.median(times[1:]))
+
+    fits = {}
+    for width in (16, 1):
+        one = cost(1, width)
+        fits[width] = max(
+            [1, *(k for k in (2, 4, runner.rows) if cost(k, width) <= one * (k + 1) / 2)]
+        )
+    return PassShape(wide=fits[16], narrow=fits[1])
+
+
+SHAPES = "passes.json"  # in the model directory: the shape measured on each host
+
+
+def host_shape(runner: BatchRunner, model_dir: Path) -> tuple[PassShape, bool]:
+    """This host's pass shape: measured once (:func:`measure_shape`, a few seconds on a
+    CPU) and kept in the model directory under the host's processor and providers.
+    Returns it and whether it was measured now."""
+    key = host_key(runner.session.get_providers())
+    path = model_dir / SHAPES
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if isinstance(found := known.get(key), dict):
+        return PassShape(int(found["wide"]), int(found["narrow"])), False
+    shape = measure_shape(runner)
+    known[key] = dataclasses.asdict(shape) | {"rows": runner.rows}
+    with contextlib.suppress(OSError):  # a read-only directory measures every start
+        path.write_text(json.dumps(known, indent=2))
+    return shape, True
+
+
+def host_key(providers: Sequence[str]) -> str:
+    """The processor (its name, cores and the flags that decide int8 kernels) and the
+    execution providers: what a pass's cost depends on besides the model."""
+    name, flags = platform.machine(), set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                name = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    isa = sorted(flags & {"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8"})
+    return f"{name} x{os.cpu_count()} {'+'.join(isa)} {','.join(providers)}"
+
+
 class StepLoop:
     """The thread that owns the model: it waits for requests, takes as many as one
     pass holds (lowest priority first) and runs them together."""
 
     def __init__(
-        self, runner: BatchRunner, on_pass: Callable[[Sequence[Request]], None] | None = None
+        self,
+        runner: BatchRunner,
+        on_pass: Callable[[Sequence[Request]], None] | None = None,
+        shape: PassShape | None = None,
     ) -> None:
         self.runner = runner
+        self.shape = shape or PassShape(runner.rows, runner.rows)
         self.on_pass = on_pass  # sees every pass's requests (metrics, tests)
         self._waiting: list[Request] = []
         self._cond = threading.Condition()
@@ -269,14 +370,29 @@ class StepLoop:
         self._thread.join()
 
     def _take(self) -> list[Request] | None:
+        """The next pass: waiting requests in rank order, as many as :attr:`shape`
+        lets share it (the first always goes)."""
         with self._cond:
             while not self._waiting and not self._closed:
                 self._cond.wait()
             if not self._waiting:
                 return None
             self._waiting.sort()
-            taken = self._waiting[: self.runner.rows]
-            del self._waiting[: self.runner.rows]
+            taken: list[Request] = []
+            left: list[Request] = []
+            wide = narrow = 0
+            for r in self._waiting:
+                is_wide = len(r.ids) > NARROW
+                fits = len(taken) < self.runner.rows and (
+                    wide < self.shape.wide if is_wide else narrow < self.shape.narrow
+                )
+                if fits or not taken:
+                    taken.append(r)
+                    wide += is_wide
+                    narrow += not is_wide
+                else:
+                    left.append(r)
+            self._waiting = left
             return taken
 
     def _run(self) -> None:
@@ -338,7 +454,7 @@ class BatchedBackend:
         if self.max_len < cache.length + len(ids):
             raise ValueError(f"KV cache full: {cache.length} + {len(ids)} > {self.max_len}")
         cache.reserve(cache.length + len(ids))
-        request = Request(not is_urgent(), next(_order), cache, ids, attend, commit, rows)
+        request = Request(reply_rank(), next(_order), cache, ids, attend, commit, rows)
         return self.loop.submit(request).result()
 
     def _prefill(self, cache: OrtCache, ids: NDArray[np.int64], rows: NDArray[np.int64]) -> Logits:

@@ -21,7 +21,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Literal, Protocol, TypeVar
 
-from model.backend import set_urgent
+from model.backend import begin_reply, spoke
 from model.tools import Tool, ToolCall
 
 # "tool": what came of a tool call (the client's action_result), after the reply that
@@ -177,13 +177,13 @@ class ThreadedReplyEngine:
             put(piece)
 
         def work() -> None:
-            set_urgent(True)  # its steps go first in a shared pass until it has spoken
+            begin_reply()  # its steps go first in a shared pass until it has spoken
             try:  # a generator that cannot even start still ends the stream, with its error
                 it = self._generator.generate(conversation, max_tokens, should_stop, tools)
                 while True:
                     try:
                         written(next(it))
-                        set_urgent(False)
+                        spoke()
                     except StopIteration as done:
                         stats: GenerationStats = done.value
                         break

@@ -3,6 +3,7 @@ row gets what it gets alone, on the tiny model's fp32 and int8 files."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -13,13 +14,18 @@ import pytest
 
 from model.backend import StepBackend
 from model.batch import (
+    NARROW,
     PREFILL_CHUNK,
+    SHAPES,
     BatchedBackend,
     BatchRunner,
     CachePool,
+    PassShape,
     PoolFullError,
     Request,
     StepLoop,
+    host_key,
+    host_shape,
 )
 from model.generate import greedy
 from model.modeldir import BATCH_ROWS, batch_file, read_manifest
@@ -194,6 +200,32 @@ def test_a_long_prefill_runs_in_chunks_between_other_replies_steps(tiny_dir: Pat
     assert chunks == [PREFILL_CHUNK] * 3  # never one pass of the whole prompt
     # the short reply's one-token steps ran in passes beside the chunks
     assert any(PREFILL_CHUNK in p and 1 in p for p in passes)
+
+
+def test_a_pass_holds_no_more_wide_rows_than_its_shape_lets(tiny_dir: Path) -> None:
+    runner = runner_of(tiny_dir)
+    alone = [diffusion(runner.single, p) for p in PROMPTS]
+    widths: list[list[int]] = []
+    shape = PassShape(wide=1, narrow=BATCH_ROWS)
+    loop = StepLoop(runner, on_pass=lambda t: widths.append([len(r.ids) for r in t]), shape=shape)
+    try:
+        shared = BatchedBackend(loop)
+        together = in_threads([lambda p=p: diffusion(shared, p) for p in PROMPTS])
+    finally:
+        loop.close()
+    assert together == alone
+    assert all(sum(w > NARROW for w in pass_) <= 1 for pass_ in widths)
+
+
+def test_the_host_shape_is_measured_once_and_kept_in_the_model_dir(
+    tiny_dir: Path, tmp_path: Path
+) -> None:
+    runner = runner_of(tiny_dir)
+    shape, measured = host_shape(runner, tmp_path)
+    assert measured and 1 <= shape.wide <= runner.rows and 1 <= shape.narrow <= runner.rows
+    assert host_shape(runner, tmp_path) == (shape, False)
+    kept = json.loads((tmp_path / SHAPES).read_text())
+    assert list(kept) == [host_key(runner.session.get_providers())]
 
 
 def test_the_cache_pool_refuses_a_reply_when_live_ones_hold_it_all(tiny_dir: Path) -> None:
