@@ -181,11 +181,23 @@ def load_onnx_ar_generator(
     variant: Variant = "int8",
     config: RuntimeConfig | None = None,
     options: AROptions | None = None,
+    batching: Batching | None = None,
 ) -> ARGenerator:
-    backend = load_onnx_backend(model_dir, variant, config)
-    return ARGenerator(
-        backend, load_tokenizer(model_dir), options or AROptions(), "smollm2-ar-onnx"
-    )
+    """The AR engine; with ``batching``, its one-token steps share passes (narrow rows:
+    on a CPU, several cost little more than one)."""
+    options = options or AROptions()
+    single = load_onnx_backend(model_dir, variant, config)
+    backend: StepBackend = single
+    shared = None
+    if batching is not None:
+        per_cache = min(single.max_len, -(-single.max_len // GROW) * GROW)
+        kept = options.cache_sessions
+        shared = shared_backend(single, model_dir, variant, batching, kept, per_cache)
+        backend = shared or single
+    gen = ARGenerator(backend, load_tokenizer(model_dir), options, "smollm2-ar-onnx")
+    if shared is not None and shared.pool is not None:
+        shared.pool.evict = gen.prefixes.evict_oldest
+    return gen
 
 
 def load_onnx_diffusion_generator(
@@ -249,7 +261,8 @@ def load_generator(
             "first start, or `quicksilver export --out DIR` where PyTorch is installed"
         )
     if engine == "smollm2-ar-onnx":
-        return load_onnx_ar_generator(model_dir, variant, RuntimeConfig(device=device))
+        config = RuntimeConfig(device=device)
+        return load_onnx_ar_generator(model_dir, variant, config, batching=batching or Batching())
     cache_len = DiffusionOptions().cache_len
     config = RuntimeConfig(device=device, max_len=cache_len)
     return load_onnx_diffusion_generator(model_dir, variant, config, batching or Batching())

@@ -248,3 +248,31 @@ def test_the_cache_pool_refuses_a_reply_when_live_ones_hold_it_all(tiny_dir: Pat
         assert live[1].length == 3
     finally:
         loop.close()
+
+
+@pytest.mark.parametrize("engine", ["diffusion", "ar"])
+def test_the_served_engines_share_passes_and_answer_as_they_do_alone(
+    tiny_dir: Path, engine: str
+) -> None:
+    """The loaders serve builds engines with (model/assemble.py): with the directory's
+    batched graph, replies in threads at once say what each says alone."""
+    from model.assemble import Batching, load_onnx_ar_generator, load_onnx_diffusion_generator
+    from model.engine import ChatMessage, drain
+
+    load = load_onnx_diffusion_generator if engine == "diffusion" else load_onnx_ar_generator
+    config = RuntimeConfig(device="cpu", max_len=512)
+    alone = load(tiny_dir, "fp32", config, batching=Batching(rows=1))
+    shared = load(tiny_dir, "fp32", config, batching=Batching())
+    assert isinstance(shared.backend, BatchedBackend)
+    assert not isinstance(alone.backend, BatchedBackend)
+    asks = ["hi", "what is it", "tell me more", "ok"]
+
+    def answer(gen: Any, text: str) -> list[str]:
+        return drain(gen.generate([ChatMessage("user", text)], 12, lambda: False))[0]
+
+    try:
+        expected = [answer(alone, t) for t in asks]
+        assert in_threads([lambda t=t: answer(shared, t) for t in asks]) == expected
+        assert shared.backend.loop.passes > 0
+    finally:
+        shared.backend.loop.close()
