@@ -52,6 +52,9 @@ def test_quicksilver_export_builds_a_model_directory(
         "model.onnx",
         "model.int8.onnx",
         "model.fp16.onnx",
+        "model.batch.onnx",
+        "model.int8.batch.onnx",
+        "model.fp16.batch.onnx",
         "tokenizer.json",
     }
     for name, f in manifest["files"].items():
@@ -68,6 +71,9 @@ def test_quicksilver_export_builds_a_model_directory(
         "model.onnx": "fused",
         "model.int8.onnx": "fused",
         "model.fp16.onnx": "plain",
+        "model.batch.onnx": "fused",
+        "model.int8.batch.onnx": "fused",
+        "model.fp16.batch.onnx": "plain",
         "tokenizer.json": None,
     }
     assert is_complete(out, "fp16")
