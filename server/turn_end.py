@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
+from model.backend import begin_reply
+
 if TYPE_CHECKING:
     from model.backend import StepBackend
     from model.runtime import Device
@@ -160,6 +162,7 @@ class EndOfTurnModel:
         body = tok.encode_plain(words)[-(self.max_tokens - len(self._head)) :]
         ids = [*self._head, *body, *tok.encode_plain(tail.strip())]
         rows = sorted({len(self._head) + len(body) - 1, len(ids) - 1})
+        begin_reply()  # a listener waits on it: in a shared pass, with the silent replies
         cache = self.backend.new_cache()
         logits = self.backend.step(cache, np.asarray(ids, np.int64), "causal", True, rows=rows)
         p = _softmax(logits.astype(np.float64))  # (1 or 2, V): after the words, after all
