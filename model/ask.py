@@ -10,14 +10,23 @@ request, not a no, and is answered as one.
 A call's string argument that names someone may be a reference ("text her instead"):
 :func:`resolve` puts in the name the conversation's latest earlier call gave ("my
 sister" from ``call.start {contact: "my sister"}``), or says whom to ask about when no
-earlier call named anyone. All pure: the turn pipeline and the session read the same
-words the same way (server/turn.py, server/session.py).
+earlier call named anyone: the call is then *incomplete* (:func:`missing`), that
+parameter dropped, and the name the user answers fills it in (:func:`named`).
+
+Before any of that, whether to act at all (:func:`unheard`, :func:`outside`,
+:func:`asked`): a call on words the ASR was unsure of is not made ("Sorry, I didn't
+catch that."); a call whose recipient is the user or the assistant ("Read me my last
+message." -> ``message.send {to: "me"}``) asks for something no tool does and is
+refused; a call the router was unsure to make is asked about. All pure: the turn
+pipeline and the session read the same words the same way (server/turn.py,
+server/session.py).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Literal
 
 from model.engine import ChatMessage
@@ -25,6 +34,24 @@ from model.tools import Tool, ToolCall, split_call
 
 Answer = Literal["yes", "no"]
 DECLINED = "Okay, I won't."  # said to a no: the call asked about is dropped
+NOT_CAUGHT = "Sorry, I didn't catch that. Could you say it again?"  # unsure words: no call
+CANT = "Sorry, I can't do that."  # a request no tool does: never the nearest tool
+
+# How sure the words must be to act on (Whisper's per-segment figures, audio.asr's
+# Transcript: the lowest average log-probability, the highest no-speech probability).
+# faster-whisper's own bars: below log_prob_threshold -1.0 it deems a decode failed
+# (and retries it hotter), above no_speech_threshold 0.6 it may be no speech at all.
+# A command is acted on only inside both: its words are answered, never acted on.
+LOG_PROB_BAR = -1.0
+NO_SPEECH_BAR = 0.6
+# How sure the router must be that the request asks for an action (its log-odds,
+# ToolCall.margin): the router decides alone at |log-odds| >= 3 (model.router.SURE,
+# probability 0.95); below that the model's first token decides, and a call it makes
+# so is asked about ("Set a timer for ten minutes?") instead of made. On the typed
+# held-out set every command the router acted on cleared it (docs/actions.md).
+SURE_TO_ACT = 3.0
+# what names the user or the assistant, never whom a message or call goes to
+_SELF = frozenset(["me", "myself", "you", "yourself", "us", "ourselves", "i"])
 
 _YES = frozenset(
     [
@@ -124,11 +151,12 @@ def earlier_calls(history: Iterable[ChatMessage]) -> list[ToolCall]:
     return calls
 
 
-def resolve(call: ToolCall, tool: Tool, earlier: Sequence[ToolCall]) -> ToolCall | str:
+def resolve(call: ToolCall, tool: Tool, earlier: Sequence[ToolCall]) -> ToolCall:
     """``call`` with a reference in a parameter that names someone (``to``,
     ``contact``, ``recipient``) replaced by the name the latest of the ``earlier``
-    calls gave; what to ask instead ("Who should I send it to?") when none did. A
-    name that is no reference keeps its words, a trailing "instead" dropped."""
+    calls gave; dropped when none did, so that the call is incomplete
+    (:func:`missing` says whom to ask about). A name that is no reference keeps its
+    words, a trailing "instead" dropped."""
     args = dict(call.arguments)
     for p in tool.params:
         value = args.get(p.name)
@@ -139,9 +167,119 @@ def resolve(call: ToolCall, tool: Tool, earlier: Sequence[ToolCall]) -> ToolCall
             continue
         named = _named(earlier)
         if named is None:
+            del args[p.name]
+        else:
+            args[p.name] = named
+    return replace(call, arguments=args)
+
+
+def missing(call: ToolCall, tool: Tool) -> str | None:
+    """What to ask ("Who should I call?") when ``call`` lacks whom it is for (a
+    reference :func:`resolve` could not resolve); None when it is complete."""
+    for p in tool.params:
+        if p.name in _WHO and p.required and p.name not in call.arguments:
             return _WHO[p.name]
-        args[p.name] = named
-    return ToolCall(call.name, args, call.passes)
+    return None
+
+
+def unheard(avg_logprob: float | None, no_speech_prob: float | None) -> bool:
+    """The ASR was too unsure of the words to act on them (:data:`LOG_PROB_BAR`,
+    :data:`NO_SPEECH_BAR`); typed words (None) are always heard."""
+    if avg_logprob is not None and avg_logprob < LOG_PROB_BAR:
+        return True
+    return no_speech_prob is not None and no_speech_prob > NO_SPEECH_BAR
+
+
+def outside(call: ToolCall, tool: Tool) -> bool:
+    """``call`` is the nearest tool to a request no tool does: whom it is for is the
+    user or the assistant ("Read me my last message." -> ``message.send {to: "me"}``,
+    "Wake me up in two hours." -> ``call.start {contact: "me up in two hours"}``,
+    "Translate thank you into Spanish." -> ``message.send {to: "you"}``). None of the
+    project's 720 trained and held-out messages and calls names either."""
+    for p in tool.params:
+        value = call.arguments.get(p.name)
+        if p.name in _WHO and isinstance(value, str):
+            words = _WORDS.findall(value.lower())
+            if words and words[0] in _SELF:
+                return True
+    return False
+
+
+def asked(call: ToolCall, tool: Tool) -> bool:
+    """``call`` is asked about, not made: its tool is marked ``confirm``, the router
+    was not sure the request asks for an action (:data:`SURE_TO_ACT`), or it lacks
+    whom it is for (:func:`missing`)."""
+    unsure = call.margin is not None and call.margin < SURE_TO_ACT
+    return tool.confirm or unsure or missing(call, tool) is not None
+
+
+def named(call: ToolCall, tool: Tool, text: str) -> ToolCall | None:
+    """The incomplete ``call`` (:func:`missing`) with the name the user's ``text``
+    answered to "Who should I call?" ("My sister." -> ``contact: "my sister"``; "To
+    Tom, please." -> ``"Tom"``); None when the words are no name: a yes or no, a
+    question, a reference, a new request (more than four words, or a word no name
+    has: "Set a timer."). Those drop the call, as any other words drop a question."""
+    if answer(text) is not None or "?" in text:
+        return None
+    m = _NAME_ANSWER.match(_SPACES.sub(" ", text).strip())
+    name = m.group(1).strip() if m else ""
+    words = _WORDS.findall(name.lower())
+    if not words or len(words) > 4 or set(words) & _NOT_NAME or _REFERENCE.match(name):
+        return None
+    first, *rest = name.split(" ", 1)
+    if first.lower() in _DETERMINERS:  # "My sister." is "my sister" inside a sentence
+        name = " ".join([first.lower(), *rest])
+    for p in tool.params:
+        if p.name in _WHO and p.required and p.name not in call.arguments:
+            return replace(call, arguments={**call.arguments, p.name: name})
+    return None
+
+
+_WORDS = re.compile(r"[a-z0-9']+")
+_NAME_ANSWER = re.compile(
+    r"^(?:(?:um|uh|oh|well|okay|ok|so)[,.]?\s+)*"
+    r"(?:(?:call|phone|text|message|send it to|to|it's to|it's|it is|that's|that is)\s+)?"
+    r"(.*?)(?:[,\s]+(?:please|thanks|thank you))?[.!]*$",
+    re.I,
+)
+_DETERMINERS = frozenset(["my", "our", "the", "his", "their"])
+# words in requests, questions and refusals, which no contact's name has
+_NOT_NAME = frozenset(
+    [
+        "what",
+        "when",
+        "where",
+        "why",
+        "how",
+        "who",
+        "is",
+        "are",
+        "was",
+        "set",
+        "play",
+        "turn",
+        "stop",
+        "cancel",
+        "navigate",
+        "timer",
+        "volume",
+        "lights",
+        "music",
+        "remind",
+        "reminder",
+        "never",
+        "mind",
+        "nobody",
+        "no",
+        "one",
+        "nothing",
+        "anyone",
+        "someone",
+        "don't",
+        "not",
+        "yes",
+    ]
+)
 
 
 def _named(earlier: Sequence[ToolCall]) -> str | None:

@@ -41,7 +41,8 @@ from audio.endpoint import (
 )
 from audio.resample import Quality, StreamResampler, pcm16_to_float32
 from audio.ring import AudioRing
-from model.ask import answer
+from model.ask import answer, missing, named, outside, unheard
+from model.ask import asked as asked_about
 from model.engine import ChatMessage, GenerationStats
 from model.tools import (
     DEFAULT_TOOLS,
@@ -158,6 +159,7 @@ class FinalTranscript:
     asr_ms: float
     avg_logprob: float | None = None  # the ASR's confidence in the words (audio turns)
     trusted: bool = True  # False: the ASR's decode looped (audio.asr.looks_looped)
+    no_speech_prob: float | None = None  # the ASR's "this was not speech" (audio turns)
 
 
 @dataclass(frozen=True)
@@ -442,6 +444,7 @@ class _Turn:
     complete_p: float | None = None  # the end-of-turn score, once it is in
     asr_logprob: float | None = None  # how sure the ASR was of the transcript's words
     asr_trusted: bool = True  # False: the transcript looped; its reply acts on nothing
+    asr_no_speech: float | None = None  # how sure the ASR was that it heard no speech
     end_of_turn: str | None = None  # the policy's tier when the turn was released
     user_committed: bool = False
     call: CallAdded | None = None  # the tool call the reply made
@@ -1129,18 +1132,30 @@ class Session:
     def _answered(self, turn: _Turn) -> list[Effect]:
         """The words of a turn that answers a question (the call asked about went to its
         StartTurn as ``pending``): a yes makes the call, now, with no reply model asked
-        (the turn pipeline speaks its template); any other words drop it. Words the ASR
-        did not trust are never a yes."""
+        (the turn pipeline speaks its template); a name completes a call that lacked
+        whom it is for (made, or asked about if its tool is); any other words drop it.
+        Words the ASR did not trust are never a yes; words it was unsure of leave the
+        question standing."""
         asked, transcript = turn.answers, turn.transcript or turn.answer_words
         if asked is None or not transcript or not transcript.strip() or not turn.shape.reply:
             return []  # no words (noise), or words a requested reply answers: it waits
         if self._pending is asked:
             self._pending = None
         tool = next((t for t in self.tools if t.name == asked.name), None)
-        yes = turn.asr_trusted and answer(transcript) == "yes"
-        if tool is None or not yes or not turn.started:
+        if tool is None or not turn.asr_trusted or not turn.started:
             return []
-        return self._act(turn, tool, asked)
+        if unheard(turn.asr_logprob, turn.asr_no_speech):  # "Sorry, I didn't catch that."
+            turn.asking = asked  # the question stands
+            return []
+        if missing(asked, tool) is not None:  # "Who should I call?" "My sister."
+            call = named(asked, tool, transcript)
+            if call is None:  # no name: the question is dropped, the words answered
+                return []
+            if asked_about(call, tool):  # "Call your sister?"
+                turn.asking = call
+                return []
+            return self._act(turn, tool, call)
+        return self._act(turn, tool, asked) if answer(transcript) == "yes" else []
 
     def _start_reply(self, turn: _Turn) -> list[Effect]:
         if turn.started:
@@ -1239,6 +1254,7 @@ class Session:
             return []
         turn.transcript, turn.asr_ms = event.text, event.asr_ms
         turn.asr_logprob, turn.asr_trusted = event.avg_logprob, event.trusted
+        turn.asr_no_speech = event.no_speech_prob
         if not turn.released:
             return self._maybe_final(now)
         self._commit_user(turn)
@@ -1274,7 +1290,9 @@ class Session:
         tool = next((t for t in self.tools if t.name == event.call.name), None)
         if turn is None or tool is None or turn.call is not None or not turn.asr_trusted:
             return []  # an untrusted transcript's words were not surely said: no action
-        if tool.confirm:  # the reply asks about it (the pipeline speaks the question)
+        if unheard(turn.asr_logprob, turn.asr_no_speech) or outside(event.call, tool):
+            return []  # the pipeline said it did not catch that, or cannot do it
+        if asked_about(event.call, tool):  # the pipeline speaks the question
             turn.asking = event.call
             return []
         return self._act(turn, tool, event.call)

@@ -3,12 +3,22 @@ the yes/no reader, the question said about a call, and references to earlier cal
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
-from model.ask import answer, earlier_calls, resolve
+from model.ask import answer, asked, earlier_calls, missing, named, outside, resolve, unheard
 from model.confirm import question
 from model.engine import ChatMessage
-from model.tools import DEFAULT_TOOLS, ToolCall, kept_reply, parse_tools, render_call
+from model.tools import (
+    DEFAULT_TOOLS,
+    ToolCall,
+    kept_reply,
+    parse_tools,
+    render_call,
+    split_call,
+)
 
 TOOLS = {t.name: t for t in DEFAULT_TOOLS}
 SISTER = ToolCall("call.start", {"contact": "my sister"})
@@ -86,12 +96,80 @@ def test_the_latest_call_that_named_someone_is_the_one_meant() -> None:
 
 
 def test_a_reference_nothing_resolves_is_asked_about() -> None:
+    """The reference is dropped: the call is incomplete, and missing says what to ask."""
     her = ToolCall("message.send", {"to": "her", "text": "hi"})
-    assert resolve(her, TOOLS["message.send"], []) == "Who should I send it to?"
+    dropped = resolve(her, TOOLS["message.send"], [])
+    assert dropped == ToolCall("message.send", {"text": "hi"})
+    assert missing(dropped, TOOLS["message.send"]) == "Who should I send it to?"
+    assert asked(dropped, TOOLS["message.send"])
     timer = [ToolCall("timer.set", {"seconds": 60})]
-    assert resolve(ToolCall("call.start", {"contact": "her"}), TOOLS["call.start"], timer) == (
-        "Who should I call?"
-    )
+    call = resolve(ToolCall("call.start", {"contact": "her"}), TOOLS["call.start"], timer)
+    assert missing(call, TOOLS["call.start"]) == "Who should I call?"
+    assert missing(SISTER, TOOLS["call.start"]) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "name"),
+    [("My sister.", "my sister"), ("my sister", "my sister"), ("To Tom, please.", "Tom"),
+     ("Um, Dr. Smith.", "Dr. Smith"), ("Call my mom.", "my mom"), ("It's Anna.", "Anna")],
+)  # fmt: skip
+def test_a_name_answered_to_who_should_i_call_completes_the_call(text: str, name: str) -> None:
+    who = ToolCall("call.start", {}, passes=4)
+    assert named(who, TOOLS["call.start"], text) == ToolCall("call.start", {"contact": name}, 4)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["Yes.", "No.", "What time is it?", "Set a timer for ten minutes.", "Her.", "Never mind.",
+     "Play some jazz music in the car now please."],
+)  # fmt: skip
+def test_words_that_are_no_name_complete_nothing(text: str) -> None:
+    assert named(ToolCall("call.start", {}), TOOLS["call.start"], text) is None
+
+
+@pytest.mark.parametrize(
+    ("call", "out"),
+    [
+        (ToolCall("message.send", {"to": "me", "text": "my last message"}), True),
+        (ToolCall("message.send", {"to": "you", "text": "thank you very much"}), True),
+        (ToolCall("call.start", {"contact": "me up into hours"}), True),
+        (ToolCall("message.send", {"to": "my mom", "text": "call me"}), False),
+        (ToolCall("call.start", {"contact": "Yusuf"}), False),
+        (ToolCall("media.play", {"query": "me and bobby mcgee"}), False),  # names nobody
+    ],
+)
+def test_a_call_for_the_user_or_the_assistant_is_outside_what_the_tools_do(
+    call: ToolCall, out: bool
+) -> None:
+    assert outside(call, TOOLS[call.name]) is out
+
+
+def test_no_trained_or_held_out_command_is_outside_what_the_tools_do() -> None:
+    """The check refuses none of the project's own commands (data/actions: every
+    message and call it was trained and is evaluated on)."""
+    data = Path(__file__).resolve().parents[2] / "data" / "actions"
+    calls = []
+    for name in ("train", "dev_commands", "heldout_commands", "heldout"):
+        for line in (data / f"{name}.jsonl").read_text().splitlines():
+            call, _ = split_call(json.loads(line)["reply"])
+            if call is not None:
+                calls.append(call)
+    assert len({c.name for c in calls}) == len(TOOLS)  # every tool's commands were read
+    assert [c for c in calls if outside(c, TOOLS[c.name])] == []
+
+
+def test_unsure_words_and_an_unsure_router_are_not_acted_on() -> None:
+    """Whisper's bars (faster-whisper's log_prob_threshold and no_speech_threshold),
+    and the router's (model.router.SURE): typed words have no ASR figures."""
+    assert not unheard(None, None)
+    assert not unheard(-0.3, 0.05)
+    assert unheard(-1.2, 0.05)  # a decode faster-whisper would deem failed
+    assert unheard(-0.3, 0.7)  # likely no speech
+    timer = TOOLS["timer.set"]
+    assert not asked(ToolCall("timer.set", {"seconds": 60}, margin=12.0), timer)
+    assert not asked(ToolCall("timer.set", {"seconds": 60}), timer)  # no router weighed it
+    assert asked(ToolCall("timer.set", {"seconds": 60}, margin=1.5), timer)
+    assert asked(ToolCall("timer.set", {"seconds": 60}, margin=-2.0), timer)
 
 
 def test_a_name_keeps_its_words_without_a_trailing_instead() -> None:
