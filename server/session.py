@@ -533,6 +533,12 @@ class Session:
         self.max_tokens: int | None = None
 
     @property
+    def pending(self) -> ToolCall | None:
+        """The call the last reply asked about, which the user's next words answer:
+        parked with the conversation (server/resume.py, server/store.py)."""
+        return self._pending
+
+    @property
     def output_rate(self) -> int:
         """Sample rate of the reply audio (0 before start)."""
         return self._output_rate
@@ -681,7 +687,7 @@ class Session:
     def _park(self) -> None:
         """Keep the conversation for a while, so the client can resume it."""
         if self._resume is not None and self.state is not State.IDLE and self.resume_token:
-            self._resume.park(self.resume_token, self.conversation, self._now)
+            self._resume.park(self.resume_token, self.conversation, self._now, self._pending)
 
     # -- client messages --
 
@@ -710,7 +716,8 @@ class Session:
             if self._resume is None:
                 return self._error("bad_resume_token", "this server does not resume sessions")
             try:
-                self.conversation = self._resume.take(start.resume_token, self._now)
+                parked = self._resume.take(start.resume_token, self._now)
+                self.conversation, self._pending = parked.conversation, parked.pending
                 self._ids = [self._new_item_id() for _ in self.conversation]
             except p.ProtocolError as err:
                 return self._error(err.code, err.message)
@@ -1474,7 +1481,10 @@ class Session:
                 self._ids.pop()
         elif turn.shape.keep:
             self._remember_reply(turn, spoken)
-            if reason in ("barge_in", "new_input", "client_cancel"):  # cut off: asked still
+            # cut off, or the connection dropped once some of the question was heard
+            # (parked with the conversation): asked still
+            cut = reason in ("barge_in", "new_input", "client_cancel")
+            if cut or (reason == "closed" and spoken):
                 self._pending = turn.asking or self._pending
         self._to(State.LISTENING)
         out: list[Effect] = [CancelTurn(turn.id)]

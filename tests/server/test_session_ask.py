@@ -10,8 +10,10 @@ from model.ask import earlier_calls, missing, resolve
 from model.engine import ChatMessage, GenerationStats
 from model.tools import DEFAULT_TOOLS, ToolCall
 from server import protocol as p
+from server.resume import ResumeStore
 from server.session import (
     Configure,
+    Disconnected,
     Effect,
     FinalTranscript,
     ReleaseTurn,
@@ -20,11 +22,12 @@ from server.session import (
     ReplyFinished,
     ReplySentence,
     Respond,
+    Session,
     StartTurn,
     UserText,
 )
 
-from .test_session import ENDPOINT, Driver, of, sent
+from .test_session import ENDPOINT, Driver, of, sent, settings
 from .test_session_actions import AUDIO, acting
 
 MESSAGE = ToolCall("message.send", {"to": "my sister", "text": "I'm running late"}, passes=3)
@@ -273,3 +276,41 @@ def test_a_name_completes_a_tool_not_asked_about_at_once() -> None:
     assert sent(out, p.Action) == [
         p.Action(name.turn_id, f"call_{name.turn_id}", "pager.page", {"contact": "Doctor Jones"})
     ]
+
+
+def test_a_pending_question_survives_a_resume_and_a_yes_completes_it() -> None:
+    """The question is parked with the conversation (server/resume.py; the fleet's
+    Redis store keeps the same, server/store.py): the resumed session's yes sends."""
+    store = ResumeStore(ttl_s=60)
+    d = Driver(Session("r1", settings(), "a", "b", store, "tok-1", can_act=True))
+    d.send(p.Start(sample_rate=16000))
+    asked(d)
+    d.now = 5.0
+    d.send(Disconnected())
+    again = Driver(Session("r2", settings(), "a", "b", store, "tok-2", can_act=True))
+    again.now = 20.0
+    (ready,) = sent(again.send(p.Start(sample_rate=16000, resume_token="tok-1")))
+    assert isinstance(ready, p.Ready) and ready.resumed
+    assert again.s.pending == MESSAGE
+    yes = typed(again, "Yes, please.")
+    assert yes.pending == MESSAGE
+    out = reply(again, yes.turn_id, SENDING)
+    assert sent(out, p.Action) == [
+        p.Action(yes.turn_id, f"call_{yes.turn_id}", "message.send", MESSAGE.arguments)
+    ]
+
+
+def test_a_question_cut_by_a_dropped_connection_is_parked_once_some_was_heard() -> None:
+    for heard in (True, False):
+        store = ResumeStore(ttl_s=60)
+        d = Driver(Session("r1", settings(), "a", "b", store, "tok-1", can_act=True))
+        d.send(p.Start(sample_rate=16000))
+        start = typed(d, "Text my sister that I'm running late.")
+        d.send(ReplyAction(start.turn_id, MESSAGE))
+        d.send(ReplySentence(start.turn_id, 0, QUESTION, 40.0))
+        if heard:
+            d.send(ReplyAudio(start.turn_id, 0, AUDIO, 100, 20.0))
+        d.send(Disconnected())
+        again = Driver(Session("r2", settings(), "a", "b", store, "tok-2", can_act=True))
+        again.send(p.Start(sample_rate=16000, resume_token="tok-1"))
+        assert again.s.pending == (MESSAGE if heard else None), heard
