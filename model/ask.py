@@ -30,7 +30,7 @@ from dataclasses import replace
 from typing import Literal
 
 from model.engine import ChatMessage
-from model.tools import Tool, ToolCall, split_call
+from model.tools import DEFAULT_TOOLS, Tool, ToolCall, split_call
 
 Answer = Literal["yes", "no"]
 DECLINED = "Okay, I won't."  # said to a no: the call asked about is dropped
@@ -190,19 +190,63 @@ def unheard(avg_logprob: float | None, no_speech_prob: float | None) -> bool:
     return no_speech_prob is not None and no_speech_prob > NO_SPEECH_BAR
 
 
-def outside(call: ToolCall, tool: Tool) -> bool:
-    """``call`` is the nearest tool to a request no tool does: whom it is for is the
-    user or the assistant ("Read me my last message." -> ``message.send {to: "me"}``,
-    "Wake me up in two hours." -> ``call.start {contact: "me up in two hours"}``,
-    "Translate thank you into Spanish." -> ``message.send {to: "you"}``). None of the
-    project's 720 trained and held-out messages and calls names either."""
+def outside(call: ToolCall, tool: Tool, text: str | None = None) -> bool:
+    """``call`` is the nearest tool to a request no tool does, not what was asked:
+
+    * whom it is for is the user or the assistant ("Read me my last message." ->
+      ``message.send {to: "me"}``; "Wake me up in two hours." heard "... into hours"
+      -> ``call.start {contact: "me up into hours"}``; "Translate thank you into
+      Spanish." -> ``message.send {to: "you"}``);
+    * two of its strings are one inside the other, or one is the whole request
+      (``text``, where known): the request had no separate part that asked for the
+      tool ("Read my messages." -> ``message.send {to: "my messages", text: "Read my
+      messages"}``; "Thanks, goodbye." -> ``{to: "goodbye", text: "goodbye"}``;
+      "Goodbye." -> ``call.start {contact: "Goodbye"}``);
+    * a default tool with no words of the request among its arguments (none, a
+      boolean, a level or an enum), whose own words the request (``text``, where
+      known) does not have: nothing in it ties the call to the tool ("Okay, that's
+      all for now." -> ``media.next``; "Lock the doors." -> ``lights.set {on:
+      false}``).
+
+    None holds for any of the project's own commands (the 2,880 of data/actions,
+    trained and held out: tests/model/test_ask.py)."""
+    strings = [v.lower().strip() for v in call.arguments.values() if isinstance(v, str)]
     for p in tool.params:
         value = call.arguments.get(p.name)
         if p.name in _WHO and isinstance(value, str):
             words = _WORDS.findall(value.lower())
             if words and words[0] in _SELF:
                 return True
-    return False
+    if any(a in b for i, a in enumerate(strings) for j, b in enumerate(strings) if i != j and a):
+        return True
+    request = _WORDS.findall(text.lower()) if text is not None else None
+    if request and any(_WORDS.findall(v) == request for v in strings):
+        return True
+    said = _TOOL_WORDS.get(tool.name)
+    if said is None or text is None or not _is_default(tool):
+        return False
+    return said.search(text.lower()) is None
+
+
+# The words each default tool that copies none of the request's words is asked for
+# by: every one of their 1,200 commands in data/actions has one ("play something
+# else" is media.next, "bring it down a notch" volume.set)
+_TOOL_WORDS = {
+    "media.next": re.compile(r"\b(next|skip|another|different|change|switch|else)\b"),
+    "media.pause": re.compile(r"\b(pause|stop|hold|halt|freeze|mute|quiet|silence)\b"),
+    "timer.cancel": re.compile(r"\b(timer|countdown|count down|cancel|stop)\b"),
+    "lights.set": re.compile(r"\b(lights?|lamps?|dark\w*|bright\w*|illuminat\w*)\b"),
+    "volume.set": re.compile(
+        r"\b(volume|loud\w*|quiet\w*|hear|sound|blast|crank|soft\w*|level|notch|tone|"
+        r"up|down|mute)\b"
+    ),
+}
+
+
+def _is_default(tool: Tool) -> bool:
+    """``tool`` is one of the default tools as defined there (``confirm`` aside): a
+    session's own tool of the same name may mean something else."""
+    return any(replace(tool, confirm=t.confirm) == t for t in DEFAULT_TOOLS)
 
 
 def asked(call: ToolCall, tool: Tool) -> bool:

@@ -1297,7 +1297,8 @@ class Session:
         tool = next((t for t in self.tools if t.name == event.call.name), None)
         if turn is None or tool is None or turn.call is not None or not turn.asr_trusted:
             return []  # an untrusted transcript's words were not surely said: no action
-        if unheard(turn.asr_logprob, turn.asr_no_speech) or outside(event.call, tool):
+        words = turn.transcript or turn.answer_words
+        if unheard(turn.asr_logprob, turn.asr_no_speech) or outside(event.call, tool, words):
             return []  # the pipeline said it did not catch that, or cannot do it
         if asked_about(event.call, tool):  # the pipeline speaks the question
             turn.asking = event.call

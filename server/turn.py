@@ -134,7 +134,7 @@ async def _run(
     last = conversation[-1] if conversation else None
     if start.audio is None and start.text is None and last is not None and last.role == "user":
         text = last.content
-    heard = _Heard(_answer_said(start, text, trusted, sure), sure)
+    heard = _Heard(text, _answer_said(start, text, trusted, sure), sure)
     chunks: asyncio.Queue[_Chunk | None] = asyncio.Queue()
     async with asyncio.TaskGroup() as tg:
         if start.audio is not None and not released.is_set():
@@ -149,6 +149,7 @@ async def _run(
 class _Heard:
     """What the user's words decide of the reply before the reply model runs."""
 
+    text: str  # the user's words the reply answers
     said: str | None  # what answers a question, said without the model
     sure: bool  # the ASR was sure enough of the words to act on them (model.ask.unheard)
 
@@ -220,7 +221,7 @@ async def _produce(
                 rt.reply.stream(conversation, budget, start.tools, pauses),
                 start.tools,
                 earlier,
-                heard.sure,
+                heard,
             )
         ):
             match chunk:
@@ -256,11 +257,11 @@ async def _asking(
     reply: AsyncIterator[ReplyChunk],
     tools: Sequence[Tool],
     earlier: Sequence[ToolCall],
-    sure: bool = True,
+    heard: _Heard,
 ) -> AsyncIterator[ReplyChunk]:
     """The model's reply, with its call's references resolved against the earlier
     calls ("her" -> "my sister", model/ask.py). A call on words the ASR was not
-    ``sure`` of is not made ("Sorry, I didn't catch that."), nor one that is the
+    sure of is not made ("Sorry, I didn't catch that."), nor one that is the
     nearest tool to a request no tool does ("Sorry, I can't do that."); a call asked
     about (a tool marked ``confirm``, a router unsure to act, a reference no earlier
     call resolves) goes to the session to keep, and its question is said instead of
@@ -272,8 +273,8 @@ async def _asking(
             yield chunk
             continue
         call = resolve(chunk, tool, earlier)
-        if not sure or outside(call, tool):
-            yield NOT_CAUGHT if not sure else CANT
+        if not heard.sure or outside(call, tool, heard.text):
+            yield NOT_CAUGHT if not heard.sure else CANT
             yield ReplyEnd(_CUT)
             return
         yield call

@@ -144,18 +144,48 @@ def test_a_call_for_the_user_or_the_assistant_is_outside_what_the_tools_do(
     assert outside(call, TOOLS[call.name]) is out
 
 
+@pytest.mark.parametrize(
+    ("text", "call"),
+    [
+        ("Read my messages.",
+         ToolCall("message.send", {"to": "my messages", "text": "Read my messages"})),
+        ("Thanks, goodbye.", ToolCall("message.send", {"to": "goodbye", "text": "goodbye"})),
+        ("Goodbye.", ToolCall("call.start", {"contact": "Goodbye"})),
+        ("Okay, that's all for now.", ToolCall("media.next")),
+        ("Yes, please.", ToolCall("media.next")),
+        ("Thanks, that's great.", ToolCall("media.pause")),
+        ("I'm done for today.", ToolCall("timer.cancel")),
+        ("Lock the doors.", ToolCall("lights.set", {"on": False})),
+        ("Turn on the windshield wipers.", ToolCall("lights.set", {"on": True})),
+        ("This can mowed an unwraken unit.", ToolCall("volume.set", {"change": "down"})),
+    ],
+)  # fmt: skip
+def test_a_call_nothing_in_the_request_ties_to_its_tool_is_outside(
+    text: str, call: ToolCall
+) -> None:
+    """What the served engine made of those lines (typed, int8, default tools)."""
+    assert outside(call, TOOLS[call.name], text)
+    assert not outside(ToolCall("media.next"), TOOLS["media.next"], "Play something else.")
+    assert not outside(ToolCall("media.next"), TOOLS["media.next"])  # no words to read
+    # a session's own tool of that name may mean something else: its words are unknown
+    (own,) = parse_tools([{"name": "media.next", "description": "Show the next photo."}])
+    assert not outside(ToolCall("media.next"), own, "Okay, that's all for now.")
+
+
 def test_no_trained_or_held_out_command_is_outside_what_the_tools_do() -> None:
     """The check refuses none of the project's own commands (data/actions: every
-    message and call it was trained and is evaluated on)."""
+    command it was trained and is evaluated on, with its words)."""
     data = Path(__file__).resolve().parents[2] / "data" / "actions"
     calls = []
     for name in ("train", "dev_commands", "heldout_commands", "heldout"):
         for line in (data / f"{name}.jsonl").read_text().splitlines():
-            call, _ = split_call(json.loads(line)["reply"])
+            row = json.loads(line)
+            call, _ = split_call(row["reply"])
             if call is not None:
-                calls.append(call)
-    assert len({c.name for c in calls}) == len(TOOLS)  # every tool's commands were read
-    assert [c for c in calls if outside(c, TOOLS[c.name])] == []
+                calls.append((row["question"], call))
+    assert len({c.name for _, c in calls}) == len(TOOLS)  # every tool's commands were read
+    assert len(calls) == 2880
+    assert [(t, c) for t, c in calls if outside(c, TOOLS[c.name], t)] == []
 
 
 def test_unsure_words_and_an_unsure_router_are_not_acted_on() -> None:

@@ -729,12 +729,16 @@ async def test_a_call_the_router_was_unsure_of_is_asked_about(make_turn: Any) ->
     [
         ("Read me my last message.", {"to": "me", "text": "my last message"}),
         ("Translate thank you into Spanish.", {"to": "you", "text": "thank you into Spanish"}),
+        ("Read my messages.", {"to": "my messages", "text": "Read my messages"}),
+        ("Okay, that's all for now.", None),  # media.next: nothing in it says so
     ],
 )
 async def test_a_request_no_tool_does_is_refused_not_sent_to_the_nearest_tool(
-    make_turn: Any, text: str, call: dict[str, str]
+    make_turn: Any, text: str, call: dict[str, str] | None
 ) -> None:
-    engine = FakeEngine([ToolCall("message.send", call), "Sending it."])
+    """What the served engine made of these lines (model.ask.outside)."""
+    nearest = ToolCall("media.next") if call is None else ToolCall("message.send", call)
+    engine = FakeEngine([nearest, "Sending it."])
     turn = make_turn(engine)
     turn.released.set()
     await turn.start(text=text, tools=DEFAULT_TOOLS)
