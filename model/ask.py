@@ -48,7 +48,8 @@ NO_SPEECH_BAR = 0.6
 # ToolCall.margin): the router decides alone at |log-odds| >= 3 (model.router.SURE,
 # probability 0.95); below that the model's first token decides, and a call it makes
 # so is asked about ("Set a timer for ten minutes?") instead of made. On the typed
-# held-out set every command the router acted on cleared it (docs/actions.md).
+# held-out set 239 of the 240 commands' calls clear it, median 34; "a little louder"
+# (0.2) is asked about (docs/actions.md).
 SURE_TO_ACT = 3.0
 # what names the user or the assistant, never whom a message or call goes to
 _SELF = frozenset(["me", "myself", "you", "yourself", "us", "ourselves", "i"])

@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from audio.asr import Transcriber
+from audio.speech import SpeechFactory, normalize_words, pad
+from bench.asr import noisy_copy
 from model.ask import answer, asked, earlier_calls, missing, named, outside, resolve, unheard
 from model.confirm import question
 from model.engine import ChatMessage
@@ -220,3 +223,20 @@ def test_earlier_calls_are_read_from_the_replies_the_conversation_kept() -> None
         ChatMessage("assistant", "Why did the <tool_call> cross the road?"),
     ]
     assert earlier_calls(history) == [SISTER]
+
+
+@pytest.mark.models
+def test_whisper_s_own_figures_put_misheard_noisy_speech_under_the_bar(
+    tiny: Transcriber, speech: SpeechFactory
+) -> None:
+    """Real tiny.en on Piper's "Call my sister.": clean, it is heard and may be acted
+    on; under white noise as loud as the speech or louder, Whisper mishears it ("All
+    my sister", "all my truth") and says it is unsure: no call is made on it."""
+    clean = speech.piper("Call my sister.")
+    served = pad(clean, 0.3, 0.05)  # about what the server hands ASR (its pre-roll)
+    heard = tiny.transcribe(served)
+    assert normalize_words(heard.text) == ["call", "my", "sister"], heard
+    assert not unheard(heard.avg_logprob, heard.no_speech_prob), heard
+    for snr_db in (0.0, -5.0):
+        noisy = tiny.transcribe(noisy_copy(clean, served, snr_db, "white", 1))
+        assert unheard(noisy.avg_logprob, noisy.no_speech_prob), (snr_db, noisy)
