@@ -364,6 +364,9 @@ class StartTurn:
     # A call the session asked about ("Send 'I'm running late' to your sister?") that
     # the user's words now answer: a yes makes it, a no drops it (model/ask.py)
     pending: ToolCall | None = None
+    # False: a requested reply to words the ASR was unsure of (model.ask.unheard); an
+    # audio turn's own words are weighed by the pipeline from its transcript
+    sure: bool = True
 
 
 @dataclass(frozen=True)
@@ -444,7 +447,7 @@ class _Turn:
     complete_p: float | None = None  # the end-of-turn score, once it is in
     asr_logprob: float | None = None  # how sure the ASR was of the transcript's words
     asr_trusted: bool = True  # False: the transcript looped; its reply acts on nothing
-    asr_no_speech: float | None = None  # how sure the ASR was that it heard no speech
+    asr_sure: bool = True  # False: too unsure of the words to act on (model.ask.unheard)
     end_of_turn: str | None = None  # the policy's tier when the turn was released
     user_committed: bool = False
     call: CallAdded | None = None  # the tool call the reply made
@@ -522,6 +525,9 @@ class Session:
         # the latest user item whose words the ASR did not trust: a requested reply
         # (response.create) right after it acts on nothing either
         self._untrusted_item: str | None = None
+        # the latest user item whose words the ASR was unsure of: a requested reply
+        # right after it acts on nothing either ("Sorry, I didn't catch that.")
+        self._unsure_item: str | None = None
         self.can_act = can_act  # the reply engine writes tool calls
         self.scored = scored  # a paused turn's end-of-turn score is on its way
         self._calls: dict[str, str] = {}  # recent call ids -> tool names
@@ -1076,6 +1082,7 @@ class Session:
         shape = turn.shape
         if audio is None and text is None and shape.history is None and self._ids:
             turn.asr_trusted = self._ids[-1] != self._untrusted_item  # answers those words
+            turn.asr_sure = self._ids[-1] != self._unsure_item
         if audio is None and text is None and shape.keep:  # of the user's last words
             last = self.conversation[-1] if self.conversation else None
             if last is not None and last.role == "user" and shape.history is None:
@@ -1097,6 +1104,7 @@ class Session:
             max_tokens=turn.shape.max_tokens,
             reply=turn.shape.reply,
             pending=turn.answers,
+            sure=turn.asr_sure,
         )
         out: list[Effect] = [start]
         if release:
@@ -1151,7 +1159,7 @@ class Session:
         tool = next((t for t in self.tools if t.name == asked.name), None)
         if tool is None or not turn.asr_trusted or not turn.started:
             return []
-        if unheard(turn.asr_logprob, turn.asr_no_speech):  # "Sorry, I didn't catch that."
+        if not turn.asr_sure:  # "Sorry, I didn't catch that."
             turn.asking = asked  # the question stands
             return []
         if missing(asked, tool) is not None:  # "Who should I call?" "My sister."
@@ -1221,6 +1229,8 @@ class Session:
             turn.user_committed = True
             if not turn.asr_trusted:
                 self._untrusted_item = self._ids[-1]
+            if not turn.asr_sure:
+                self._unsure_item = self._ids[-1]
 
     def _new_item_id(self) -> str:
         item_id, self._next_item = f"item_m{self._next_item}", self._next_item + 1
@@ -1261,7 +1271,7 @@ class Session:
             return []
         turn.transcript, turn.asr_ms = event.text, event.asr_ms
         turn.asr_logprob, turn.asr_trusted = event.avg_logprob, event.trusted
-        turn.asr_no_speech = event.no_speech_prob
+        turn.asr_sure = not unheard(event.avg_logprob, event.no_speech_prob)
         if not turn.released:
             return self._maybe_final(now)
         self._commit_user(turn)
@@ -1298,7 +1308,7 @@ class Session:
         if turn is None or tool is None or turn.call is not None or not turn.asr_trusted:
             return []  # an untrusted transcript's words were not surely said: no action
         words = turn.transcript or turn.answer_words
-        if unheard(turn.asr_logprob, turn.asr_no_speech) or outside(event.call, tool, words):
+        if not turn.asr_sure or outside(event.call, tool, words):
             return []  # the pipeline said it did not catch that, or cannot do it
         if asked_about(event.call, tool):  # the pipeline speaks the question
             turn.asking = event.call

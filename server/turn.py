@@ -101,7 +101,7 @@ async def _run(
     rt: Runtime, start: StartTurn, released: asyncio.Event, deliver: Deliver, pacing: Pacing
 ) -> None:
     loop = asyncio.get_running_loop()
-    text, trusted, sure = start.text or "", True, True
+    text, trusted, sure = start.text or "", True, start.sure
     if start.audio is not None:
         t0 = loop.time()
         transcript = await rt.worker(WorkerKind.ASR).run(rt.asr.transcribe, start.audio)

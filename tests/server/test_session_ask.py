@@ -219,6 +219,24 @@ def test_a_low_confidence_transcript_does_not_act() -> None:
     assert [a.name for a in sent(reply(d, again.turn_id, SENDING), p.Action)] == ["message.send"]  # type: ignore[attr-defined]
 
 
+def test_a_requested_reply_to_words_the_asr_was_unsure_of_acts_on_nothing() -> None:
+    """Realtime's create_response false, then response.create: the words were heard
+    unsurely, so the reply asked for is told so (StartTurn.sure) and acts on nothing."""
+    for logprob, acts in ((-0.2, True), (-1.3, False)):
+        d, _ = acting()
+        d.send(Configure(ENDPOINT, respond=False))
+        d.speak()
+        (heard,) = of(d.silence(7), StartTurn)
+        assert isinstance(heard, StartTurn) and heard.sure  # the pipeline weighs its own
+        d.send(FinalTranscript(heard.turn_id, "Set a timer for five minutes.", 90.0, logprob))
+        assert of(d.silence(12), ReleaseTurn)
+        d.send(ReplyFinished(heard.turn_id, None, None))
+        (start,) = of(d.send(Respond(unprompted=True)), StartTurn)
+        assert isinstance(start, StartTurn) and start.sure is acts
+        out = reply(d, start.turn_id, "Timer set.", ToolCall("timer.set", {"seconds": 300}))
+        assert [a.name for a in sent(out, p.Action)] == (["timer.set"] if acts else [])  # type: ignore[attr-defined]
+
+
 def test_a_call_the_router_was_unsure_of_is_made_only_after_a_yes() -> None:
     d, _ = acting()
     unsure = ToolCall("timer.set", {"seconds": 300}, margin=1.0)

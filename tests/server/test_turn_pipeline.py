@@ -195,9 +195,10 @@ class Turn:
         reply: bool = True,
         tools: tuple[Tool, ...] = (),
         pending: ToolCall | None = None,
+        sure: bool = True,
     ) -> asyncio.Task[None]:
         start = StartTurn(
-            TURN, audio, text, history, output_rate, speak, tools, max_tokens, reply, pending
+            TURN, audio, text, history, output_rate, speak, tools, max_tokens, reply, pending, sure
         )
         return asyncio.create_task(run_turn(self.rt, start, self.released, self.deliver, pacing))
 
@@ -770,4 +771,16 @@ async def test_a_low_confidence_answer_leaves_the_question_standing(make_turn: A
     turn.released.set()
     await turn.start(audio=QUESTION_AUDIO, tools=DEFAULT_TOOLS, pending=MESSAGE)
     assert turn.engine.calls == [] and turn.of(ReplyAction) == []
+    assert " ".join(s.text for s in turn.of(ReplySentence)) == NOT_CAUGHT
+
+
+async def test_a_requested_reply_the_session_says_was_heard_unsurely_does_not_act(
+    make_turn: Any,
+) -> None:
+    engine = FakeEngine([TIMER, "Timer set for ten minutes."])
+    turn = make_turn(engine)
+    turn.released.set()
+    history = (ChatMessage("user", "Set a timer for ten minutes."),)
+    await turn.start(history=history, tools=DEFAULT_TOOLS, sure=False)
+    assert turn.of(ReplyAction) == []
     assert " ".join(s.text for s in turn.of(ReplySentence)) == NOT_CAUGHT
