@@ -250,6 +250,40 @@ def _is_default(tool: Tool) -> bool:
     return any(replace(tool, confirm=t.confirm) == t for t in DEFAULT_TOOLS)
 
 
+def claims(opening: str) -> bool | None:
+    """A reply that made no call opens by saying it does something a tool would
+    ("Add milk to my shopping list." answered "I'll add milk to my shopping list."):
+    said where tools were offered and none was called, it claims what nothing did.
+    ``opening``: the reply's first words (:data:`CLAIM_WORDS` of them are enough);
+    None while too few are in to tell (its first word may open a claim). None of the
+    361 replies without a call in docs/results/evals opens so."""
+    if _CLAIM.match(opening.strip()) is not None:
+        return True
+    words = _WORDS.findall(opening.lower())
+    if len(words) > CLAIM_WORDS or (words and words[0] not in _CLAIM_FIRST):
+        return False
+    return None
+
+
+CLAIM_WORDS = 8  # the longest opening _CLAIM reads: "Okay, I'm going to go ahead and add"
+# the first words a claim may open with ("Okay, I'll ...", "Let me ..."): any other
+# tells at once that the reply claims nothing, and it is spoken with no wait
+_CLAIM_FIRST = frozenset(
+    ["okay", "ok", "sure", "alright", "all", "got", "of", "no", "i'll", "i", "i'm", "i've", "let"]
+)
+_CLAIM = re.compile(
+    r"^(?:(?:okay|ok|sure|alright|all right|got it|of course|no problem)[,.!]?\s+)?"
+    r"(?:i'll|i will|i'm going to|i am going to|i've|i have|let me|i'm|i am)\s+"
+    r"(?:go ahead and\s+)?"
+    r"(?:add|added|adding|put|read|reading|translate|translating|order|ordered|book|booked|"
+    r"wake|set|setting|send|sent|sending|call|calling|play|playing|turn|turning|remind|"
+    r"text|texting|message|schedule|scheduled|lock|locked|unlock|open|close|take|start|"
+    r"started|cancel|cancelled|buy|note|save|saved|email|share|record|switch|create|"
+    r"created|navigate)\b",
+    re.I,
+)
+
+
 def asked(call: ToolCall, tool: Tool) -> bool:
     """``call`` is asked about, not made: its tool is marked ``confirm``, the router
     was not sure the request asks for an action (:data:`SURE_TO_ACT`), or it lacks

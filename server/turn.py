@@ -25,6 +25,7 @@ from model.ask import (
     NOT_CAUGHT,
     answer,
     asked,
+    claims,
     earlier_calls,
     missing,
     named,
@@ -266,8 +267,25 @@ async def _asking(
     about (a tool marked ``confirm``, a router unsure to act, a reference no earlier
     call resolves) goes to the session to keep, and its question is said instead of
     the confirmation ("Call your sister?", "Who should I call?"). Each ends the
-    model's reply: what it would have said confirms a call not made."""
+    model's reply: what it would have said confirms a call not made. A reply that
+    calls nothing where tools were offered is held for its first words, and one that
+    claims to do something (model.ask.claims) is "Sorry, I can't do that." instead."""
+    held: str | None = "" if tools else None  # the opening, until it shows what it says
     async for chunk in reply:
+        if held is not None and isinstance(chunk, str):
+            held += chunk
+            if claims(held) is None:  # not enough words yet to tell
+                continue
+        if held is not None:  # the opening told, the reply's end, or a call
+            if not isinstance(chunk, ToolCall) and claims(held):
+                yield CANT
+                yield ReplyEnd(_CUT)
+                return
+            opening, held = held, None
+            if opening:
+                yield opening
+            if isinstance(chunk, str):
+                continue
         tool = tool_named(tools, chunk.name) if isinstance(chunk, ToolCall) else None
         if not isinstance(chunk, ToolCall) or tool is None:
             yield chunk

@@ -116,11 +116,17 @@ async def test_a_request_no_tool_does_is_refused_out_loud(server: ServerProcess)
     """The engine writes the nearest tool's call for these ("Read me my last message."
     -> message.send {to: "me"}; "Okay, that's all for now." -> media.next); nothing in
     the words asks for it (model.ask.outside), so nothing acts and the user hears so
-    (docs/actions.md, "Acting only when sure")."""
-    async with connect(server.url) as ws:
-        await start_session(ws, 16000, "test")
-        for text in ("Read me my last message.", "Okay, that's all for now."):
+    (docs/actions.md, "Acting only when sure"). "Add milk to my shopping list." it
+    answers "I'll add milk to my shopping list." with no call (model.ask.claims)."""
+    requests = (
+        "Read me my last message.",
+        "Okay, that's all for now.",
+        "Add milk to my shopping list.",
+    )
+    for text in requests:  # each the session's first words, as a new user says them
+        async with connect(server.url) as ws:
+            await start_session(ws, 16000, "test")
             events = await typed_turn(ws, text)
-            assert not any(isinstance(e, p.Action) for e in events), text
+            assert not [e for e in events if isinstance(e, p.Action)], (text, events)
             reply = " ".join(e.text for e in events if isinstance(e, p.ReplyText))
             assert reply == CANT, (text, reply)

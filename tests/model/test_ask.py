@@ -11,7 +11,17 @@ import pytest
 from audio.asr import Transcriber
 from audio.speech import SpeechFactory, normalize_words, pad
 from bench.asr import noisy_copy
-from model.ask import answer, asked, earlier_calls, missing, named, outside, resolve, unheard
+from model.ask import (
+    answer,
+    asked,
+    claims,
+    earlier_calls,
+    missing,
+    named,
+    outside,
+    resolve,
+    unheard,
+)
 from model.confirm import question
 from model.engine import ChatMessage
 from model.tools import (
@@ -240,3 +250,42 @@ def test_whisper_s_own_figures_put_misheard_noisy_speech_under_the_bar(
     for snr_db in (0.0, -5.0):
         noisy = tiny.transcribe(noisy_copy(clean, served, snr_db, "white", 1))
         assert unheard(noisy.avg_logprob, noisy.no_speech_prob), (snr_db, noisy)
+
+
+@pytest.mark.parametrize(
+    "reply",
+    ["I'll add milk to my shopping list.", "Okay, I'll read your last message.",
+     "Sure, I've added it.", "Okay, I'm going to go ahead and book a table."],
+)  # fmt: skip
+def test_a_reply_that_claims_an_action_is_seen(reply: str) -> None:
+    """The first is the served engine's reply to "Add milk to my shopping list." (no call)."""
+    assert claims(reply) is True
+
+
+def test_no_reply_without_a_call_in_the_saved_evals_claims_an_action() -> None:
+    """The replies the served engines gave without a call (chat, missed commands) in the
+    project's saved evals: none would be replaced."""
+    replies: list[str] = []
+
+    def walk(o: object) -> None:
+        if isinstance(o, dict):
+            if isinstance(o.get("reply"), str) and "call" in o and not o["call"]:
+                replies.append(o["reply"])
+            for v in o.values():
+                walk(v)
+        elif isinstance(o, list):
+            for v in o:
+                walk(v)
+
+    for file in (Path(__file__).resolve().parents[2] / "docs" / "results" / "evals").glob("*.json"):
+        walk(json.loads(file.read_text()))
+    assert len(replies) > 300
+    assert [r for r in replies if claims(r)] == []
+
+
+def test_an_opening_is_told_as_soon_as_its_first_word_allows() -> None:
+    assert claims("The capital") is False  # spoken at once
+    assert claims("Okay, I") is None  # may still be a claim
+    assert claims("Okay, I think it is nine.") is None  # held: its reply's end tells
+    assert claims("Okay, I think it is nine, or so I believe.") is False
+    assert claims("I'm sorry, I can't help with that one today.") is False

@@ -784,3 +784,23 @@ async def test_a_requested_reply_the_session_says_was_heard_unsurely_does_not_ac
     await turn.start(history=history, tools=DEFAULT_TOOLS, sure=False)
     assert turn.of(ReplyAction) == []
     assert " ".join(s.text for s in turn.of(ReplySentence)) == NOT_CAUGHT
+
+
+@pytest.mark.parametrize(
+    ("pieces", "tools", "said"),
+    [
+        (["I'll add milk ", "to my shopping ", "list."], DEFAULT_TOOLS, CANT),
+        (["I'll add milk ", "to my shopping ", "list."], (), "I'll add milk to my shopping list."),
+        (["The capital ", "of Italy is Rome."], DEFAULT_TOOLS, "The capital of Italy is Rome."),
+        (["Okay."], DEFAULT_TOOLS, "Okay."),
+    ],
+)
+async def test_a_reply_that_claims_what_no_call_did_is_a_refusal(
+    make_turn: Any, pieces: list[str], tools: tuple[Tool, ...], said: str
+) -> None:
+    """Where tools were offered and none was called (model.ask.claims)."""
+    turn = make_turn(FakeEngine(pieces))
+    turn.released.set()
+    await turn.start(text="Add milk to my shopping list.", tools=tools)
+    assert turn.of(ReplyAction) == []
+    assert " ".join(s.text for s in turn.of(ReplySentence)) == said
