@@ -14,12 +14,13 @@ earlier call named anyone: the call is then *incomplete* (:func:`missing`), that
 parameter dropped, and the name the user answers fills it in (:func:`named`).
 
 Before any of that, whether to act at all (:func:`unheard`, :func:`outside`,
-:func:`asked`): a call on words the ASR was unsure of is not made ("Sorry, I didn't
-catch that."); a call whose recipient is the user or the assistant ("Read me my last
-message." -> ``message.send {to: "me"}``) asks for something no tool does and is
-refused; a call the router was unsure to make is asked about. All pure: the turn
-pipeline and the session read the same words the same way (server/turn.py,
-server/session.py).
+:func:`claims`, :func:`asked`): a call on words the ASR was unsure of is not made
+("Sorry, I didn't catch that."); a call whose arguments do not come from the request
+as a command's do ("Read me my last message." -> ``message.send {to: "me"}``), or a
+reply that claims an action no call made, answers a request no tool does, and is
+refused ("Sorry, I can't do that."); a call the router was unsure to make is asked
+about. All pure: the turn pipeline and the session read the same words the same way
+(server/turn.py, server/session.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from dataclasses import replace
 from typing import Literal
 
 from model.engine import ChatMessage
+from model.router import SURE
 from model.tools import DEFAULT_TOOLS, Tool, ToolCall, split_call
 
 Answer = Literal["yes", "no"]
@@ -41,7 +43,8 @@ CANT = "Sorry, I can't do that."  # a request no tool does: never the nearest to
 # Transcript: the lowest average log-probability, the highest no-speech probability).
 # faster-whisper's own bars: below log_prob_threshold -1.0 it deems a decode failed
 # (and retries it hotter), above no_speech_threshold 0.6 it may be no speech at all.
-# A command is acted on only inside both: its words are answered, never acted on.
+# Each bar alone stops a call (faster-whisper needs both to skip a window as silence):
+# words outside either are answered, never acted on.
 LOG_PROB_BAR = -1.0
 NO_SPEECH_BAR = 0.6
 # How sure the router must be that the request asks for an action (its log-odds,
@@ -50,7 +53,7 @@ NO_SPEECH_BAR = 0.6
 # so is asked about ("Set a timer for ten minutes?") instead of made. On the typed
 # held-out set 239 of the 240 commands' calls clear it, median 34; "a little louder"
 # (0.2) is asked about (docs/actions.md).
-SURE_TO_ACT = 3.0
+SURE_TO_ACT = SURE
 # what names the user or the assistant, never whom a message or call goes to
 _SELF = frozenset(["me", "myself", "you", "yourself", "us", "ourselves", "i"])
 
