@@ -10,21 +10,52 @@ request, not a no, and is answered as one.
 A call's string argument that names someone may be a reference ("text her instead"):
 :func:`resolve` puts in the name the conversation's latest earlier call gave ("my
 sister" from ``call.start {contact: "my sister"}``), or says whom to ask about when no
-earlier call named anyone. All pure: the turn pipeline and the session read the same
-words the same way (server/turn.py, server/session.py).
+earlier call named anyone: the call is then *incomplete* (:func:`missing`), that
+parameter dropped, and the name the user answers fills it in (:func:`named`).
+
+Before any of that, whether to act at all (:func:`unheard`, :func:`outside`,
+:func:`claims`, :func:`asked`): a call on words the ASR was unsure of is not made
+("Sorry, I didn't catch that."); a call whose arguments do not come from the request
+as a command's do ("Read me my last message." -> ``message.send {to: "me"}``), or a
+reply that claims an action no call made, answers a request no tool does, and is
+refused ("Sorry, I can't do that."); a call the router was unsure to make is asked
+about. All pure: the turn pipeline and the session read the same words the same way
+(server/turn.py, server/session.py).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Literal
 
 from model.engine import ChatMessage
-from model.tools import Tool, ToolCall, split_call
+from model.router import SURE
+from model.tools import DEFAULT_TOOLS, Tool, ToolCall, split_call
 
 Answer = Literal["yes", "no"]
 DECLINED = "Okay, I won't."  # said to a no: the call asked about is dropped
+NOT_CAUGHT = "Sorry, I didn't catch that. Could you say it again?"  # unsure words: no call
+CANT = "Sorry, I can't do that."  # a request no tool does: never the nearest tool
+
+# How sure the words must be to act on (Whisper's per-segment figures, audio.asr's
+# Transcript: the lowest average log-probability, the highest no-speech probability).
+# faster-whisper's own bars: below log_prob_threshold -1.0 it deems a decode failed
+# (and retries it hotter), above no_speech_threshold 0.6 it may be no speech at all.
+# Each bar alone stops a call (faster-whisper needs both to skip a window as silence):
+# words outside either are answered, never acted on.
+LOG_PROB_BAR = -1.0
+NO_SPEECH_BAR = 0.6
+# How sure the router must be that the request asks for an action (its log-odds,
+# ToolCall.margin): the router decides alone at |log-odds| >= 3 (model.router.SURE,
+# probability 0.95); below that the model's first token decides, and a call it makes
+# so is asked about ("Set a timer for ten minutes?") instead of made. On the typed
+# held-out set 239 of the 240 commands' calls clear it, median 34; "a little louder"
+# (0.2) is asked about (docs/actions.md).
+SURE_TO_ACT = SURE
+# what names the user or the assistant, never whom a message or call goes to
+_SELF = frozenset(["me", "myself", "you", "yourself", "us", "ourselves", "i"])
 
 _YES = frozenset(
     [
@@ -124,11 +155,12 @@ def earlier_calls(history: Iterable[ChatMessage]) -> list[ToolCall]:
     return calls
 
 
-def resolve(call: ToolCall, tool: Tool, earlier: Sequence[ToolCall]) -> ToolCall | str:
+def resolve(call: ToolCall, tool: Tool, earlier: Sequence[ToolCall]) -> ToolCall:
     """``call`` with a reference in a parameter that names someone (``to``,
     ``contact``, ``recipient``) replaced by the name the latest of the ``earlier``
-    calls gave; what to ask instead ("Who should I send it to?") when none did. A
-    name that is no reference keeps its words, a trailing "instead" dropped."""
+    calls gave; dropped when none did, so that the call is incomplete
+    (:func:`missing` says whom to ask about). A name that is no reference keeps its
+    words, a trailing "instead" dropped."""
     args = dict(call.arguments)
     for p in tool.params:
         value = args.get(p.name)
@@ -139,9 +171,197 @@ def resolve(call: ToolCall, tool: Tool, earlier: Sequence[ToolCall]) -> ToolCall
             continue
         named = _named(earlier)
         if named is None:
+            del args[p.name]
+        else:
+            args[p.name] = named
+    return replace(call, arguments=args)
+
+
+def missing(call: ToolCall, tool: Tool) -> str | None:
+    """What to ask ("Who should I call?") when ``call`` lacks whom it is for (a
+    reference :func:`resolve` could not resolve); None when it is complete."""
+    for p in tool.params:
+        if p.name in _WHO and p.required and p.name not in call.arguments:
             return _WHO[p.name]
-        args[p.name] = named
-    return ToolCall(call.name, args, call.passes)
+    return None
+
+
+def unheard(avg_logprob: float | None, no_speech_prob: float | None) -> bool:
+    """The ASR was too unsure of the words to act on them (:data:`LOG_PROB_BAR`,
+    :data:`NO_SPEECH_BAR`); typed words (None) are always heard."""
+    if avg_logprob is not None and avg_logprob < LOG_PROB_BAR:
+        return True
+    return no_speech_prob is not None and no_speech_prob > NO_SPEECH_BAR
+
+
+def outside(call: ToolCall, tool: Tool, text: str | None = None) -> bool:
+    """``call`` is the nearest tool to a request no tool does, not what was asked:
+
+    * whom it is for is the user or the assistant ("Read me my last message." ->
+      ``message.send {to: "me"}``; "Wake me up in two hours." heard "... into hours"
+      -> ``call.start {contact: "me up into hours"}``; "Translate thank you into
+      Spanish." -> ``message.send {to: "you"}``);
+    * two of its strings are one inside the other, or one is the whole request
+      (``text``, where known): the request had no separate part that asked for the
+      tool ("Read my messages." -> ``message.send {to: "my messages", text: "Read my
+      messages"}``; "Thanks, goodbye." -> ``{to: "goodbye", text: "goodbye"}``;
+      "Goodbye." -> ``call.start {contact: "Goodbye"}``);
+    * a default tool with no words of the request among its arguments (none, a
+      boolean, a level or an enum), whose own words the request (``text``, where
+      known) does not have: nothing in it ties the call to the tool ("Okay, that's
+      all for now." -> ``media.next``; "Lock the doors." -> ``lights.set {on:
+      false}``).
+
+    None holds for any of the project's own commands (the 2,880 of data/actions,
+    trained and held out: tests/model/test_ask.py)."""
+    strings = [v.lower().strip() for v in call.arguments.values() if isinstance(v, str)]
+    for p in tool.params:
+        value = call.arguments.get(p.name)
+        if p.name in _WHO and isinstance(value, str):
+            words = _WORDS.findall(value.lower())
+            if words and words[0] in _SELF:
+                return True
+    if any(a in b for i, a in enumerate(strings) for j, b in enumerate(strings) if i != j and a):
+        return True
+    request = _WORDS.findall(text.lower()) if text is not None else None
+    if request and any(_WORDS.findall(v) == request for v in strings):
+        return True
+    said = _TOOL_WORDS.get(tool.name)
+    if said is None or text is None or not _is_default(tool):
+        return False
+    return said.search(text.lower()) is None
+
+
+# The words each default tool that copies none of the request's words is asked for
+# by: every one of their 1,200 commands in data/actions has one ("play something
+# else" is media.next, "bring it down a notch" volume.set)
+_TOOL_WORDS = {
+    "media.next": re.compile(r"\b(next|skip|another|different|change|switch|else)\b"),
+    "media.pause": re.compile(r"\b(pause|stop|hold|halt|freeze|mute|quiet|silence)\b"),
+    "timer.cancel": re.compile(r"\b(timer|countdown|count down|cancel|stop)\b"),
+    "lights.set": re.compile(r"\b(lights?|lamps?|dark\w*|bright\w*|illuminat\w*)\b"),
+    "volume.set": re.compile(
+        r"\b(volume|loud\w*|quiet\w*|hear|sound|blast|crank|soft\w*|level|notch|tone|"
+        r"up|down|mute)\b"
+    ),
+}
+
+
+def _is_default(tool: Tool) -> bool:
+    """``tool`` is one of the default tools as defined there (``confirm`` aside): a
+    session's own tool of the same name may mean something else."""
+    return any(replace(tool, confirm=t.confirm) == t for t in DEFAULT_TOOLS)
+
+
+def claims(opening: str) -> bool | None:
+    """A reply that made no call opens by saying it does something a tool would
+    ("Add milk to my shopping list." answered "I'll add milk to my shopping list."):
+    said where tools were offered and none was called, it claims what nothing did.
+    ``opening``: the reply's first words (:data:`CLAIM_WORDS` of them are enough);
+    None while too few are in to tell (its first word may open a claim). None of the
+    361 replies without a call in docs/results/evals opens so."""
+    if _CLAIM.match(opening.strip()) is not None:
+        return True
+    words = _WORDS.findall(opening.lower())
+    if len(words) > CLAIM_WORDS or (words and words[0] not in _CLAIM_FIRST):
+        return False
+    return None
+
+
+CLAIM_WORDS = 8  # the longest opening _CLAIM reads: "Okay, I'm going to go ahead and add"
+# the first words a claim may open with ("Okay, I'll ...", "Let me ..."): any other
+# tells at once that the reply claims nothing, and it is spoken with no wait
+_CLAIM_FIRST = frozenset(
+    ["okay", "ok", "sure", "alright", "all", "got", "of", "no", "i'll", "i", "i'm", "i've", "let"]
+)
+_CLAIM = re.compile(
+    r"^(?:(?:okay|ok|sure|alright|all right|got it|of course|no problem)[,.!]?\s+)?"
+    r"(?:i'll|i will|i'm going to|i am going to|i've|i have|let me|i'm|i am)\s+"
+    r"(?:go ahead and\s+)?"
+    r"(?:add|added|adding|put|read|reading|translate|translating|order|ordered|book|booked|"
+    r"wake|set|setting|send|sent|sending|call|calling|play|playing|turn|turning|remind|"
+    r"text|texting|message|schedule|scheduled|lock|locked|unlock|open|close|take|start|"
+    r"started|cancel|cancelled|buy|note|save|saved|email|share|record|switch|create|"
+    r"created|navigate)\b",
+    re.I,
+)
+
+
+def asked(call: ToolCall, tool: Tool) -> bool:
+    """``call`` is asked about, not made: its tool is marked ``confirm``, the router
+    was not sure the request asks for an action (:data:`SURE_TO_ACT`), or it lacks
+    whom it is for (:func:`missing`)."""
+    unsure = call.margin is not None and call.margin < SURE_TO_ACT
+    return tool.confirm or unsure or missing(call, tool) is not None
+
+
+def named(call: ToolCall, tool: Tool, text: str) -> ToolCall | None:
+    """The incomplete ``call`` (:func:`missing`) with the name the user's ``text``
+    answered to "Who should I call?" ("My sister." -> ``contact: "my sister"``; "To
+    Tom, please." -> ``"Tom"``); None when the words are no name: a yes or no, a
+    question, a reference, a new request (more than four words, or a word no name
+    has: "Set a timer."). Those drop the call, as any other words drop a question."""
+    if answer(text) is not None or "?" in text:
+        return None
+    m = _NAME_ANSWER.match(_SPACES.sub(" ", text).strip())
+    name = m.group(1).strip() if m else ""
+    words = _WORDS.findall(name.lower())
+    if not words or len(words) > 4 or set(words) & _NOT_NAME or _REFERENCE.match(name):
+        return None
+    first, *rest = name.split(" ", 1)
+    if first.lower() in _DETERMINERS:  # "My sister." is "my sister" inside a sentence
+        name = " ".join([first.lower(), *rest])
+    for p in tool.params:
+        if p.name in _WHO and p.required and p.name not in call.arguments:
+            return replace(call, arguments={**call.arguments, p.name: name})
+    return None
+
+
+_WORDS = re.compile(r"[a-z0-9']+")
+_NAME_ANSWER = re.compile(
+    r"^(?:(?:um|uh|oh|well|okay|ok|so)[,.]?\s+)*"
+    r"(?:(?:call|phone|text|message|send it to|to|it's to|it's|it is|that's|that is)\s+)?"
+    r"(.*?)(?:[,\s]+(?:please|thanks|thank you))?[.!]*$",
+    re.I,
+)
+_DETERMINERS = frozenset(["my", "our", "the", "his", "their"])
+# words in requests, questions and refusals, which no contact's name has
+_NOT_NAME = frozenset(
+    [
+        "what",
+        "when",
+        "where",
+        "why",
+        "how",
+        "who",
+        "is",
+        "are",
+        "was",
+        "set",
+        "play",
+        "turn",
+        "stop",
+        "cancel",
+        "navigate",
+        "timer",
+        "volume",
+        "lights",
+        "music",
+        "remind",
+        "reminder",
+        "never",
+        "mind",
+        "nobody",
+        "no",
+        "one",
+        "nothing",
+        "anyone",
+        "someone",
+        "don't",
+        "not",
+        "yes",
+    ]
+)
 
 
 def _named(earlier: Sequence[ToolCall]) -> str | None:

@@ -273,9 +273,34 @@ _TEMPLATES: dict[str, Callable[[Mapping[str, Any]], str]] = {
 }
 
 
+def _volume_question(a: Mapping[str, Any]) -> str:
+    if "level" in a:
+        return f"Set the volume to {say_number(a['level'])}?"
+    return f"Turn the volume {a['change']}?"
+
+
+def _reminder_question(a: Mapping[str, Any]) -> str:
+    when = f" {_theirs(a['when'])}" if a.get("when") else ""
+    return f"Set a reminder: {_clause(_theirs(a['text']))}{when}?"
+
+
+# Every default tool's: a call the router was unsure to make is asked about too
+# (model.ask.asked), whatever its tool
 _QUESTIONS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "message.send": lambda a: f"Send '{_clause(a['text'])}' to {_theirs(a['to'])}?",
     "call.start": lambda a: f"Call {_theirs(a['contact'])}?",
+    "timer.set": lambda a: f"Set a timer for {say_duration(a['seconds'])}?",
+    "timer.cancel": lambda a: "Cancel the timer?",
+    "navigation.start": lambda a: f"Start directions to {_clause(_theirs(a['destination']))}?",
+    "media.play": lambda a: f"Play {_clause(_theirs(a['query']))}?",
+    "media.pause": lambda a: "Pause what's playing?",
+    "media.next": lambda a: "Skip to the next track?",
+    "climate.set": lambda a: (
+        f"Set the temperature to {say_quantity(a['temperature_c'], 'degree')}?"
+    ),
+    "reminder.create": _reminder_question,
+    "lights.set": lambda a: f"Turn the lights {'on' if a['on'] else 'off'}?",
+    "volume.set": _volume_question,
 }
 
 

@@ -236,6 +236,7 @@ class DiffusionGenerator:
         logits = be.step(cache, chunk, "causal", commit=True, rows=rows)
         last = logits[-1]
         acts = router.acts(last, user_text) if router is not None else None
+        margin = router.margin(last, user_text) if router is not None else None
         if acts is None:  # no router for these tools, or it is unsure: the model's token
             acts = call_starts(self.tokenizer, last, {o[0] for o in avoid})
         if not acts:
@@ -255,7 +256,7 @@ class DiffusionGenerator:
         if done is None:
             be.truncate(cache, len(prompt))
             return None
-        yield done.call
+        yield dataclasses.replace(done.call, margin=margin)  # how sure it was to act
         head = [*prompt, *done.ids[: done.committed]]
         return head, done.ids[done.committed :], 1 + done.call.passes, done.last, done.call
 

@@ -130,11 +130,16 @@ class ToolRouter:
         word expert's act-or-speak scores join the state's: the words of "Set a timer
         for ten minutes." or "Good night." are the same after any earlier turn, where
         the state drifts (docs/actions.md)."""
+        margin = self.margin(logits, text)
+        return None if margin is None or abs(margin) < SURE else margin > 0
+
+    def margin(self, logits: NDArray[np.float32], text: str | None = None) -> float | None:
+        """The log-odds of acting (the act classifier's, with the words' where given);
+        None when the router has no act classifier."""
         if self.names[:2] != (SPEAK, ACT):
             return None
         speak, act = self.scores(logits, text)[:2]
-        margin = float(act - speak)  # log-odds of acting
-        return None if abs(margin) < SURE else margin > 0
+        return float(act - speak)
 
     def choose(
         self,

@@ -95,6 +95,10 @@ class ToolCall:
     name: str
     arguments: Mapping[str, Any] = field(default_factory=dict)
     passes: int = 0  # model passes the call took to write (0: not written by a model)
+    # the router's log-odds of acting on the request (model.router.ToolRouter.margin);
+    # None where no router weighed it. model.ask.asked reads it: below SURE_TO_ACT the
+    # call is asked about, not made
+    margin: float | None = field(default=None, compare=False)
 
 
 def _plain(x: float) -> int | float:

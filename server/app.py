@@ -287,7 +287,7 @@ class Connection:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
             if self.parking is not None:
-                await self.parking.close(self.session.conversation)
+                await self.parking.close(self.session.conversation, self.session.pending)
             self._put(_CLOSE, force=True)
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await writer
@@ -327,7 +327,7 @@ class Connection:
                     self._put(_Frame(turn_id, sentence, samples, self.wire.audio(effect)))
                 case Lifecycle():
                     if self.parking is not None and _completes(effect):
-                        await self.parking.written(self.session.conversation)
+                        await self.parking.written(self.session.conversation, self.session.pending)
                     for text in self.wire.lifecycle(effect):
                         self._put(text)
                 case RunVad(samples=samples):
@@ -358,7 +358,7 @@ class Connection:
                     else:
                         self._put(effect, force=True)
         if self.parking is not None:
-            self.parking.changed(self.session.conversation)
+            self.parking.changed(self.session.conversation, self.session.pending)
 
     # -- the fleet's store (server/store.py); nothing else here touches Redis --
 
@@ -400,13 +400,13 @@ class Connection:
         if start.resume_token is None or self.resume is None:
             return True
         try:
-            conversation = await self.parking.store.take(start.resume_token, self.owner)
+            parked = await self.parking.store.take(start.resume_token, self.owner)
         except p.ProtocolError as err:
             if err.code != "resume_unavailable":
                 return True  # the session answers bad_resume_token itself
             await self.apply([Send(p.Error(err.code, err.message))])
             return False
-        self.resume.park(start.resume_token, conversation, self.loop.time())
+        self.resume.park(start.resume_token, parked.conversation, self.loop.time(), parked.pending)
         return True
 
     def _put(self, item: object, force: bool = False) -> None:

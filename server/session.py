@@ -41,7 +41,8 @@ from audio.endpoint import (
 )
 from audio.resample import Quality, StreamResampler, pcm16_to_float32
 from audio.ring import AudioRing
-from model.ask import answer
+from model.ask import answer, missing, named, outside, unheard
+from model.ask import asked as asked_about
 from model.engine import ChatMessage, GenerationStats
 from model.tools import (
     DEFAULT_TOOLS,
@@ -158,6 +159,7 @@ class FinalTranscript:
     asr_ms: float
     avg_logprob: float | None = None  # the ASR's confidence in the words (audio turns)
     trusted: bool = True  # False: the ASR's decode looped (audio.asr.looks_looped)
+    no_speech_prob: float | None = None  # the ASR's "this was not speech" (audio turns)
 
 
 @dataclass(frozen=True)
@@ -362,6 +364,9 @@ class StartTurn:
     # A call the session asked about ("Send 'I'm running late' to your sister?") that
     # the user's words now answer: a yes makes it, a no drops it (model/ask.py)
     pending: ToolCall | None = None
+    # False: a requested reply to words the ASR was unsure of (model.ask.unheard); an
+    # audio turn's own words are weighed by the pipeline from its transcript
+    sure: bool = True
 
 
 @dataclass(frozen=True)
@@ -442,6 +447,7 @@ class _Turn:
     complete_p: float | None = None  # the end-of-turn score, once it is in
     asr_logprob: float | None = None  # how sure the ASR was of the transcript's words
     asr_trusted: bool = True  # False: the transcript looped; its reply acts on nothing
+    asr_sure: bool = True  # False: too unsure of the words to act on (model.ask.unheard)
     end_of_turn: str | None = None  # the policy's tier when the turn was released
     user_committed: bool = False
     call: CallAdded | None = None  # the tool call the reply made
@@ -519,6 +525,9 @@ class Session:
         # the latest user item whose words the ASR did not trust: a requested reply
         # (response.create) right after it acts on nothing either
         self._untrusted_item: str | None = None
+        # the latest user item whose words the ASR was unsure of: a requested reply
+        # right after it acts on nothing either ("Sorry, I didn't catch that.")
+        self._unsure_item: str | None = None
         self.can_act = can_act  # the reply engine writes tool calls
         self.scored = scored  # a paused turn's end-of-turn score is on its way
         self._calls: dict[str, str] = {}  # recent call ids -> tool names
@@ -528,6 +537,12 @@ class Session:
         self.respond = True  # Configure's: spoken turns are answered
         self.interrupt = True  # Configure's: speech barges in on a reply
         self.max_tokens: int | None = None
+
+    @property
+    def pending(self) -> ToolCall | None:
+        """The call the last reply asked about, which the user's next words answer:
+        parked with the conversation (server/resume.py, server/store.py)."""
+        return self._pending
 
     @property
     def output_rate(self) -> int:
@@ -678,7 +693,7 @@ class Session:
     def _park(self) -> None:
         """Keep the conversation for a while, so the client can resume it."""
         if self._resume is not None and self.state is not State.IDLE and self.resume_token:
-            self._resume.park(self.resume_token, self.conversation, self._now)
+            self._resume.park(self.resume_token, self.conversation, self._now, self._pending)
 
     # -- client messages --
 
@@ -707,7 +722,8 @@ class Session:
             if self._resume is None:
                 return self._error("bad_resume_token", "this server does not resume sessions")
             try:
-                self.conversation = self._resume.take(start.resume_token, self._now)
+                parked = self._resume.take(start.resume_token, self._now)
+                self.conversation, self._pending = parked.conversation, parked.pending
                 self._ids = [self._new_item_id() for _ in self.conversation]
             except p.ProtocolError as err:
                 return self._error(err.code, err.message)
@@ -1066,6 +1082,7 @@ class Session:
         shape = turn.shape
         if audio is None and text is None and shape.history is None and self._ids:
             turn.asr_trusted = self._ids[-1] != self._untrusted_item  # answers those words
+            turn.asr_sure = self._ids[-1] != self._unsure_item
         if audio is None and text is None and shape.keep:  # of the user's last words
             last = self.conversation[-1] if self.conversation else None
             if last is not None and last.role == "user" and shape.history is None:
@@ -1087,6 +1104,7 @@ class Session:
             max_tokens=turn.shape.max_tokens,
             reply=turn.shape.reply,
             pending=turn.answers,
+            sure=turn.asr_sure,
         )
         out: list[Effect] = [start]
         if release:
@@ -1129,18 +1147,30 @@ class Session:
     def _answered(self, turn: _Turn) -> list[Effect]:
         """The words of a turn that answers a question (the call asked about went to its
         StartTurn as ``pending``): a yes makes the call, now, with no reply model asked
-        (the turn pipeline speaks its template); any other words drop it. Words the ASR
-        did not trust are never a yes."""
+        (the turn pipeline speaks its template); a name completes a call that lacked
+        whom it is for (made, or asked about if its tool is); any other words drop it.
+        Words the ASR did not trust are never a yes; words it was unsure of leave the
+        question standing."""
         asked, transcript = turn.answers, turn.transcript or turn.answer_words
         if asked is None or not transcript or not transcript.strip() or not turn.shape.reply:
             return []  # no words (noise), or words a requested reply answers: it waits
         if self._pending is asked:
             self._pending = None
         tool = next((t for t in self.tools if t.name == asked.name), None)
-        yes = turn.asr_trusted and answer(transcript) == "yes"
-        if tool is None or not yes or not turn.started:
+        if tool is None or not turn.asr_trusted or not turn.started:
             return []
-        return self._act(turn, tool, asked)
+        if not turn.asr_sure:  # "Sorry, I didn't catch that."
+            turn.asking = asked  # the question stands
+            return []
+        if missing(asked, tool) is not None:  # "Who should I call?" "My sister."
+            call = named(asked, tool, transcript)
+            if call is None:  # no name: the question is dropped, the words answered
+                return []
+            if asked_about(call, tool):  # "Call your sister?"
+                turn.asking = call
+                return []
+            return self._act(turn, tool, call)
+        return self._act(turn, tool, asked) if answer(transcript) == "yes" else []
 
     def _start_reply(self, turn: _Turn) -> list[Effect]:
         if turn.started:
@@ -1199,6 +1229,8 @@ class Session:
             turn.user_committed = True
             if not turn.asr_trusted:
                 self._untrusted_item = self._ids[-1]
+            if not turn.asr_sure:
+                self._unsure_item = self._ids[-1]
 
     def _new_item_id(self) -> str:
         item_id, self._next_item = f"item_m{self._next_item}", self._next_item + 1
@@ -1239,6 +1271,7 @@ class Session:
             return []
         turn.transcript, turn.asr_ms = event.text, event.asr_ms
         turn.asr_logprob, turn.asr_trusted = event.avg_logprob, event.trusted
+        turn.asr_sure = not unheard(event.avg_logprob, event.no_speech_prob)
         if not turn.released:
             return self._maybe_final(now)
         self._commit_user(turn)
@@ -1274,7 +1307,10 @@ class Session:
         tool = next((t for t in self.tools if t.name == event.call.name), None)
         if turn is None or tool is None or turn.call is not None or not turn.asr_trusted:
             return []  # an untrusted transcript's words were not surely said: no action
-        if tool.confirm:  # the reply asks about it (the pipeline speaks the question)
+        words = turn.transcript or turn.answer_words
+        if not turn.asr_sure or outside(event.call, tool, words):
+            return []  # the pipeline said it did not catch that, or cannot do it
+        if asked_about(event.call, tool):  # the pipeline speaks the question
             turn.asking = event.call
             return []
         return self._act(turn, tool, event.call)
@@ -1456,7 +1492,10 @@ class Session:
                 self._ids.pop()
         elif turn.shape.keep:
             self._remember_reply(turn, spoken)
-            if reason in ("barge_in", "new_input", "client_cancel"):  # cut off: asked still
+            # cut off, or the connection dropped once some of the question was heard
+            # (parked with the conversation): asked still
+            cut = reason in ("barge_in", "new_input", "client_cancel")
+            if cut or (reason == "closed" and spoken):
                 self._pending = turn.asking or self._pending
         self._to(State.LISTENING)
         out: list[Effect] = [CancelTurn(turn.id)]

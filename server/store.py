@@ -32,9 +32,10 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeout
 
 from model.engine import ChatMessage
+from model.tools import ToolCall
 
 from .protocol import ProtocolError
-from .resume import _role
+from .resume import Parked, _role, call_from, call_json
 
 log = logging.getLogger("quicksilver.store")
 
@@ -124,8 +125,9 @@ class RedisStore:
 
     # -- conversations --
 
-    async def take(self, token: str, owner: str) -> list[ChatMessage]:
-        """The conversation parked under ``token``, removed: once, by its owner.
+    async def take(self, token: str, owner: str) -> Parked:
+        """The conversation parked under ``token`` (and the question its last reply
+        asked, if it stood: ``server.resume.Parked``), removed: once, by its owner.
         ProtocolError says why not (``resume_unavailable`` while Redis is down)."""
         if not self.ok:
             raise _unavailable()
@@ -139,11 +141,19 @@ class RedisStore:
         if found != 2:
             raise ProtocolError("bad_resume_token", "unknown resume token; start a new session")
         data = json.loads(value)
-        return [ChatMessage(_role(r), str(c)) for r, c in data["conversation"]]
+        conversation = [ChatMessage(_role(r), str(c)) for r, c in data["conversation"]]
+        return Parked(conversation, call_from(data.get("pending")))
 
-    async def put(self, token: str, owner: str, conversation: Sequence[ChatMessage]) -> Put:
-        """Park ``conversation`` under ``token`` for the resume TTL, unless the token
-        was taken already (the client resumed elsewhere)."""
+    async def put(
+        self,
+        token: str,
+        owner: str,
+        conversation: Sequence[ChatMessage],
+        pending: ToolCall | None = None,
+    ) -> Put:
+        """Park ``conversation`` (and ``pending``, the call its last reply asked about)
+        under ``token`` for the resume TTL, unless the token was taken already (the
+        client resumed elsewhere)."""
         if not self.ok or self.ttl_s <= 0:
             return "down"
         value = json.dumps(
@@ -151,6 +161,7 @@ class RedisStore:
                 "owner": owner,
                 "node": self.node_id,
                 "conversation": [[m.role, m.content] for m in conversation],
+                "pending": call_json(pending),
             }
         )
         try:
@@ -266,8 +277,9 @@ class Parking:
         self.owner = owner
         self._offered = token  # the session's token, if Redis is up when it starts
         self.token = ""  # the token written under: "" until it starts with Redis up
-        self._mark: tuple[int, int, int] | None = None  # the conversation last handed to a write
-        self._pending: list[ChatMessage] | None = None
+        # the conversation (and pending call) last handed to a write
+        self._mark: tuple[int, int, int, int] | None = None
+        self._queued: tuple[list[ChatMessage], ToolCall | None] | None = None
         self._writer: asyncio.Task[None] | None = None
 
     def begin(self) -> str:
@@ -279,27 +291,31 @@ class Parking:
             self.store.live.add(self.token)
         return self.token
 
-    def changed(self, conversation: list[ChatMessage], final: bool = False) -> None:
-        """Called after every batch of effects: writes the conversation in the
-        background when it is not the one written last (cheap when it is). A turn's
-        question is written with its reply, when the turn completes; a node lost in
-        between loses the turn in flight, as a client that resumes expects."""
+    def changed(
+        self, conversation: list[ChatMessage], pending: ToolCall | None = None, final: bool = False
+    ) -> None:
+        """Called after every batch of effects: writes the conversation, and the call
+        its last reply asked about (``pending``), in the background when they are not
+        the ones written last (cheap when they are). A turn's question is written with
+        its reply, when the turn completes; a node lost in between loses the turn in
+        flight, as a client that resumes expects."""
         if not self.token or not self.store.ok:
             return  # Redis back: the next batch of effects writes the whole conversation
         if not final and conversation and conversation[-1].role == "user":
             return
-        mark = (self.store.epoch, len(conversation), id(conversation[-1]) if conversation else 0)
+        last = id(conversation[-1]) if conversation else 0
+        mark = (self.store.epoch, len(conversation), last, id(pending))
         if mark == self._mark:
             return
         self._mark = mark
-        self._pending = list(conversation)
+        self._queued = (list(conversation), pending)
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._write())
 
     async def _write(self) -> None:
-        while (conversation := self._pending) is not None:
-            self._pending = None
-            match await self.store.put(self.token, self.owner, conversation):
+        while (queued := self._queued) is not None:
+            self._queued = None
+            match await self.store.put(self.token, self.owner, *queued):
                 case "down":
                     self._mark = None  # not written: the next change writes it again
                     return
@@ -308,11 +324,13 @@ class Parking:
                     self.token = ""
                     return
 
-    async def written(self, conversation: list[ChatMessage]) -> None:
+    async def written(
+        self, conversation: list[ChatMessage], pending: ToolCall | None = None
+    ) -> None:
         """A completed turn, durable before the client is told it is done: a node
         lost after a ``reply.done`` must not lose that turn. Waits at most as long as
         a write may take; Redis down, it does not wait at all."""
-        self.changed(conversation)
+        self.changed(conversation, pending)
         await self._settled()
 
     async def _settled(self) -> None:
@@ -320,13 +338,15 @@ class Parking:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(self._writer), 2 * TIMEOUT_S)
 
-    async def close(self, conversation: list[ChatMessage] | None) -> None:
+    async def close(
+        self, conversation: list[ChatMessage] | None, pending: ToolCall | None = None
+    ) -> None:
         """The connection ended: its conversation (None: it never started), as the
         session parked it, is written one last time before the connection counts as
         closed."""
         if conversation is not None:
             self._mark = None
-            self.changed(conversation, final=True)
+            self.changed(conversation, pending, final=True)
         await self._settled()
         self.store.live.discard(self.token)
 

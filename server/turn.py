@@ -19,7 +19,20 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from audio.resample import float32_to_pcm16, int16_to_float32, resample
-from model.ask import DECLINED, answer, earlier_calls, resolve
+from model.ask import (
+    CANT,
+    DECLINED,
+    NOT_CAUGHT,
+    answer,
+    asked,
+    claims,
+    earlier_calls,
+    missing,
+    named,
+    outside,
+    resolve,
+    unheard,
+)
 from model.confirm import question, template, tool_named
 from model.engine import ChatMessage, GenerationStats, ReplyChunk, ReplyEnd
 from model.tools import Tool, ToolCall
@@ -89,15 +102,23 @@ async def _run(
     rt: Runtime, start: StartTurn, released: asyncio.Event, deliver: Deliver, pacing: Pacing
 ) -> None:
     loop = asyncio.get_running_loop()
-    text, trusted = start.text or "", True
+    text, trusted, sure = start.text or "", True, start.sure
     if start.audio is not None:
         t0 = loop.time()
         transcript = await rt.worker(WorkerKind.ASR).run(rt.asr.transcribe, start.audio)
         text = transcript.text
         asr_ms = _ms(t0, loop.time())
         await deliver(
-            FinalTranscript(start.turn_id, text, asr_ms, transcript.avg_logprob, transcript.trusted)
+            FinalTranscript(
+                start.turn_id,
+                text,
+                asr_ms,
+                transcript.avg_logprob,
+                transcript.trusted,
+                transcript.no_speech_prob,
+            )
         )
+        sure = not unheard(transcript.avg_logprob, transcript.no_speech_prob)
         if not transcript.trusted:  # a looped decode, de-duplicated: answered, not acted on
             start, trusted = replace(start, tools=()), False
         if not start.reply:  # heard, not answered (the client asks for a reply itself)
@@ -114,23 +135,43 @@ async def _run(
     last = conversation[-1] if conversation else None
     if start.audio is None and start.text is None and last is not None and last.role == "user":
         text = last.content
-    said = _answer_said(start.pending, text, trusted)
+    heard = _Heard(text, _answer_said(start, text, trusted, sure), sure)
     chunks: asyncio.Queue[_Chunk | None] = asyncio.Queue()
     async with asyncio.TaskGroup() as tg:
         if start.audio is not None and not released.is_set():
             tg.create_task(_score_turn_end(rt, start.turn_id, text, deliver))
-        produced = tg.create_task(_produce(rt, start, conversation, said, chunks, deliver))
+        produced = tg.create_task(_produce(rt, start, conversation, heard, chunks, deliver))
         tg.create_task(_send(start, released, chunks, deliver, pacing))
     stats, reply_ms = produced.result()
     await deliver(ReplyFinished(start.turn_id, stats, reply_ms))
 
 
-def _answer_said(pending: ToolCall | None, text: str, trusted: bool) -> str | None:
+@dataclass(frozen=True)
+class _Heard:
+    """What the user's words decide of the reply before the reply model runs."""
+
+    text: str  # the user's words the reply answers
+    said: str | None  # what answers a question, said without the model
+    sure: bool  # the ASR was sure enough of the words to act on them (model.ask.unheard)
+
+
+def _answer_said(start: StartTurn, text: str, trusted: bool, sure: bool) -> str | None:
     """What is said to words that answer a question (the session reads them alike and
-    makes the call on a yes): its template, or "Okay, I won't."; None for anything
-    else, a turn the reply model answers."""
-    if pending is None or not trusted:
+    makes the call on a yes): its template, or "Okay, I won't."; to a name answering
+    "Who should I call?", the completed call's question (or template, for a tool not
+    asked about); to words the ASR was unsure of, "Sorry, I didn't catch that." (the
+    question stands); None for anything else, a turn the reply model answers."""
+    pending = start.pending
+    tool = tool_named(start.tools, pending.name) if pending is not None else None
+    if pending is None or tool is None or not trusted:
         return None
+    if not sure:
+        return NOT_CAUGHT
+    if missing(pending, tool) is not None:
+        call = named(pending, tool, text)
+        if call is None:
+            return None
+        return question(call) if asked(call, tool) else template(call)
     verdict = answer(text)
     if verdict == "yes":
         return template(pending)
@@ -154,7 +195,7 @@ async def _produce(
     rt: Runtime,
     start: StartTurn,
     conversation: tuple[ChatMessage, ...],
-    said: str | None,
+    heard: _Heard,
     chunks: asyncio.Queue[_Chunk | None],
     deliver: Deliver,
 ) -> tuple[GenerationStats | None, float]:
@@ -175,10 +216,13 @@ async def _produce(
         # An answer to a question is said without asking the reply model.
         earlier = earlier_calls(start.history) + ([start.pending] if start.pending else [])
         async for chunk in sentences(
-            _saying(said)
-            if said is not None
+            _saying(heard.said)
+            if heard.said is not None
             else _asking(
-                rt.reply.stream(conversation, budget, start.tools, pauses), start.tools, earlier
+                rt.reply.stream(conversation, budget, start.tools, pauses),
+                start.tools,
+                earlier,
+                heard,
             )
         ):
             match chunk:
@@ -211,26 +255,49 @@ async def _saying(text: str) -> AsyncIterator[ReplyChunk]:
 
 
 async def _asking(
-    reply: AsyncIterator[ReplyChunk], tools: Sequence[Tool], earlier: Sequence[ToolCall]
+    reply: AsyncIterator[ReplyChunk],
+    tools: Sequence[Tool],
+    earlier: Sequence[ToolCall],
+    heard: _Heard,
 ) -> AsyncIterator[ReplyChunk]:
     """The model's reply, with its call's references resolved against the earlier
-    calls ("her" -> "my sister", model/ask.py); a call of a tool marked ``confirm`` is
-    asked about instead of confirmed ("Call your sister?"), and a reference no earlier
-    call resolves is asked about and not made ("Who should I call?"). Either ends the
-    model's reply: what it would have said confirms a call not made."""
+    calls ("her" -> "my sister", model/ask.py). A call on words the ASR was not
+    sure of is not made ("Sorry, I didn't catch that."), nor one that is the
+    nearest tool to a request no tool does ("Sorry, I can't do that."); a call asked
+    about (a tool marked ``confirm``, a router unsure to act, a reference no earlier
+    call resolves) goes to the session to keep, and its question is said instead of
+    the confirmation ("Call your sister?", "Who should I call?"). Each ends the
+    model's reply: what it would have said confirms a call not made. A reply that
+    calls nothing where tools were offered is held for its first words, and one that
+    claims to do something (model.ask.claims) is "Sorry, I can't do that." instead."""
+    held: str | None = "" if tools else None  # the opening, until it shows what it says
     async for chunk in reply:
+        if held is not None and isinstance(chunk, str):
+            held += chunk
+            if claims(held) is None:  # not enough words yet to tell
+                continue
+        if held is not None:  # the opening told, the reply's end, or a call
+            if not isinstance(chunk, ToolCall) and claims(held):
+                yield CANT
+                yield ReplyEnd(_CUT)
+                return
+            opening, held = held, None
+            if opening:
+                yield opening
+            if isinstance(chunk, str):
+                continue
         tool = tool_named(tools, chunk.name) if isinstance(chunk, ToolCall) else None
         if not isinstance(chunk, ToolCall) or tool is None:
             yield chunk
             continue
         call = resolve(chunk, tool, earlier)
-        if isinstance(call, str):
-            yield call
+        if not heard.sure or outside(call, tool, heard.text):
+            yield NOT_CAUGHT if not heard.sure else CANT
             yield ReplyEnd(_CUT)
             return
         yield call
-        if tool.confirm:
-            yield question(call)
+        if asked(call, tool):
+            yield missing(call, tool) or question(call)
             yield ReplyEnd(_CUT)
             return
 

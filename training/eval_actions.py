@@ -116,7 +116,10 @@ def run_case(gen: DiffusionGenerator, case: Case, max_tokens: int) -> dict[str, 
 
 
 def _call_json(call: ToolCall | None) -> dict[str, Any] | None:
-    return None if call is None else {"name": call.name, "arguments": dict(call.arguments)}
+    if call is None:
+        return None
+    out: dict[str, Any] = {"name": call.name, "arguments": dict(call.arguments)}
+    return out if call.margin is None else {**out, "margin": round(call.margin, 3)}
 
 
 def summarize(

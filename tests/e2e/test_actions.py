@@ -15,6 +15,7 @@ from audio.resample import float32_to_int16, int16_to_float32
 from audio.speech import SpeechFactory, normalize_words, word_error_rate
 from clients.common import Pcm
 from clients.glasses import first_turn, start_session, stream_audio
+from model.ask import CANT
 from server import protocol as p
 from tests.serverproc import ServerProcess, next_event
 from tests.speech import in_each_voice, speak
@@ -109,3 +110,23 @@ async def test_a_question_asked_where_tools_are_gets_its_whole_answer(
             assert not any(isinstance(e, p.Action) for e in events), question
             reply = "".join(e.text for e in events if isinstance(e, p.ReplyText))
             assert answer in reply and reply.rstrip().endswith((".", "!", "?")), reply
+
+
+async def test_a_request_no_tool_does_is_refused_out_loud(server: ServerProcess) -> None:
+    """The engine writes the nearest tool's call for these ("Read me my last message."
+    -> message.send {to: "me"}; "Okay, that's all for now." -> media.next); nothing in
+    the words asks for it (model.ask.outside), so nothing acts and the user hears so
+    (docs/actions.md, "Acting only when sure"). "Add milk to my shopping list." it
+    answers "I'll add milk to my shopping list." with no call (model.ask.claims)."""
+    requests = (
+        "Read me my last message.",
+        "Okay, that's all for now.",
+        "Add milk to my shopping list.",
+    )
+    for text in requests:  # each the session's first words, as a new user says them
+        async with connect(server.url) as ws:
+            await start_session(ws, 16000, "test")
+            events = await typed_turn(ws, text)
+            assert not [e for e in events if isinstance(e, p.Action)], (text, events)
+            reply = " ".join(e.text for e in events if isinstance(e, p.ReplyText))
+            assert reply == CANT, (text, reply)

@@ -3,12 +3,35 @@ the yes/no reader, the question said about a call, and references to earlier cal
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
-from model.ask import answer, earlier_calls, resolve
+from audio.asr import Transcriber
+from audio.speech import SpeechFactory, normalize_words, pad
+from bench.asr import noisy_copy
+from model.ask import (
+    answer,
+    asked,
+    claims,
+    earlier_calls,
+    missing,
+    named,
+    outside,
+    resolve,
+    unheard,
+)
 from model.confirm import question
 from model.engine import ChatMessage
-from model.tools import DEFAULT_TOOLS, ToolCall, kept_reply, parse_tools, render_call
+from model.tools import (
+    DEFAULT_TOOLS,
+    ToolCall,
+    kept_reply,
+    parse_tools,
+    render_call,
+    split_call,
+)
 
 TOOLS = {t.name: t for t in DEFAULT_TOOLS}
 SISTER = ToolCall("call.start", {"contact": "my sister"})
@@ -86,12 +109,110 @@ def test_the_latest_call_that_named_someone_is_the_one_meant() -> None:
 
 
 def test_a_reference_nothing_resolves_is_asked_about() -> None:
+    """The reference is dropped: the call is incomplete, and missing says what to ask."""
     her = ToolCall("message.send", {"to": "her", "text": "hi"})
-    assert resolve(her, TOOLS["message.send"], []) == "Who should I send it to?"
+    dropped = resolve(her, TOOLS["message.send"], [])
+    assert dropped == ToolCall("message.send", {"text": "hi"})
+    assert missing(dropped, TOOLS["message.send"]) == "Who should I send it to?"
+    assert asked(dropped, TOOLS["message.send"])
     timer = [ToolCall("timer.set", {"seconds": 60})]
-    assert resolve(ToolCall("call.start", {"contact": "her"}), TOOLS["call.start"], timer) == (
-        "Who should I call?"
-    )
+    call = resolve(ToolCall("call.start", {"contact": "her"}), TOOLS["call.start"], timer)
+    assert missing(call, TOOLS["call.start"]) == "Who should I call?"
+    assert missing(SISTER, TOOLS["call.start"]) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "name"),
+    [("My sister.", "my sister"), ("my sister", "my sister"), ("To Tom, please.", "Tom"),
+     ("Um, Dr. Smith.", "Dr. Smith"), ("Call my mom.", "my mom"), ("It's Anna.", "Anna")],
+)  # fmt: skip
+def test_a_name_answered_to_who_should_i_call_completes_the_call(text: str, name: str) -> None:
+    who = ToolCall("call.start", {}, passes=4)
+    assert named(who, TOOLS["call.start"], text) == ToolCall("call.start", {"contact": name}, 4)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["Yes.", "No.", "What time is it?", "Set a timer for ten minutes.", "Her.", "Never mind.",
+     "Play some jazz music in the car now please."],
+)  # fmt: skip
+def test_words_that_are_no_name_complete_nothing(text: str) -> None:
+    assert named(ToolCall("call.start", {}), TOOLS["call.start"], text) is None
+
+
+@pytest.mark.parametrize(
+    ("call", "out"),
+    [
+        (ToolCall("message.send", {"to": "me", "text": "my last message"}), True),
+        (ToolCall("message.send", {"to": "you", "text": "thank you very much"}), True),
+        (ToolCall("call.start", {"contact": "me up into hours"}), True),
+        (ToolCall("message.send", {"to": "my mom", "text": "call me"}), False),
+        (ToolCall("call.start", {"contact": "Yusuf"}), False),
+        (ToolCall("media.play", {"query": "me and bobby mcgee"}), False),  # names nobody
+    ],
+)
+def test_a_call_for_the_user_or_the_assistant_is_outside_what_the_tools_do(
+    call: ToolCall, out: bool
+) -> None:
+    assert outside(call, TOOLS[call.name]) is out
+
+
+@pytest.mark.parametrize(
+    ("text", "call"),
+    [
+        ("Read my messages.",
+         ToolCall("message.send", {"to": "my messages", "text": "Read my messages"})),
+        ("Thanks, goodbye.", ToolCall("message.send", {"to": "goodbye", "text": "goodbye"})),
+        ("Goodbye.", ToolCall("call.start", {"contact": "Goodbye"})),
+        ("Okay, that's all for now.", ToolCall("media.next")),
+        ("Yes, please.", ToolCall("media.next")),
+        ("Thanks, that's great.", ToolCall("media.pause")),
+        ("I'm done for today.", ToolCall("timer.cancel")),
+        ("Lock the doors.", ToolCall("lights.set", {"on": False})),
+        ("Turn on the windshield wipers.", ToolCall("lights.set", {"on": True})),
+        ("This can mowed an unwraken unit.", ToolCall("volume.set", {"change": "down"})),
+    ],
+)  # fmt: skip
+def test_a_call_nothing_in_the_request_ties_to_its_tool_is_outside(
+    text: str, call: ToolCall
+) -> None:
+    """What the served engine made of those lines (typed, int8, default tools)."""
+    assert outside(call, TOOLS[call.name], text)
+    assert not outside(ToolCall("media.next"), TOOLS["media.next"], "Play something else.")
+    assert not outside(ToolCall("media.next"), TOOLS["media.next"])  # no words to read
+    # a session's own tool of that name may mean something else: its words are unknown
+    (own,) = parse_tools([{"name": "media.next", "description": "Show the next photo."}])
+    assert not outside(ToolCall("media.next"), own, "Okay, that's all for now.")
+
+
+def test_no_trained_or_held_out_command_is_outside_what_the_tools_do() -> None:
+    """The check refuses none of the project's own commands (data/actions: every
+    command it was trained and is evaluated on, with its words)."""
+    data = Path(__file__).resolve().parents[2] / "data" / "actions"
+    calls = []
+    for name in ("train", "dev_commands", "heldout_commands", "heldout"):
+        for line in (data / f"{name}.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            call, _ = split_call(row["reply"])
+            if call is not None:
+                calls.append((row["question"], call))
+    assert len({c.name for _, c in calls}) == len(TOOLS)  # every tool's commands were read
+    assert len(calls) == 2880
+    assert [(t, c) for t, c in calls if outside(c, TOOLS[c.name], t)] == []
+
+
+def test_unsure_words_and_an_unsure_router_are_not_acted_on() -> None:
+    """Whisper's bars (faster-whisper's log_prob_threshold and no_speech_threshold),
+    and the router's (model.router.SURE): typed words have no ASR figures."""
+    assert not unheard(None, None)
+    assert not unheard(-0.3, 0.05)
+    assert unheard(-1.2, 0.05)  # a decode faster-whisper would deem failed
+    assert unheard(-0.3, 0.7)  # likely no speech
+    timer = TOOLS["timer.set"]
+    assert not asked(ToolCall("timer.set", {"seconds": 60}, margin=12.0), timer)
+    assert not asked(ToolCall("timer.set", {"seconds": 60}), timer)  # no router weighed it
+    assert asked(ToolCall("timer.set", {"seconds": 60}, margin=1.5), timer)
+    assert asked(ToolCall("timer.set", {"seconds": 60}, margin=-2.0), timer)
 
 
 def test_a_name_keeps_its_words_without_a_trailing_instead() -> None:
@@ -112,3 +233,59 @@ def test_earlier_calls_are_read_from_the_replies_the_conversation_kept() -> None
         ChatMessage("assistant", "Why did the <tool_call> cross the road?"),
     ]
     assert earlier_calls(history) == [SISTER]
+
+
+@pytest.mark.models
+def test_whisper_s_own_figures_put_misheard_noisy_speech_under_the_bar(
+    tiny: Transcriber, speech: SpeechFactory
+) -> None:
+    """Real tiny.en on Piper's "Call my sister.": clean, it is heard and may be acted
+    on; under white noise as loud as the speech or louder, Whisper mishears it ("All
+    my sister", "all my truth") and says it is unsure: no call is made on it."""
+    clean = speech.piper("Call my sister.")
+    served = pad(clean, 0.3, 0.05)  # about what the server hands ASR (its pre-roll)
+    heard = tiny.transcribe(served)
+    assert normalize_words(heard.text) == ["call", "my", "sister"], heard
+    assert not unheard(heard.avg_logprob, heard.no_speech_prob), heard
+    for snr_db in (0.0, -5.0):
+        noisy = tiny.transcribe(noisy_copy(clean, served, snr_db, "white", 1))
+        assert unheard(noisy.avg_logprob, noisy.no_speech_prob), (snr_db, noisy)
+
+
+@pytest.mark.parametrize(
+    "reply",
+    ["I'll add milk to my shopping list.", "Okay, I'll read your last message.",
+     "Sure, I've added it.", "Okay, I'm going to go ahead and book a table."],
+)  # fmt: skip
+def test_a_reply_that_claims_an_action_is_seen(reply: str) -> None:
+    """The first is the served engine's reply to "Add milk to my shopping list." (no call)."""
+    assert claims(reply) is True
+
+
+def test_no_reply_without_a_call_in_the_saved_evals_claims_an_action() -> None:
+    """The replies the served engines gave without a call (chat, missed commands) in the
+    project's saved evals: none would be replaced."""
+    replies: list[str] = []
+
+    def walk(o: object) -> None:
+        if isinstance(o, dict):
+            if isinstance(o.get("reply"), str) and "call" in o and not o["call"]:
+                replies.append(o["reply"])
+            for v in o.values():
+                walk(v)
+        elif isinstance(o, list):
+            for v in o:
+                walk(v)
+
+    for file in (Path(__file__).resolve().parents[2] / "docs" / "results" / "evals").glob("*.json"):
+        walk(json.loads(file.read_text()))
+    assert len(replies) > 300
+    assert [r for r in replies if claims(r)] == []
+
+
+def test_an_opening_is_told_as_soon_as_its_first_word_allows() -> None:
+    assert claims("The capital") is False  # spoken at once
+    assert claims("Okay, I") is None  # may still be a claim
+    assert claims("Okay, I think it is nine.") is None  # held: its reply's end tells
+    assert claims("Okay, I think it is nine, or so I believe.") is False
+    assert claims("I'm sorry, I can't help with that one today.") is False

@@ -133,6 +133,9 @@ def test_it_tells_acting_from_speaking_when_it_was_fitted_to() -> None:
     unsure = a_router("timer.cancel()")
     unsure.bias[:2] = (0.0, 2.9)  # log-odds 2.9: probability 0.948, under 0.95
     assert unsure.acts(row) is None  # the model's first token decides
+    # its log-odds go on the call (ToolCall.margin), so the session can ask about it
+    assert unsure.margin(row) == pytest.approx(2.9)
+    assert a_router("timer.cancel()", names=NAMES[2:]).margin(row) is None
 
 
 def test_it_chooses_among_the_session_s_shapes_only_for_the_tools_it_was_fitted_on() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from model.engine import ChatMessage
+from model.tools import ToolCall
 from server.protocol import ProtocolError
 from server.resume import ResumeStore
 
@@ -24,7 +25,7 @@ def test_a_conversation_resumes_only_for_its_owner_and_another_does_not_use_it_u
     assert refused(store.for_owner("key-b"), "tok", 1.0) == "bad_resume_token"
     assert refused(store, "tok", 1.0) == "bad_resume_token"  # nobody's view
     assert len(store) == 1
-    assert store.for_owner("key-a").take("tok", 2.0) == PIN
+    assert store.for_owner("key-a").take("tok", 2.0).conversation == PIN
     assert refused(store.for_owner("key-a"), "tok", 3.0) == "bad_resume_token"  # single use
 
 
@@ -43,8 +44,8 @@ def test_the_saved_file_keeps_each_conversations_owner() -> None:
     restored = ResumeStore(ttl_s=60)
     assert restored.load(saved, now=500.0, wall=1_005.0) == 2
     assert refused(restored.for_owner("key-b"), "a", 501.0) == "bad_resume_token"
-    assert restored.for_owner("key-a").take("a", 501.0) == PIN
-    assert restored.for_owner("key-b").take("b", 501.0) == PIN[:1]
+    assert restored.for_owner("key-a").take("a", 501.0).conversation == PIN
+    assert restored.for_owner("key-b").take("b", 501.0).conversation == PIN[:1]
 
 
 def test_a_file_without_owners_is_not_restored() -> None:
@@ -65,4 +66,22 @@ def test_a_saved_conversation_keeps_what_came_of_an_action() -> None:
     store.for_owner("key-a").park("a", acted, now=0.0)
     restored = ResumeStore(ttl_s=60)
     assert restored.load(store.dump(now=1.0, wall=100.0), now=2.0, wall=101.0) == 1
-    assert restored.for_owner("key-a").take("a", 3.0) == acted
+    assert restored.for_owner("key-a").take("a", 3.0).conversation == acted
+
+
+def test_a_question_the_user_had_not_answered_is_parked_with_its_conversation() -> None:
+    """The call the last reply asked about goes with the conversation, through the
+    saved file too (docs/actions.md, "Asking first"): a yes after the resume makes it."""
+    message = ToolCall("message.send", {"to": "my sister", "text": "I'm running late"})
+    asked = [
+        ChatMessage("user", "Text my sister that I'm running late."),
+        ChatMessage("assistant", "Send 'I'm running late' to your sister?"),
+    ]
+    store = ResumeStore(ttl_s=60)
+    store.for_owner("key-a").park("a", asked, now=0.0, pending=message)
+    store.for_owner("key-a").park("b", asked, now=0.0)
+    restored = ResumeStore(ttl_s=60)
+    assert restored.load(store.dump(now=1.0, wall=100.0), now=2.0, wall=101.0) == 2
+    parked = restored.for_owner("key-a").take("a", 3.0)
+    assert parked.conversation == asked and parked.pending == message
+    assert restored.for_owner("key-a").take("b", 3.0).pending is None

@@ -12,8 +12,8 @@ import threading
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -21,11 +21,13 @@ import redis
 from websockets.asyncio.client import ClientConnection, connect
 
 from clients.car import Car, CarOptions
-from model.engine import ChatMessage
+from model.engine import ChatMessage, GenerationStats
+from model.tools import Tool, ToolCall
 from server import protocol as p
 from server.app import Limits, ServerConfig
 from server.auth import AuthConfig, owner_of
 from server.protocol import ProtocolError
+from server.resume import Parked
 from server.store import Fleet, RedisStore, TextBudget, check_url
 from server.turn import Pacing
 from tests.inproc import ScriptedReplies, serving, started, until
@@ -120,6 +122,57 @@ async def test_every_completed_turn_is_in_redis_while_the_session_is_open(
         assert len((parked(redis_server, resumed["resume_token"]) or {})["conversation"]) == 4
 
 
+MESSAGE = ToolCall("message.send", {"to": "my sister", "text": "I'm running late"})
+
+
+@dataclass
+class AsksToText:
+    """A TextGenerator that texts the sister when asked to, and says "Okay." else."""
+
+    name: str = "asks"
+    supports_tools: bool = True
+
+    def generate(
+        self,
+        conversation: Sequence[ChatMessage],
+        max_tokens: int,
+        should_stop: Callable[[], bool],
+        tools: Sequence[Tool] = (),
+    ) -> Generator[str | ToolCall, None, GenerationStats]:
+        if tools and "text my sister" in conversation[-1].content.lower():
+            yield MESSAGE
+            yield "Sending it now."
+        else:
+            yield "Okay."
+        return GenerationStats(3, 3, "end")
+
+
+async def test_a_question_asked_on_one_node_is_answered_on_the_other(
+    redis_server: RedisServer,
+) -> None:
+    """The question stands across the move: it is in Redis with the conversation,
+    and the yes said to the other node sends the message (docs/actions.md)."""
+    config = ServerConfig(store=redis_server.url)
+    replies = AsksToText()
+    async with (
+        serving(replies=replies, config=config) as (a, _),
+        serving(replies=replies, config=config) as (b, _),
+    ):
+        ws, ready = await started(a)
+        done = await turn(ws, "Text my sister that I'm running late.")
+        assert done["text"] == "Send 'I'm running late' to your sister?"
+        stored = parked(redis_server, ready["resume_token"]) or {}
+        assert stored["pending"] == {"name": MESSAGE.name, "arguments": dict(MESSAGE.arguments)}
+        await ws.close()
+        await ws.wait_closed()
+        moved, resumed = await started(b, resume_token=ready["resume_token"])
+        assert resumed["resumed"]
+        await moved.send(json.dumps({"type": "text", "text": "Yes, please."}))
+        action = await asyncio.wait_for(until(moved, "action"), 30)
+        assert (action["name"], action["arguments"]) == (MESSAGE.name, dict(MESSAGE.arguments))
+        await moved.close()
+
+
 async def test_reply_done_waits_for_a_slow_write(redis_server: RedisServer) -> None:
     """Redis holds writes back for a moment (CLIENT PAUSE ... WRITE, well under the
     store's timeout): the client hears ``reply_done`` only once the turn is stored.
@@ -174,10 +227,24 @@ async def test_another_owners_try_does_not_use_the_token_up(redis_server: RedisS
     with pytest.raises(ProtocolError) as err:
         await store.take("tok", "owner-b")
     assert err.value.code == "bad_resume_token"
-    assert await store.take("tok", "owner-a") == said
+    assert await store.take("tok", "owner-a") == Parked(said)
     with pytest.raises(ProtocolError):
         await store.take("tok", "owner-a")
     assert await store.put("tok", "owner-a", said) == "taken"  # never parked again
+    await store.leave()
+
+
+async def test_a_question_the_user_had_not_answered_is_parked_with_it(
+    redis_server: RedisServer,
+) -> None:
+    """The call the last reply asked about goes with the conversation (a yes after
+    the resume makes it, on any node: docs/actions.md, "Asking first")."""
+    store = RedisStore(redis_server.url, "n1", ttl_s=60)
+    await store.beat({})
+    message = ToolCall("message.send", {"to": "my sister", "text": "I'm running late"})
+    said = [ChatMessage("user", "Text my sister."), ChatMessage("assistant", "Send it?")]
+    assert await store.put("tok", "owner-a", said, message) == "written"
+    assert await store.take("tok", "owner-a") == Parked(said, message)
     await store.leave()
 
 

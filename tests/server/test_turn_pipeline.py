@@ -32,6 +32,7 @@ import numpy as np
 import pytest
 
 from audio.asr import Transcript
+from model.ask import CANT, NOT_CAUGHT
 from model.engine import ChatMessage, GenerationStats, ReplyChunk, ReplyEnd
 from model.tools import DEFAULT_TOOLS, Tool, ToolCall, kept_reply, render_call
 from server.runtime import Runtime, Worker, WorkerKind
@@ -64,13 +65,17 @@ class FakeAsr:
     def __init__(self, text: str) -> None:
         self.text = text
         self.trusted = True  # False: as Transcriber says of a decode that looped
+        self.avg_logprob, self.no_speech_prob = -0.2, 0.01  # Whisper's confidence
         self.calls: list[np.ndarray] = []
         self.busy: Callable[[], None] = lambda: None
 
     def transcribe(self, audio: np.ndarray) -> Transcript:
         self.calls.append(audio)
         self.busy()
-        return Transcript(self.text, "en", len(audio) / RATE, 0.01, -0.2, self.trusted)
+        duration = len(audio) / RATE
+        return Transcript(
+            self.text, "en", duration, self.no_speech_prob, self.avg_logprob, self.trusted
+        )
 
 
 class FakeEngine:
@@ -190,9 +195,10 @@ class Turn:
         reply: bool = True,
         tools: tuple[Tool, ...] = (),
         pending: ToolCall | None = None,
+        sure: bool = True,
     ) -> asyncio.Task[None]:
         start = StartTurn(
-            TURN, audio, text, history, output_rate, speak, tools, max_tokens, reply, pending
+            TURN, audio, text, history, output_rate, speak, tools, max_tokens, reply, pending, sure
         )
         return asyncio.create_task(run_turn(self.rt, start, self.released, self.deliver, pacing))
 
@@ -433,7 +439,9 @@ async def test_a_reference_nothing_resolves_is_asked_about_and_not_made(make_tur
     turn = make_turn(FakeEngine([her, "Texting her."]))
     turn.released.set()
     await turn.start(text="Text her that I'm running late.", tools=DEFAULT_TOOLS)
-    assert turn.of(ReplyAction) == []
+    # the session keeps the call without whom it is for, to ask about
+    incomplete = ToolCall("message.send", {"text": "I'm running late"})
+    assert turn.of(ReplyAction) == [ReplyAction(TURN, incomplete)]
     assert [s.text for s in turn.of(ReplySentence)] == ["Who should I send it to?"]
 
 
@@ -679,3 +687,120 @@ async def test_a_text_only_turn_never_holds_the_model_in_lockstep(make_turn: Any
     turn.released.set()
     await turn.start(text="Tell me about Rome.", speak=False)
     assert turn.engine.free == [True] * len(REPLY)
+
+
+TIMER = ToolCall("timer.set", {"seconds": 600}, passes=3, margin=12.0)
+
+
+@pytest.mark.parametrize(
+    ("avg_logprob", "no_speech_prob", "acts"),
+    [(-0.2, 0.01, True), (-1.3, 0.01, False), (-0.2, 0.75, False)],
+)
+async def test_a_low_confidence_transcript_does_not_act(
+    make_turn: Any, avg_logprob: float, no_speech_prob: float, acts: bool
+) -> None:
+    """Whisper's figures go to the session with the words; below the bars (a decode
+    faster-whisper deems failed, or likely no speech) the call is not made and the
+    user hears that they were not caught, not the model's confirmation."""
+    turn = make_turn(FakeEngine([TIMER, "Timer set for ten minutes."]), "Set a timer for ten.")
+    turn.asr.avg_logprob, turn.asr.no_speech_prob = avg_logprob, no_speech_prob
+    turn.released.set()
+    await turn.start(audio=QUESTION_AUDIO, tools=DEFAULT_TOOLS)
+    (final,) = turn.of(FinalTranscript)
+    assert (final.avg_logprob, final.no_speech_prob) == (avg_logprob, no_speech_prob)
+    assert turn.of(ReplyAction) == ([ReplyAction(TURN, TIMER)] if acts else [])
+    said = " ".join(s.text for s in turn.of(ReplySentence))
+    assert said == ("Timer set for ten minutes." if acts else NOT_CAUGHT)
+
+
+async def test_a_call_the_router_was_unsure_of_is_asked_about(make_turn: Any) -> None:
+    """Typed words have no ASR figures: the router's margin alone decides."""
+    unsure = ToolCall("timer.set", {"seconds": 600}, margin=1.2)
+    engine = FakeEngine([unsure, "Timer set for ten minutes."])
+    turn = make_turn(engine)
+    turn.released.set()
+    await turn.start(text="Ten minutes.", tools=DEFAULT_TOOLS)
+    assert turn.of(ReplyAction) == [ReplyAction(TURN, unsure)]  # the session keeps it
+    assert " ".join(s.text for s in turn.of(ReplySentence)) == "Set a timer for ten minutes?"
+    assert engine.ended_by == "GeneratorExit"
+
+
+@pytest.mark.parametrize(
+    ("text", "call"),
+    [
+        ("Read me my last message.", {"to": "me", "text": "my last message"}),
+        ("Translate thank you into Spanish.", {"to": "you", "text": "thank you into Spanish"}),
+        ("Read my messages.", {"to": "my messages", "text": "Read my messages"}),
+        ("Okay, that's all for now.", None),  # media.next: nothing in it says so
+    ],
+)
+async def test_a_request_no_tool_does_is_refused_not_sent_to_the_nearest_tool(
+    make_turn: Any, text: str, call: dict[str, str] | None
+) -> None:
+    """What the served engine made of these lines (model.ask.outside)."""
+    nearest = ToolCall("media.next") if call is None else ToolCall("message.send", call)
+    engine = FakeEngine([nearest, "Sending it."])
+    turn = make_turn(engine)
+    turn.released.set()
+    await turn.start(text=text, tools=DEFAULT_TOOLS)
+    assert turn.of(ReplyAction) == []
+    assert " ".join(s.text for s in turn.of(ReplySentence)) == CANT
+    assert " ".join(turn.tts.texts) == CANT
+
+
+@pytest.mark.parametrize(
+    ("said", "answer"),
+    [("My sister.", "Call your sister?"), ("What time is it?", "It is nine.")],
+)
+async def test_a_name_answered_to_who_should_i_call_is_the_call_s_contact(
+    make_turn: Any, said: str, answer: str
+) -> None:
+    """Its tool is asked about, so the completed call is asked about in turn (the
+    session keeps it); words that are no name go to the reply model."""
+    engine = FakeEngine(["It is nine."])
+    turn = make_turn(engine, transcript=said)
+    turn.released.set()
+    await turn.start(audio=QUESTION_AUDIO, tools=DEFAULT_TOOLS, pending=ToolCall("call.start"))
+    assert " ".join(s.text for s in turn.of(ReplySentence)) == answer
+    assert (engine.calls == []) is (said == "My sister.")
+
+
+async def test_a_low_confidence_answer_leaves_the_question_standing(make_turn: Any) -> None:
+    turn = make_turn(FakeEngine(["Never said."]), transcript="Yes.")
+    turn.asr.avg_logprob = -1.4
+    turn.released.set()
+    await turn.start(audio=QUESTION_AUDIO, tools=DEFAULT_TOOLS, pending=MESSAGE)
+    assert turn.engine.calls == [] and turn.of(ReplyAction) == []
+    assert " ".join(s.text for s in turn.of(ReplySentence)) == NOT_CAUGHT
+
+
+async def test_a_requested_reply_the_session_says_was_heard_unsurely_does_not_act(
+    make_turn: Any,
+) -> None:
+    engine = FakeEngine([TIMER, "Timer set for ten minutes."])
+    turn = make_turn(engine)
+    turn.released.set()
+    history = (ChatMessage("user", "Set a timer for ten minutes."),)
+    await turn.start(history=history, tools=DEFAULT_TOOLS, sure=False)
+    assert turn.of(ReplyAction) == []
+    assert " ".join(s.text for s in turn.of(ReplySentence)) == NOT_CAUGHT
+
+
+@pytest.mark.parametrize(
+    ("pieces", "tools", "said"),
+    [
+        (["I'll add milk ", "to my shopping ", "list."], DEFAULT_TOOLS, CANT),
+        (["I'll add milk ", "to my shopping ", "list."], (), "I'll add milk to my shopping list."),
+        (["The capital ", "of Italy is Rome."], DEFAULT_TOOLS, "The capital of Italy is Rome."),
+        (["Okay."], DEFAULT_TOOLS, "Okay."),
+    ],
+)
+async def test_a_reply_that_claims_what_no_call_did_is_a_refusal(
+    make_turn: Any, pieces: list[str], tools: tuple[Tool, ...], said: str
+) -> None:
+    """Where tools were offered and none was called (model.ask.claims)."""
+    turn = make_turn(FakeEngine(pieces))
+    turn.released.set()
+    await turn.start(text="Add milk to my shopping list.", tools=tools)
+    assert turn.of(ReplyAction) == []
+    assert " ".join(s.text for s in turn.of(ReplySentence)) == said
