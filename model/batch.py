@@ -257,6 +257,8 @@ class PassShape:
 
     wide: int
     narrow: int
+    # what it was chosen from: "<width>x<rows>" -> ms a pass (empty when not measured)
+    costs_ms: dict[str, float] = dataclasses.field(default_factory=dict, compare=False)
 
 
 def measure_shape(runner: BatchRunner, repeats: int = 5, cached: int = 64) -> PassShape:
@@ -288,13 +290,17 @@ def measure_shape(runner: BatchRunner, repeats: int = 5, cached: int = 64) -> Pa
             times.append(time.perf_counter() - t0)
         return float(np.median(times[1:]))
 
-    fits = {}
+    fits, costs = {}, {}
     for width in (16, 1):
-        one = cost(1, width)
-        fits[width] = max(
-            [1, *(k for k in (2, 4, runner.rows) if cost(k, width) <= one * (k + 1) / 2)]
-        )
-    return PassShape(wide=fits[16], narrow=fits[1])
+        ks = sorted({1, 2, 4, runner.rows})
+        costs[width] = {k: cost(k, width) for k in ks}
+        one = costs[width][1]
+        fits[width] = max(k for k in ks if costs[width][k] <= one * (k + 1) / 2)
+    shape = PassShape(wide=fits[16], narrow=fits[1])
+    shape.costs_ms.update(
+        {f"{w}x{k}": round(c * 1000, 2) for w, by_k in costs.items() for k, c in by_k.items()}
+    )
+    return shape
 
 
 SHAPES = "passes.json"  # in the model directory: the shape measured on each host
@@ -311,7 +317,7 @@ def host_shape(runner: BatchRunner, model_dir: Path) -> tuple[PassShape, bool]:
     except (OSError, ValueError):
         known = {}
     if isinstance(found := known.get(key), dict):
-        return PassShape(int(found["wide"]), int(found["narrow"])), False
+        return PassShape(int(found["wide"]), int(found["narrow"]), found.get("costs_ms", {})), False
     shape = measure_shape(runner)
     known[key] = dataclasses.asdict(shape) | {"rows": runner.rows}
     with contextlib.suppress(OSError):  # a read-only directory measures every start
