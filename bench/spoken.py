@@ -434,6 +434,7 @@ class SpokenOptions:
     limit: int | None = None  # the first N lines (each in every voice and noise)
     seed: int = 0
     timeout_s: float = 60.0
+    sessions: int = 2  # at a time: one's reply audio plays out while the next is heard
 
 
 def plan(opts: SpokenOptions, lines: Sequence[Line]) -> Iterable[tuple[int, Line, str, Noise]]:
@@ -449,26 +450,48 @@ def plan(opts: SpokenOptions, lines: Sequence[Line]) -> Iterable[tuple[int, Line
 async def run_spoken(
     url: str, opts: SpokenOptions, cache: Path, log: Callable[[str], None] = print
 ) -> tuple[list[dict[str, Any]], dict[str, str]]:
-    """Every line in every voice and noise, one session each: a row per utterance, and
-    the server's ASR model and reply engine."""
+    """Every line in every voice and noise, one session each, ``opts.sessions`` of
+    them at a time: a row per utterance (in the plan's order), and the server's ASR
+    model and reply engine."""
     served: dict[str, str] = {}
     lines = eval_lines(opts.data, opts.per_tool, opts.chat_limit)[: opts.limit]
     factory = SpeechFactory(cache)
-    total = len(lines) * len(opts.voices) * len(opts.noise)
-    rows: list[dict[str, Any]] = []
-    t0 = time.monotonic()
-    for seed, line, voice, noise in plan(opts, lines):
-        speech = await asyncio.to_thread(say, factory, voice, line.text)
+    todo = list(plan(opts, lines))
+    rows: list[dict[str, Any] | None] = [None] * len(todo)
+    synth, slots, t0 = asyncio.Lock(), asyncio.Semaphore(opts.sessions), time.monotonic()
 
-        n = len(speech) + round((LEAD_S + TRAIL_S) * SAMPLE_RATE)
-        talkers = partial(_talkers, factory, opts, lines, line, voice, seed)
-        source = await asyncio.to_thread(noise_for, noise, n, seed, talkers)
-        heard = await hear(url, utterance(speech, noise, source), opts.timeout_s)
+    async def one(i: int, seed: int, line: Line, voice: str, noise: Noise) -> None:
+        nonlocal served
+        async with slots:
+            async with synth:  # one synthesizer, one sentence at a time
+                audio = await asyncio.to_thread(
+                    _audio, factory, opts, lines, line, voice, noise, seed
+                )
+            heard = await hear(url, audio, opts.timeout_s)
         served = {"asr": heard.served[0], "engine": heard.served[1]}
         row = {"voice": voice, "noise": noise.label, "seed": seed, **score(line, heard)}
-        rows.append(row)
-        log(_progress(len(rows), total, time.monotonic() - t0, row))
-    return rows, served
+        rows[i] = row
+        done = sum(r is not None for r in rows)
+        log(_progress(done, len(todo), time.monotonic() - t0, row))
+
+    await asyncio.gather(*(one(i, *item) for i, item in enumerate(todo)))
+    return [r for r in rows if r is not None], served
+
+
+def _audio(
+    factory: SpeechFactory,
+    opts: SpokenOptions,
+    lines: Sequence[Line],
+    line: Line,
+    voice: str,
+    noise: Noise,
+    seed: int,
+) -> Float32Array:
+    """One utterance: ``line`` in ``voice``, with silence (or ``noise``) around it."""
+    speech = say(factory, voice, line.text)
+    n = len(speech) + round((LEAD_S + TRAIL_S) * SAMPLE_RATE)
+    talkers = partial(_talkers, factory, opts, lines, line, voice, seed)
+    return utterance(speech, noise, noise_for(noise, n, seed, talkers))
 
 
 def _talkers(
@@ -561,6 +584,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--limit", type=int, default=None, help="--spoken: the first N lines (of every kind)"
     )
     parser.add_argument("--seed", type=int, default=0, help="--spoken: noise and babble")
+    parser.add_argument(
+        "--sessions", type=int, default=2, help="--spoken: utterances spoken at a time"
+    )
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -574,6 +600,7 @@ def run_command(args: argparse.Namespace) -> int:
             chat_limit=10 if args.chat_limit is None else args.chat_limit,
             limit=args.limit,
             seed=args.seed,
+            sessions=args.sessions,
         )
         result = _run(args, opts)
     except (ClientError, ValueError, OSError) as exc:
@@ -668,17 +695,13 @@ def asr_compare(
 
 
 def _utterances(opts: SpokenOptions, cache: Path) -> Iterable[tuple[str, str, Float32Array]]:
-    """(voice and noise, text, audio) of every utterance of the spoken eval."""
+    """(voice and noise, text, audio) of every utterance of the spoken eval, cut as the
+    server cuts a turn: 0.05 s after the speech."""
     lines = eval_lines(opts.data, opts.per_tool, opts.chat_limit)[: opts.limit]
     factory = SpeechFactory(cache)
     for seed, line, voice, noise in plan(opts, lines):
-        speech = say(factory, voice, line.text)
-        n = len(speech) + round((LEAD_S + TRAIL_S) * SAMPLE_RATE)
-        source = noise_for(
-            noise, n, seed, partial(_talkers, factory, opts, lines, line, voice, seed)
-        )
-        served = utterance(speech, noise, source)[: n - round((TRAIL_S - 0.05) * SAMPLE_RATE)]
-        yield f"{voice}, {noise.label}", line.text, served
+        audio = _audio(factory, opts, lines, line, voice, noise, seed)
+        yield f"{voice}, {noise.label}", line.text, audio[: -round((TRAIL_S - 0.05) * SAMPLE_RATE)]
 
 
 def asr_table(result: Mapping[str, Any]) -> str:
