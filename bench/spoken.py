@@ -362,6 +362,7 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     false = sum(r["false_action"] for r in others)
     wrong = sum(r["wrong_call"] for r in commands)
     contra = sum(bool(r["contradiction"]) for r in acted)
+    misheard = [r for r in rows if r["word_errors"]]
     return {
         "utterances": len(rows),
         "commands": len(commands),
@@ -375,6 +376,11 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "wrong_call_rate": rate(wrong, len(commands)),
         "wrong_asks": sum(r["wrong_ask"] for r in commands),
         "contradictions": contra,
+        # of the contradictions, those of a template spoken after a question and a yes
+        "contradictions_after_yes": sum(bool(r["contradiction"]) for r in acted if r["asked"]),
+        # of the false actions and wrong calls, those on lines the ASR got a word wrong
+        "false_actions_misheard": sum(r["false_action"] for r in misheard),
+        "wrong_calls_misheard": sum(r["wrong_call"] for r in misheard),
         "wer": rate(sum(r["word_errors"] for r in rows), words),
         "asr_ms_p50": statistics.median(ms) if ms else None,
         "errors": sum(r["error"] is not None for r in rows),
@@ -402,20 +408,18 @@ def by_condition(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]
 def table(conditions: Mapping[str, Mapping[str, Any]]) -> str:
     """Markdown: a row per voice and noise (docs/actions.md)."""
     lines = [
-        "| voice, noise | commands right | false actions | wrong calls | contradictions "
-        "| asked (commands / others) | WER | ASR ms p50 |",
-        "|---|---|---|---|---|---|---|---|",
+        "| voice, noise | commands right | false actions (misheard) | wrong calls (misheard) "
+        "| contradictions (after a yes) | asked: wrong calls / not commands | WER |",
+        "|---|---|---|---|---|---|---|",
     ]
     for label, s in conditions.items():
-        ms = s["asr_ms_p50"]
         cells = [
             f"{s['exact']}/{s['commands']}",
-            f"{s['false_actions']}/{s['not_commands']}",
-            f"{s['wrong_calls']}/{s['commands']}",
-            str(s["contradictions"]),
-            f"{s['wrong_asks']} wrong / {s['false_asks']}",
+            f"{s['false_actions']}/{s['not_commands']} ({s['false_actions_misheard']})",
+            f"{s['wrong_calls']}/{s['commands']} ({s['wrong_calls_misheard']})",
+            f"{s['contradictions']} ({s['contradictions_after_yes']})",
+            f"{s['wrong_asks']} / {s['false_asks']}",
             "-" if s["wer"] is None else f"{s['wer']:.1%}",
-            "-" if ms is None else f"{ms:.0f}",
         ]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -94,7 +94,9 @@ def test_scores_exact_wrong_false_asked_and_contradicting_calls(lines: list[Line
     assert s["exact_rate"] == round(2 / 3, 4) and s["false_action_rate"] == round(1 / 3, 4)
     piper = conditions["piper, clean"]
     assert (piper["commands"], piper["exact"], piper["false_actions"]) == (1, 1, 1)
-    assert "| piper, clean | 1/1 | 1/3 | 0/1 | 0 |" in table(conditions)
+    assert (s["wrong_calls_misheard"], s["false_actions_misheard"]) == (1, 0)
+    assert s["contradictions_after_yes"] == 0
+    assert "| piper, clean | 1/1 | 1/3 (0) | 0/1 (0) | 0 (0) | 0 / 1 |" in table(conditions)
 
 
 def test_noise_is_seeded_and_at_the_stated_snr() -> None:
