@@ -20,7 +20,8 @@ running late' to your sister?", docs/actions.md "Asking first") is answered with
 engines write a call before any words). Scores, per voice and noise and overall:
 
 * **exact**: a command line's call has the expected tool and arguments (compared as
-  ``eval actions`` compares them: ``training.eval_actions.same_call``);
+  ``eval actions`` compares them, ``training.eval_actions.same_call``, strings as words
+  said: "10" is "ten");
 * **false actions**: a line that is not a command (chat, or :data:`NOT_COMMANDS`) made a
   call without asking (**false asks**: it asked about one);
 * **wrong calls**: a command line's call, made without asking, has a wrong tool or value
@@ -312,7 +313,7 @@ async def _quiet(ws: ClientConnection) -> None:
 def score(line: Line, heard: Heard) -> dict[str, Any]:
     """One utterance's row: what was said and heard, the call and what it counts as."""
     call = _call(heard.call)
-    exact = line.kind == "command" and call is not None and same_call(call, line.expected)
+    exact = line.kind == "command" and call is not None and same_spoken_call(call, line.expected)
     wrong = line.kind == "command" and call is not None and not exact
     tool = tool_named(DEFAULT_TOOLS, call.name) if call is not None else None
     contradiction = problems(call, heard.reply, tool) if call is not None else []
@@ -337,6 +338,20 @@ def score(line: Line, heard: Heard) -> dict[str, Any]:
         "asr_ms": heard.asr_ms,
         "error": heard.error,
     }
+
+
+def same_spoken_call(a: ToolCall, b: ToolCall | None) -> bool:
+    """``eval actions``' comparison, with string values compared as words said
+    (``audio.speech.normalize_words``): Whisper writes "in 10 minutes" for "in ten
+    minutes", and a message saying either says the same."""
+    if b is None or a.name != b.name or set(a.arguments) != set(b.arguments):
+        return False
+    return all(
+        normalize_words(v) == normalize_words(b.arguments[k])
+        if isinstance(v, str) and isinstance(b.arguments[k], str)
+        else same_call(ToolCall(a.name, {k: v}), ToolCall(b.name, {k: b.arguments[k]}))
+        for k, v in a.arguments.items()
+    )
 
 
 def _call(c: Mapping[str, Any] | None) -> ToolCall | None:

@@ -70,6 +70,14 @@ def test_scores_exact_wrong_false_asked_and_contradicting_calls(lines: list[Line
     contradicts = _row(timer, said_wrong, noise="babble 10 dB")
     assert contradicts["exact"] and contradicts["contradiction"]
 
+    emily = _line(lines, "So shoot Emily a message saying I'll be there in ten minutes.")
+    to_emily = {"to": "Emily", "text": "I'll be there in 10 minutes"}  # as Whisper writes it
+    sent = score(emily, Heard(emily.text, {"name": "message.send", "arguments": to_emily}, 1))
+    assert sent["exact"]
+    to_family = {**to_emily, "to": "family"}
+    sent = score(emily, Heard(emily.text, {"name": "message.send", "arguments": to_family}, 1))
+    assert sent["wrong_call"]
+
     lights = _line(lines, "The lights in this city are beautiful.")
     on = {"name": "lights.set", "arguments": {"on": True}}
     false = _row(lights, Heard(lights.text, on, 1, "Okay, the lights are on."))
