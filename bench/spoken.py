@@ -1,17 +1,19 @@
 """``quicksilver eval actions --spoken``: the actions eval as a user says it.
 
     quicksilver eval actions --spoken --json F [--url ws://127.0.0.1:PORT/v1/voice | --asr NAME]
-                             [--voices piper espeak-us espeak-gb] [--noise clean white:10 babble:10]
-                             [--per-tool 2] [--chat-limit 10] [--limit N]
+                             [--voices piper espeak-us espeak-gb] [--noise clean babble:10]
+                             [--per-tool 2] [--chat-limit 10] [--limit N] [--sessions 2]
+    python -m bench.asr --spoken   # the Whisper models' WER on the same utterances
 
 The held-out lines of ``quicksilver data --actions`` (commands and chat questions, never
 trained on) and lines that sound like commands but ask for nothing the default tools do
 (:data:`NOT_COMMANDS`), each spoken by every voice in every noise condition, through a
 real server's audio path: a ``quicksilver serve`` started on loopback for the run (or
 the one at ``--url``), real VAD, faster-whisper, reply engine and Piper. One fresh
-session per utterance. The audio is sent as a push-to-talk client does (the car's
-button): frames as fast as the socket takes them, then ``end_of_input``, so the turn
-ends where the speech does and the run takes minutes, not the sum of the replies' audio.
+session per utterance, ``--sessions`` of them at a time. The audio is sent as a
+push-to-talk client does (the car's button): frames as fast as the socket takes them,
+then ``end_of_input`` and the silence of a released button, so the turn ends where the
+speech does and the run takes minutes, not the sum of the utterances' audio.
 
 What each turn made is read from its events. A confirmation question ("Send 'I'm
 running late' to your sister?", docs/actions.md "Asking first") is answered with a typed
@@ -27,8 +29,9 @@ engines write a call before any words). Scores, per voice and noise and overall:
 * **wrong calls**: a command line's call, made without asking, has a wrong tool or value
   (the costly kind; **wrong asks**: a wrong call asked about, which a user would refuse);
 * **contradictions**: the spoken confirmation of a call fails ``model.confirm.problems``;
-* **WER**: the server's final transcript against the line, and its ASR time per turn
-  (the ``metrics`` event's ``asr_ms``; medians).
+* **WER**: the server's final transcript against the line (the ASR's time per turn is
+  ``python -m bench.asr --spoken``'s: a turn that did not act is left before its
+  ``metrics``, so ``asr_ms_p50`` here is of the turns that acted).
 
 Generated speech and noise stay in memory or in a temporary directory, never the repo.
 """
