@@ -338,6 +338,21 @@ def bench_resampler() -> None:
         print(f"{src} -> {dst}: {rs.delay_samples() * 1000 / dst:.1f} ms")
 
 
+def bench_spoken(args: argparse.Namespace) -> None:
+    """The ASR models on the spoken eval's utterances (docs/audio.md, "Which model")."""
+    import json
+
+    from bench.spoken import SpokenOptions, asr_compare, asr_table, parse_noise
+
+    opts = SpokenOptions(noise=tuple(parse_noise(n) for n in args.noise), limit=args.limit)
+    models = args.models or ["tiny.en:sized", "base:sized", "base:full"]
+    result = asr_compare(models, opts, args.cache_dir)
+    print(f"\n## ASR on the spoken eval's lines: {result['turns']} turns, {result['machine']}")
+    print(asr_table(result))
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="*", default=None, help="tiny.en base; window: tiny.en")
@@ -355,7 +370,20 @@ def main() -> None:
         "--trail-s", type=float, default=SERVED_TRAIL_S,
         help="silence after each turn (the server's turns end ~40 ms after the speech)",
     )  # fmt: skip
+    parser.add_argument(
+        "--spoken", action="store_true",
+        help="only WER per voice and noise on the lines of `eval actions --spoken`, and time "
+        "per turn, of each --models MODEL:WINDOW (default: tiny.en:sized base:sized base:full)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--noise", nargs="+", default=["clean", "white:10", "babble:10"], help="--spoken"
+    )
+    parser.add_argument("--limit", type=int, default=None, help="--spoken: the first N lines")
+    parser.add_argument("--json", type=Path, default=None, help="--spoken: write the figures")
     args = parser.parse_args()
+    if args.spoken:
+        bench_spoken(args)
+        return
     logging.basicConfig(format="%(message)s")
     logging.getLogger("audio").setLevel(logging.INFO)  # shows the first-run base join
     if args.window_compare:

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from bench.commands import register as register_bench
+from bench.spoken import add_arguments as add_spoken_arguments
+from bench.spoken import run_command as run_spoken_eval
 from export.commands import register as register_export
 from model.assemble import (
     DEFAULT_ENGINE,
@@ -205,6 +207,7 @@ def _parser() -> argparse.ArgumentParser:
     auth.add_serve_arguments(serve)
     serve.set_defaults(run=_serve)
     register_model_commands(sub)
+    _add_spoken_eval(sub)
     # Other commands register themselves here: each module's register(sub) adds a
     # subparser with set_defaults(run=function taking the parsed args, returning rc).
     register_export(sub)
@@ -216,6 +219,30 @@ def _parser() -> argparse.ArgumentParser:
         command.add_argument(
             "--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS, help="log detail"
         )
+    return parser
+
+
+def _add_spoken_eval(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``eval actions --spoken``: the held-out lines spoken through a real server
+    (bench/spoken.py; training/, where the typed eval lives, may not reach a server)."""
+    actions = _subcommand(_subcommand(sub, "eval"), "actions")
+    add_spoken_arguments(actions)
+    typed = actions.get_default("run")
+
+    def run(args: argparse.Namespace) -> int:
+        return run_spoken_eval(args) if args.spoken else int(typed(args))
+
+    actions.set_defaults(run=run)
+
+
+def _subcommand(
+    parent: argparse.ArgumentParser | argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+) -> argparse.ArgumentParser:
+    if isinstance(parent, argparse._SubParsersAction):
+        return parent.choices[name]
+    sub = next(a for a in parent._actions if isinstance(a, argparse._SubParsersAction))
+    parser: argparse.ArgumentParser = sub.choices[name]
     return parser
 
 
