@@ -15,6 +15,7 @@ a listener waits for), passes run and rows per pass.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import statistics
 import threading
 import time
@@ -34,6 +35,7 @@ from model.engine import ChatMessage, GenerationStats
 from model.modeldir import batch_file
 from model.runtime import Device, RuntimeConfig
 from model.tools import DEFAULT_TOOLS
+from server.speech import SentenceSplitter
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ class RepliesOptions:
     max_tokens: int = 64
     tools: bool = False  # the default device tools in every prompt (as serve's sessions)
     device: Device = "cpu"  # cuda / tensorrt: the fp16 files, as serve --device serves
+    block_size: int | None = None  # the sampler's block width (None: the served one)
 
 
 @dataclass
@@ -65,13 +68,14 @@ def _answered(gen: DiffusionGenerator, question: str, opts: RepliesOptions, r: _
     begin_reply()
     tools = DEFAULT_TOOLS if opts.tools else ()
     it = gen.generate([ChatMessage("user", question)], opts.max_tokens, lambda: False, tools)
+    splitter = SentenceSplitter()  # the server's: a sentence is whole at its end mark
     while True:
         try:
-            next(it)
+            piece = next(it)
         except StopIteration as done:
             stats: GenerationStats = done.value
             break
-        if r.first is None:
+        if r.first is None and isinstance(piece, str) and splitter.feed(piece):
             r.first = time.perf_counter() - r.asked
             spoke()
     r.tokens = stats.tokens
@@ -141,6 +145,10 @@ def run_replies_bench(opts: RepliesOptions) -> dict[str, Any]:
             opts.model_dir, variant, config, Batching(rows=1)
         ),
     }
+    if opts.block_size is not None:  # another schedule of the same model
+        for gen in engines.values():
+            sampler = dataclasses.replace(gen.options.sampler, block_size=opts.block_size)
+            gen.options = dataclasses.replace(gen.options, sampler=sampler)
     rows: dict[str, list[dict[str, Any]]] = {name: [] for name in engines}
     for n in opts.levels:
         for name, gen in engines.items():  # interleaved: the same machine state for both
@@ -160,6 +168,7 @@ def run_replies_bench(opts: RepliesOptions) -> dict[str, Any]:
         "batch_rows": found[1],
         "max_tokens": opts.max_tokens,
         "tools": opts.tools,
+        "block_size": engines["batched"].options.sampler.block_size,
         "levels": rows,
         "speedup_vs_one_reply": {
             name: [r["tokens_per_s"] / one[name]["tokens_per_s"] for r in r_list]
@@ -193,6 +202,13 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--tools", action="store_true", help="the default tools in every prompt")
     parser.add_argument(
+        "--block-size",
+        type=int,
+        default=None,
+        help="the sampler's block width (default: the served one; 1 is next-token decoding "
+        "of the same model)",
+    )
+    parser.add_argument(
         "--device",
         default="cpu",
         choices=("cpu", "cuda", "tensorrt"),
@@ -220,7 +236,13 @@ def run_command(args: Any) -> int:
         print("quicksilver bench replies: --levels and --replies need 1 or more", file=sys.stderr)
         return 1
     opts = RepliesOptions(
-        model_dir, args.levels, args.replies, args.max_tokens, args.tools, args.device
+        model_dir,
+        args.levels,
+        args.replies,
+        args.max_tokens,
+        args.tools,
+        args.device,
+        args.block_size,
     )
     try:
         results = run_replies_bench(opts)

@@ -257,6 +257,9 @@ class PassShape:
 
     wide: int
     narrow: int
+    # fewer rows than this run one by one: the batched graph's own cost (its per-row
+    # attention nodes, its idle rows) is paid back only from this many rows on
+    least: int = 2
     # what it was chosen from: "<width>x<rows>" -> ms a pass (empty when not measured)
     costs_ms: dict[str, float] = dataclasses.field(default_factory=dict, compare=False)
 
@@ -291,12 +294,14 @@ def measure_shape(runner: BatchRunner, repeats: int = 5, cached: int = 64) -> Pa
         return float(np.median(times[1:]))
 
     fits, costs = {}, {}
+    ks = sorted({1, 2, 4, runner.rows})
     for width in (16, 1):
-        ks = sorted({1, 2, 4, runner.rows})
         costs[width] = {k: cost(k, width) for k in ks}
         one = costs[width][1]
         fits[width] = max(k for k in ks if costs[width][k] <= one * (k + 1) / 2)
-    shape = PassShape(wide=fits[16], narrow=fits[1])
+    # the fewest rows a pass pays back in, narrow (where sharing pays most)
+    least = min((k for k in ks[1:] if costs[1][k] <= k * costs[1][1]), default=runner.rows + 1)
+    shape = PassShape(wide=fits[16], narrow=fits[1], least=least)
     shape.costs_ms.update(
         {f"{w}x{k}": round(c * 1000, 2) for w, by_k in costs.items() for k, c in by_k.items()}
     )
@@ -316,8 +321,9 @@ def host_shape(runner: BatchRunner, model_dir: Path) -> tuple[PassShape, bool]:
         known = json.loads(path.read_text())
     except (OSError, ValueError):
         known = {}
-    if isinstance(found := known.get(key), dict):
-        return PassShape(int(found["wide"]), int(found["narrow"]), found.get("costs_ms", {})), False
+    if isinstance(found := known.get(key), dict) and "least" in found:
+        wide, narrow, least = (int(found[k]) for k in ("wide", "narrow", "least"))
+        return PassShape(wide, narrow, least, found.get("costs_ms", {})), False
     shape = measure_shape(runner)
     known[key] = dataclasses.asdict(shape) | {"rows": runner.rows}
     with contextlib.suppress(OSError):  # a read-only directory measures every start
@@ -398,6 +404,8 @@ class StepLoop:
                     narrow += not is_wide
                 else:
                     left.append(r)
+            if len(taken) < self.shape.least:  # not worth the batched graph: one alone
+                taken, left = taken[:1], [*taken[1:], *left]
             self._waiting = left
             return taken
 
