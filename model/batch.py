@@ -99,6 +99,7 @@ class Request:
     commit: bool = field(compare=False)
     rows: NDArray[np.int64] = field(compare=False)
     done: Future[Logits] = field(compare=False, default_factory=Future)
+    thread: int = field(compare=False, default_factory=threading.get_ident)
 
 
 class BatchRunner:
@@ -244,6 +245,10 @@ class BatchRunner:
         self._bound[row] = (weakref.ref(cache), ptr, capacity)
 
 
+# How long the loop waits for the replies of the last pass to ask for their next step
+# before it runs what is waiting (a decoder samples for about a millisecond between
+# passes; a reply that ended never asks, and costs the others this once).
+SETTLE_S = 0.003
 # A step of at most this many tokens is narrow (an AR token, the end-of-turn score's
 # one position): its pass reads the weights once for little arithmetic, so narrow rows
 # share a pass almost for free. Wider ones (a diffusion block, a prefill chunk) are
@@ -360,6 +365,7 @@ class StepLoop:
         self.shape = shape or PassShape(runner.rows, runner.rows)
         self.on_pass = on_pass  # sees every pass's requests (metrics, tests)
         self._waiting: list[Request] = []
+        self._expected: set[int] = set()  # the threads of the last pass, until they ask
         self._cond = threading.Condition()
         self._closed = False
         self.passes = 0
@@ -389,6 +395,7 @@ class StepLoop:
                 self._cond.wait()
             if not self._waiting:
                 return None
+            self._settle()
             self._waiting.sort()
             taken: list[Request] = []
             left: list[Request] = []
@@ -409,6 +416,18 @@ class StepLoop:
             self._waiting = left
             return taken
 
+    def _settle(self) -> None:
+        """Give the replies of the last pass a moment to ask again (their decoders
+        sample between passes): without it two replies fall into taking turns, each
+        asking while the other's pass runs, and never share one. Waits at most
+        :data:`SETTLE_S`, only while one of them has not asked yet."""
+        deadline = time.monotonic() + SETTLE_S
+        while self._expected - {r.thread for r in self._waiting} and not self._closed:
+            if (left := deadline - time.monotonic()) <= 0:
+                break
+            self._cond.wait(left)
+        self._expected = set()
+
     def _run(self) -> None:
         while (taken := self._take()) is not None:
             try:
@@ -419,6 +438,8 @@ class StepLoop:
                 continue
             self.passes += 1
             self.rows_run += len(taken)
+            with self._cond:
+                self._expected = {r.thread for r in taken}
             if self.on_pass is not None:
                 self.on_pass(taken)
             for r, logits in zip(taken, results, strict=True):
