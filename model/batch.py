@@ -262,8 +262,11 @@ class PassShape:
 
     wide: int
     narrow: int
-    # fewer rows than this run one by one: the batched graph's own cost (its per-row
-    # attention nodes, its idle rows) is paid back only from this many rows on
+    # fewer rows than this run one by one. Two rows share a pass although on a 2-core
+    # CPU the batched graph's own cost (a fused node per row, idle rows) makes that pass
+    # 16% dearer than two alone: with more (4, measured: pays back), replies still in
+    # their prefill never joined the decoding ones and replies went one at a time
+    # (docs/results/2026-12-step-loop.md)
     least: int = 2
     # what it was chosen from: "<width>x<rows>" -> ms a pass (empty when not measured)
     costs_ms: dict[str, float] = dataclasses.field(default_factory=dict, compare=False)
@@ -304,9 +307,7 @@ def measure_shape(runner: BatchRunner, repeats: int = 5, cached: int = 64) -> Pa
         costs[width] = {k: cost(k, width) for k in ks}
         one = costs[width][1]
         fits[width] = max(k for k in ks if costs[width][k] <= one * (k + 1) / 2)
-    # the fewest rows a pass pays back in, narrow (where sharing pays most)
-    least = min((k for k in ks[1:] if costs[1][k] <= k * costs[1][1]), default=runner.rows + 1)
-    shape = PassShape(wide=fits[16], narrow=fits[1], least=least)
+    shape = PassShape(wide=fits[16], narrow=fits[1])
     shape.costs_ms.update(
         {f"{w}x{k}": round(c * 1000, 2) for w, by_k in costs.items() for k, c in by_k.items()}
     )
