@@ -45,6 +45,7 @@ from model.modeldir import (
     shipped_adapter,
 )
 from model.openai_chat import ChatServerOptions, OpenAIChatGenerator
+from model.prefix import PrefixCache
 from model.router import find_router
 from model.runtime import GROW, Device, OrtBackend, RuntimeConfig, choose_providers
 from model.spans import find_spans
@@ -134,6 +135,30 @@ class Batching:
     kv_cache_mb: float | None = None
 
 
+def served_backend(
+    single: OrtBackend,
+    model_dir: Path,
+    variant: Variant,
+    batching: Batching | None,
+    kept: int,
+    cache_len: int | None = None,
+) -> StepBackend:
+    """What an engine runs on: ``single``, or with ``batching`` its model behind the step
+    loop (:func:`shared_backend`). ``kept``: the conversations the engine keeps;
+    ``cache_len``: positions a reply's cache needs (None: the backend's whole length)."""
+    if batching is None:
+        return single
+    per_cache = min(single.max_len, -(-(cache_len or single.max_len) // GROW) * GROW)
+    shared = shared_backend(single, model_dir, variant, batching, kept, per_cache)
+    return shared or single
+
+
+def give_way(backend: StepBackend, kept: PrefixCache) -> None:
+    """Kept conversations give their caches up when live replies need the pool."""
+    if isinstance(backend, BatchedBackend) and backend.pool is not None:
+        backend.pool.evict = kept.evict_oldest
+
+
 def shared_backend(
     single: OrtBackend,
     model_dir: Path,
@@ -187,16 +212,9 @@ def load_onnx_ar_generator(
     on a CPU, several cost little more than one)."""
     options = options or AROptions()
     single = load_onnx_backend(model_dir, variant, config)
-    backend: StepBackend = single
-    shared = None
-    if batching is not None:
-        per_cache = min(single.max_len, -(-single.max_len // GROW) * GROW)
-        kept = options.cache_sessions
-        shared = shared_backend(single, model_dir, variant, batching, kept, per_cache)
-        backend = shared or single
+    backend = served_backend(single, model_dir, variant, batching, options.cache_sessions)
     gen = ARGenerator(backend, load_tokenizer(model_dir), options, "smollm2-ar-onnx")
-    if shared is not None and shared.pool is not None:
-        shared.pool.evict = gen.prefixes.evict_oldest
+    give_way(backend, gen.prefixes)
     return gen
 
 
@@ -211,18 +229,12 @@ def load_onnx_diffusion_generator(
     options = served_options(read_manifest(model_dir).get("source", {}).get("adapter"))
     config = config or RuntimeConfig(max_len=options.cache_len)
     single = load_onnx_backend(model_dir, variant, config)
-    backend: StepBackend = single
-    shared = None
-    if batching is not None:
-        per_cache = min(single.max_len, -(-options.cache_len // GROW) * GROW)
-        kept = options.cache_sessions
-        shared = shared_backend(single, model_dir, variant, batching, kept, per_cache)
-        backend = shared or single
+    kept, cache_len = options.cache_sessions, options.cache_len
+    backend = served_backend(single, model_dir, variant, batching, kept, cache_len)
     tok = load_tokenizer(model_dir)
     model = smollm2_diffusion_config(tok)
     gen = DiffusionGenerator(backend, tok, model, options, name="diffusion-onnx")
-    if shared is not None and shared.pool is not None:
-        shared.pool.evict = gen.prefixes.evict_oldest
+    give_way(backend, gen.prefixes)
     gen.router = find_router(model_dir, vocab=backend.vocab_size)
     gen.spans = find_spans(model_dir, vocab=backend.vocab_size)
     return gen
