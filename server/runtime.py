@@ -9,14 +9,18 @@ awaits futures.
 from __future__ import annotations
 
 import asyncio
+import functools
+import heapq
+import itertools
 import logging
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Literal, ParamSpec, TypeVar
+from typing import Any, Literal, ParamSpec, TypeVar
 
 import onnxruntime as ort
 
@@ -72,22 +76,50 @@ def reply_threads(engine: EngineName, generator: TextGenerator | None = None) ->
 
 class Worker:
     """Threads (one unless said) for one kind of blocking job, with its queue depth
-    visible."""
+    visible. Jobs wait in rank order, lower first, then in the order asked (``rank``:
+    the TTS worker synthesizes every reply's first sentence before other replies' later
+    ones, docs/latency.md "Many replies at once")."""
 
     def __init__(self, name: str, threads: int = 1) -> None:
         self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name)
         self.pending = 0
+        self._jobs: list[tuple[int, int, Callable[[], Any], Future[Any]]] = []
+        self._asked = itertools.count()
+        self._lock = threading.Lock()
 
     async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        loop = asyncio.get_running_loop()
+        return await self.ranked(1, functools.partial(fn, *args, **kwargs))
+
+    async def ranked(self, rank: int, call: Callable[[], T]) -> T:
+        """``call()`` in a worker thread, after every waiting job of a lower rank."""
+        done: Future[T] = Future()
+        with self._lock:
+            heapq.heappush(self._jobs, (rank, next(self._asked), call, done))
         self.pending += 1
         try:
-            return await loop.run_in_executor(self.executor, lambda: fn(*args, **kwargs))
+            self.executor.submit(self._next)
+            return await asyncio.wrap_future(done)
         finally:
             self.pending -= 1
 
+    def _next(self) -> None:
+        """One worker thread's turn: the best job waiting now, not necessarily the one
+        whose submission started it (each submission starts one turn)."""
+        with self._lock:
+            _, _, call, done = heapq.heappop(self._jobs)
+        if not done.set_running_or_notify_cancel():  # its asker stopped waiting
+            return
+        try:
+            done.set_result(call())
+        except BaseException as exc:  # the asker gets it, whatever it is
+            done.set_exception(exc)
+
     def shutdown(self) -> None:
         self.executor.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            for *_, done in self._jobs:
+                done.cancel()
+            self._jobs.clear()
 
 
 @dataclass

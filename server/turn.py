@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
@@ -233,8 +234,10 @@ async def _produce(
                     if not start.speak:
                         continue
                     t1 = loop.time()
-                    pcm = await rt.worker(WorkerKind.TTS).run(
-                        synthesize, rt, text, start.output_rate, index == 0
+                    first = index == 0  # a listener waits for it: before others' later ones
+                    pcm = await rt.worker(WorkerKind.TTS).ranked(
+                        0 if first else 1,
+                        functools.partial(synthesize, rt, text, start.output_rate, first),
                     )
                     chunks.put_nowait(_Chunk(index, pcm, _ms(t1, loop.time())))
                     pauses.release()
