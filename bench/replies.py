@@ -140,7 +140,9 @@ def run_replies_bench(opts: RepliesOptions) -> dict[str, Any]:
         )
     config = RuntimeConfig(device=opts.device, max_len=DiffusionOptions().cache_len)
     engines = {
-        "batched": load_onnx_diffusion_generator(opts.model_dir, variant, config, Batching()),
+        "batched": load_onnx_diffusion_generator(
+            opts.model_dir, variant, config, Batching(rows=found[1])
+        ),
         "one-at-a-time": load_onnx_diffusion_generator(
             opts.model_dir, variant, config, Batching(rows=1)
         ),

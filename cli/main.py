@@ -88,8 +88,9 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="N",
-        help="replies whose steps share one pass of the reply model (default: the model "
-        "directory's batched graph, 8 rows; 1: one reply at a time)",
+        help="replies whose steps share one pass of the reply model (default: the batched "
+        "graph's 8 where the host's measured pass costs let diffusion blocks share a pass, "
+        "as on a GPU, and for the AR engine; else 1, one reply at a time)",
     )
     serve.add_argument(
         "--kv-cache-mb",

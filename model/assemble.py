@@ -24,7 +24,15 @@ from typing import Literal, get_args
 
 from model.ar import ARGenerator, AROptions
 from model.backend import StepBackend
-from model.batch import SHAPES, BatchedBackend, BatchRunner, CachePool, StepLoop, host_shape
+from model.batch import (
+    NARROW,
+    SHAPES,
+    BatchedBackend,
+    BatchRunner,
+    CachePool,
+    StepLoop,
+    host_shape,
+)
 from model.diffusion_engine import (
     DiffusionGenerator,
     DiffusionOptions,
@@ -142,6 +150,7 @@ def served_backend(
     batching: Batching | None,
     kept: int,
     cache_len: int | None = None,
+    wide: bool = False,
 ) -> StepBackend:
     """What an engine runs on: ``single``, or with ``batching`` its model behind the step
     loop (:func:`shared_backend`). ``kept``: the conversations the engine keeps;
@@ -149,7 +158,7 @@ def served_backend(
     if batching is None:
         return single
     per_cache = min(single.max_len, -(-(cache_len or single.max_len) // GROW) * GROW)
-    shared = shared_backend(single, model_dir, variant, batching, kept, per_cache)
+    shared = shared_backend(single, model_dir, variant, batching, kept, per_cache, wide)
     return shared or single
 
 
@@ -166,9 +175,14 @@ def shared_backend(
     batching: Batching,
     kept: int,
     per_cache: int,
+    wide: bool = False,
 ) -> BatchedBackend | None:
     """``single``'s model behind a :class:`StepLoop` of the directory's batched graph,
-    its caches in one :class:`CachePool` (None: no batched graph, or batching off)."""
+    its caches in one :class:`CachePool` (None: no batched graph, or batching off).
+    Left to itself (``batching.rows`` None), an engine whose steps are ``wide``
+    (diffusion blocks) takes the loop only where such steps share a pass on this host:
+    where they run one a pass (a CPU without cheap wide passes), replies stay one at a
+    time, as the voice loop measured better end to end there (docs/latency.md)."""
     found = batch_file(model_dir, variant)
     if batching.rows is not None and batching.rows < 2:
         return None
@@ -191,6 +205,9 @@ def shared_backend(
         shape.narrow,
         model_dir / SHAPES,
     )
+    if batching.rows is None and wide and shape.wide < 2:
+        log.info("replies one at a time: this host runs one diffusion block a pass")
+        return None
     loop = StepLoop(runner, shape=shape)
     L, n_kv, hd = single.dims
     position_bytes = L * 2 * n_kv * hd * single.dtype.itemsize
@@ -230,7 +247,8 @@ def load_onnx_diffusion_generator(
     config = config or RuntimeConfig(max_len=options.cache_len)
     single = load_onnx_backend(model_dir, variant, config)
     kept, cache_len = options.cache_sessions, options.cache_len
-    backend = served_backend(single, model_dir, variant, batching, kept, cache_len)
+    wide = options.sampler.block_size > NARROW
+    backend = served_backend(single, model_dir, variant, batching, kept, cache_len, wide)
     tok = load_tokenizer(model_dir)
     model = smollm2_diffusion_config(tok)
     gen = DiffusionGenerator(backend, tok, model, options, name="diffusion-onnx")

@@ -20,7 +20,7 @@ async def test_a_reply_past_the_kv_cache_budget_is_a_turn_error(
     tmp_path: Path, model_cache: Path
 ) -> None:
     # 4 MB holds less than one cache's first 256 positions (46 KB each)
-    args = ["--cache-dir", str(model_cache), "--kv-cache-mb", "4"]
+    args = ["--cache-dir", str(model_cache), "--kv-cache-mb", "4", "--reply-batch", "8"]
     server = start_server(tmp_path / "server.log", *args)
     try:
         async with connect(server.url) as ws:

@@ -262,7 +262,7 @@ def test_the_served_engines_share_passes_and_answer_as_they_do_alone(
     load = load_onnx_diffusion_generator if engine == "diffusion" else load_onnx_ar_generator
     config = RuntimeConfig(device="cpu", max_len=512)
     alone = load(tiny_dir, "fp32", config, batching=Batching(rows=1))
-    shared = load(tiny_dir, "fp32", config, batching=Batching())
+    shared = load(tiny_dir, "fp32", config, batching=Batching(rows=BATCH_ROWS))
     assert isinstance(shared.backend, BatchedBackend)
     assert not isinstance(alone.backend, BatchedBackend)
     asks = ["hi", "what is it", "tell me more", "ok"]
