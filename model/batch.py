@@ -2,17 +2,18 @@
 
 A reply engine decodes in its own thread against a :class:`model.backend.StepBackend`.
 With :class:`BatchedBackend` a ``step`` is a request to the :class:`StepLoop`: the loop
-thread takes every request waiting when the model is free, up to the batched graph's
-rows, and runs them in one pass of ``export.graph.BatchGraph`` (one request alone runs
-in the one-reply graph, as before). The projections and MLP read their weights once per
-pass instead of once per reply, which is where several replies at once gain: one AR
-step is memory-bound, so eight of them cost little more than one.
+thread takes the requests waiting when the model is free, as many as the host's pass
+shape lets share (:class:`PassShape`, measured once per host), and runs them in one pass
+of ``export.graph.BatchGraph`` (one request alone runs in the one-reply graph, as
+before). The projections and MLP read their weights once per pass instead of once per
+reply, which is where several replies at once gain: one AR step is memory-bound, so
+eight of them cost little more than one; a 16-token block on a CPU is not.
 
 A row's logits are the ones it would get alone (each row attends over its own cache
 buffers; the int8 kernel scales activations per token), so which replies share a pass
-never changes a reply (``tests/export/test_batch.py``). Requests are taken in priority
-order, lower first (:attr:`Request.priority`: a reply whose first sentence is not out
-yet goes first, then the oldest). A cancelled reply makes no more requests: its rows
+never changes a reply (``tests/export/test_batch.py``). Requests are taken in rank
+order (:attr:`Request.rank`: the steps of replies whose first sentence is not out yet
+first, the oldest reply first). A cancelled reply makes no more requests: its rows
 leave at the next pass.
 
 Caches stay the one-reply :class:`model.runtime.OrtCache`; :class:`CachePool` counts
@@ -47,8 +48,8 @@ from model.backend import Attend, Logits, Rows, reply_rank
 from model.runtime import GROW, OrtBackend, OrtCache
 
 _order = itertools.count()
-# Prompt tokens per prefill request: a block's width, so a chunk costs about what a
-# diffusion block does and shares a pass with other replies' steps at that price.
+# Prompt tokens per prefill request: two blocks' width, so a long prompt is many short
+# passes that other replies' steps go between (or share, where the shape lets them).
 PREFILL_CHUNK = 32
 
 
