@@ -55,7 +55,7 @@ from model.modeldir import (
 from model.openai_chat import ChatServerOptions, OpenAIChatGenerator
 from model.prefix import PrefixCache
 from model.router import find_router
-from model.runtime import GROW, Device, OrtBackend, RuntimeConfig, choose_providers
+from model.runtime import Device, OrtBackend, RuntimeConfig, choose_providers, grown_capacity
 from model.spans import find_spans
 
 log = logging.getLogger("quicksilver")
@@ -157,7 +157,7 @@ def served_backend(
     ``cache_len``: positions a reply's cache needs (None: the backend's whole length)."""
     if batching is None:
         return single
-    per_cache = min(single.max_len, -(-(cache_len or single.max_len) // GROW) * GROW)
+    per_cache = grown_capacity(cache_len or single.max_len, single.max_len)
     shared = shared_backend(single, model_dir, variant, batching, kept, per_cache, wide)
     return shared or single
 

@@ -45,7 +45,7 @@ import onnxruntime as ort
 from numpy.typing import NDArray
 
 from model.backend import Attend, Logits, Rows, reply_rank
-from model.runtime import GROW, OrtBackend, OrtCache
+from model.runtime import OrtBackend, OrtCache, grown_capacity
 
 _order = itertools.count()
 # Prompt tokens per prefill request: two blocks' width, so a long prompt is many short
@@ -146,9 +146,7 @@ class BatchRunner:
         for b in range(self.rows):
             if (req := at_row.get(b)) is not None:
                 P, T = req.cache.length, len(req.ids)
-                if self.single.max_len < P + T:
-                    raise ValueError(f"KV cache full: {P} + {T} > {self.single.max_len}")
-                req.cache.reserve(P + T)
+                req.cache.room_for(T)
                 self._bind_row(b, req.cache)
                 chunk, block = req.ids, req.attend == "block"
                 rows.append(req.rows + offset)
@@ -263,12 +261,10 @@ class PassShape:
 
     wide: int
     narrow: int
-    # fewer rows than this run one by one. Two rows share a pass although on a 2-core
-    # CPU the batched graph's own cost (a fused node per row, idle rows) makes that pass
-    # 16% dearer than two alone: with more (4, measured: pays back), replies still in
-    # their prefill never joined the decoding ones and replies went one at a time
-    # (docs/results/2026-12-step-loop.md)
-    least: int = 2
+    # Two rows share a pass even where the batched graph's own cost (a fused node per
+    # row, idle rows) makes it 16% dearer than two alone (the 2-core CPU): asking for
+    # more (4 there, where it pays back) kept replies still in their prefill from ever
+    # joining the decoding ones (docs/results/2026-12-step-loop.md)
     # what it was chosen from: "<width>x<rows>" -> ms a pass (empty when not measured)
     costs_ms: dict[str, float] = dataclasses.field(default_factory=dict, compare=False)
 
@@ -292,10 +288,9 @@ def measure_shape(runner: BatchRunner, repeats: int = 5, cached: int = 64) -> Pa
     def cost(k: int, width: int) -> float:
         times = []
         for _ in range(repeats + 1):  # the first warms the graph's kernels up: not timed
+            ids, rows = rng.integers(0, 100, width), np.arange(width)
             requests = [
-                Request((False, 0), i, caches[i], rng.integers(0, 100, width), "block", False, rows)
-                for i in range(k)
-                for rows in [np.arange(width)]
+                Request((False, 0), i, caches[i], ids, "block", False, rows) for i in range(k)
             ]
             t0 = time.perf_counter()
             runner.run(requests)
@@ -328,9 +323,8 @@ def host_shape(runner: BatchRunner, model_dir: Path) -> tuple[PassShape, bool]:
         known = json.loads(path.read_text())
     except (OSError, ValueError):
         known = {}
-    if isinstance(found := known.get(key), dict) and "least" in found:
-        wide, narrow, least = (int(found[k]) for k in ("wide", "narrow", "least"))
-        return PassShape(wide, narrow, least, found.get("costs_ms", {})), False
+    if isinstance(found := known.get(key), dict):
+        return PassShape(int(found["wide"]), int(found["narrow"]), found.get("costs_ms", {})), False
     shape = measure_shape(runner)
     known[key] = dataclasses.asdict(shape) | {"rows": runner.rows}
     with contextlib.suppress(OSError):  # a read-only directory measures every start
@@ -413,8 +407,6 @@ class StepLoop:
                     narrow += not is_wide
                 else:
                     left.append(r)
-            if len(taken) < self.shape.least:  # not worth the batched graph: one alone
-                taken, left = taken[:1], [*taken[1:], *left]
             self._waiting = left
             return taken
 
@@ -487,10 +479,7 @@ class BatchedBackend:
     def _run(
         self, cache: OrtCache, ids: NDArray[np.int64], attend: Attend, commit: bool, rows: Any
     ) -> Logits:
-        # room first, in the reply's own thread: a refusal is this reply's alone
-        if self.max_len < cache.length + len(ids):
-            raise ValueError(f"KV cache full: {cache.length} + {len(ids)} > {self.max_len}")
-        cache.reserve(cache.length + len(ids))
+        cache.room_for(len(ids))  # in the reply's own thread: a refusal is this reply's alone
         request = Request(reply_rank(), next(_order), cache, ids, attend, commit, rows)
         return self.loop.submit(request).result()
 
@@ -520,7 +509,7 @@ class PooledCache(OrtCache):
     def reserve(self, n: int) -> None:
         if n <= self.capacity:
             return
-        grown = min(self._backend.max_len, -(-n // GROW) * GROW)
+        grown = grown_capacity(n, self._backend.max_len)
         if self._pool is not None:
             self._pool.grow(grown - self._counted)
             self._counted = grown

@@ -84,6 +84,14 @@ class RuntimeConfig:
 # per growth: a reply's cache holds about what it uses, and the 32 conversations the
 # diffusion engine keeps (model/diffusion_engine.py) cost what they hold, not max_len each.
 GROW = 256
+
+
+def grown_capacity(n: int, max_len: int) -> int:
+    """The positions a cache grows to for ``n``: whole steps of :data:`GROW`, at most
+    ``max_len``."""
+    return min(max_len, -(-n // GROW) * GROW)
+
+
 _DEVICE_OF = {"CUDAExecutionProvider": "cuda", "TensorrtExecutionProvider": "cuda"}
 
 
@@ -116,13 +124,20 @@ class OrtCache:
     def capacity(self) -> int:
         return int(self.buffers.shape()[4])
 
+    def room_for(self, chunk: int) -> None:
+        """Room for a step of ``chunk`` tokens past the committed prefix, or the error
+        of a full cache."""
+        if self._backend.max_len < self.length + chunk:
+            raise ValueError(f"KV cache full: {self.length} + {chunk} > {self._backend.max_len}")
+        self.reserve(self.length + chunk)
+
     def reserve(self, n: int) -> None:
         """Room for ``n`` positions: a larger buffer, the prefix copied, bound afresh.
         On a GPU the old buffer passes through the host once per growth: ONNX Runtime's
         Python API copies whole tensors only."""
         if n <= self.capacity:
             return
-        grown = self._empty(min(self._backend.max_len, -(-n // GROW) * GROW))
+        grown = self._empty(grown_capacity(n, self._backend.max_len))
         if self.length:
             grown[..., : self.length, :] = self.buffers.numpy()[..., : self.length, :]
         self.buffers = self._backend.to_device(grown)
@@ -218,9 +233,7 @@ class OrtBackend:
         rows: Rows = None,
     ) -> Logits:
         P, T = cache.length, len(ids)
-        if self.max_len < P + T:
-            raise ValueError(f"KV cache full: {P} + {T} > {self.max_len}")
-        cache.reserve(P + T)
+        cache.room_for(T)
         io = cache.binding
         io.bind_cpu_input("input_ids", np.ascontiguousarray(ids, dtype=np.int64))
         io.bind_cpu_input("positions", np.arange(P, P + T, dtype=np.int64))
