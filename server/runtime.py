@@ -63,15 +63,20 @@ class WorkerKind(StrEnum):
 CHAT_REPLY_THREADS = 32
 
 
-def reply_threads(engine: EngineName, generator: TextGenerator | None = None) -> int:
-    """Threads of the reply worker: a reply each, as many as share one pass of a
-    batched model in this process (``model/batch.py``), one when its replies run one at a
-    time (the model uses the CPU or the GPU alone), :data:`CHAT_REPLY_THREADS` for a chat
-    server's replies."""
+def reply_threads(engine: EngineName, shared: BatchedBackend | None = None) -> int:
+    """Threads of the reply worker: a reply each, as many as share one pass of the
+    batched model in this process (``shared``, ``model/batch.py``), one when its replies
+    run one at a time (the model uses the CPU or the GPU alone),
+    :data:`CHAT_REPLY_THREADS` for a chat server's replies."""
     if engine == "openai-chat":
         return CHAT_REPLY_THREADS
+    return shared.loop.runner.rows if shared is not None else 1
+
+
+def shared_passes(generator: TextGenerator) -> BatchedBackend | None:
+    """The step loop ``generator``'s replies share, if it runs on one."""
     backend = getattr(generator, "backend", None)
-    return backend.loop.runner.rows if isinstance(backend, BatchedBackend) else 1
+    return backend if isinstance(backend, BatchedBackend) else None
 
 
 class Worker:
@@ -228,7 +233,8 @@ def load_runtime(options: RuntimeOptions) -> Runtime:
             options.batching,
         ),
     )
-    threads = reply_threads(options.engine, generator)
+    shared = shared_passes(generator)
+    threads = reply_threads(options.engine, shared)
     workers[WorkerKind.REPLY] = Worker(WorkerKind.REPLY.value, threads)
     if threads > 1 and options.engine != "openai-chat":
         log.info("replies share the reply model's passes: up to %d a pass", threads)
@@ -237,7 +243,6 @@ def load_runtime(options: RuntimeOptions) -> Runtime:
     log.info(
         "end of turn: %s", "scored by the reply model" if turn_end else "silence and words only"
     )
-    shared = getattr(generator, "backend", None)
     return Runtime(
         vad,
         asr,
@@ -248,7 +253,7 @@ def load_runtime(options: RuntimeOptions) -> Runtime:
         workers,
         speech,
         turn_end,
-        shared if isinstance(shared, BatchedBackend) else None,
+        shared,
     )
 
 
