@@ -118,13 +118,8 @@ def template(call: ToolCall) -> str:
     """The call said plainly from its arguments: a sentence per default tool
     (``model.tools.DEFAULT_TOOLS``), "Done: <name> with <arguments>." for any other or
     for a default name called with other arguments."""
-    write = _TEMPLATES.get(call.name)
-    try:
-        if write is not None:
-            return write(call.arguments)
-    except (KeyError, TypeError, ValueError):
-        pass
-    return _generic(call)
+    said = _said(_TEMPLATES, call)
+    return _generic(call) if said is None else said
 
 
 def confirmed(call: ToolCall, sentence: str, tool: Tool | None = None) -> str:
@@ -304,18 +299,25 @@ _QUESTIONS: dict[str, Callable[[Mapping[str, Any]], str]] = {
 }
 
 
+def _said(
+    sentences: Mapping[str, Callable[[Mapping[str, Any]], str]], call: ToolCall
+) -> str | None:
+    """The call's own sentence from ``sentences`` (by tool name), or None when there is
+    none or its arguments are not the ones the sentence reads."""
+    write = sentences.get(call.name)
+    try:
+        return write(call.arguments) if write is not None else None
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def question(call: ToolCall) -> str:
     """The call asked about before it is made (its tool is marked ``confirm``): "Send
     'I'm running late' to your sister?", "Call your sister?"; "Should I do <name> with
     <arguments>?" for a tool without a question of its own. The words are the call's
     arguments, the user's own said back to them ("my" -> "your")."""
-    ask = _QUESTIONS.get(call.name)
-    try:
-        if ask is not None:
-            return ask(call.arguments)
-    except (KeyError, TypeError, ValueError):
-        pass
-    return f"Should I do {_described(call)}?"
+    said = _said(_QUESTIONS, call)
+    return f"Should I do {_described(call)}?" if said is None else said
 
 
 def _clause(text: Any) -> str:
