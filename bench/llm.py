@@ -37,12 +37,13 @@ from export.prompts import QUESTIONS
 from model.assemble import DEFAULT_ENGINE
 from model.backend import Attend, Rows, StepBackend
 from model.chat import build_prompt
-from model.diffusion_engine import DiffusionOptions, smollm2_diffusion_config
+from model.diffusion_engine import DiffusionOptions, served_options, smollm2_diffusion_config
 from model.engine import ChatMessage, GenerationStats, drain
 from model.generate import greedy
 from model.modeldir import default_model_dir, is_complete, load_tokenizer
 from model.runtime import OrtBackend, RuntimeConfig
 from model.sampler import sample
+from model.schedule import NARROW, WIDE, host_schedule, sampler_for
 from model.tokenizer import Tokenizer
 from server.speech import SentenceSplitter
 
@@ -148,8 +149,15 @@ class CountingBackend:
 Decoder = Callable[[StepBackend, list[int], int], Generator[int, None, GenerationStats]]
 
 
-# The row of each ONNX engine `quicksilver serve --engine` names.
-SERVED_ROW = {"diffusion-onnx": "diffusion", "smollm2-ar-onnx": "ar"}
+# The diffusion engine's rows: blocks of 16 ("diffusion") and of one position
+# ("diffusion-b1", next-token decoding of the same model); serve takes the host's
+# (model/schedule.py)
+DIFFUSION_ROWS = {WIDE: "diffusion", NARROW: "diffusion-b1"}
+
+
+def served_row(engine: str, block_size: int) -> str:
+    """The row of what `quicksilver serve --engine engine` serves on this host."""
+    return "ar" if engine == "smollm2-ar-onnx" else DIFFUSION_ROWS[block_size]
 
 
 def ar_decoder(tok: Tokenizer) -> Decoder:
@@ -159,9 +167,16 @@ def ar_decoder(tok: Tokenizer) -> Decoder:
     return run
 
 
-def diffusion_decoder(tok: Tokenizer) -> Decoder:
-    """The diffusion sampler with its engine's default settings, seed 0 for every reply."""
+def diffusion_decoder(
+    tok: Tokenizer, block_size: int | None = None, after_sentence: bool = False
+) -> Decoder:
+    """The diffusion sampler with its engine's default settings, seed 0 for every reply:
+    in blocks of ``block_size``, ending replies as that schedule does; with
+    ``after_sentence`` only after a sentence's end (as the engine decodes an adapter
+    trained on tool calls)."""
     settings = DiffusionOptions().sampler
+    settings = sampler_for(settings, block_size or settings.block_size)
+    settings = dataclasses.replace(settings, ends_after_sentence=after_sentence)
     config = smollm2_diffusion_config(tok)
 
     def run(b: StepBackend, prompt: list[int], n: int) -> Generator[int, None, GenerationStats]:
@@ -400,7 +415,11 @@ def run_llm_bench(options: BenchOptions) -> dict[str, Any]:
         backends["torch-fp32"] = _torch_backend()
         roofs["torch-fp32"] = Roofline(peak_fp32_torch(), bandwidth_fp32_torch(), 4.0)
     decoders: dict[str, Decoder] = {"ar": ar_decoder(tok)}
-    decoders["diffusion"] = diffusion_decoder(tok)
+    after = served_options(manifest.get("source", {}).get("adapter")).end_after_sentence
+    for width, name in DIFFUSION_ROWS.items():
+        decoders[name] = diffusion_decoder(tok, width, after == "always")
+    schedule, _ = host_schedule(backends["onnx-int8"], model_dir)  # type: ignore[arg-type]
+    log.info("bench: serve's schedule on this host: %s", schedule.why())
     sentence = first_sentence_tokens(tok)
     llama = _llama_cpp_worker(options.llama_cpp)
     if llama is not None:
@@ -410,7 +429,9 @@ def run_llm_bench(options: BenchOptions) -> dict[str, Any]:
     finally:
         if llama is not None:
             llama.close()
-    results = _results(rows, options, roofs, dims, manifest, questions)
+    served = served_row(DEFAULT_ENGINE, schedule.block_size)
+    results = _results(rows, options, roofs, dims, manifest, questions, served)
+    results["schedule"] = {"block_size": schedule.block_size, "pass_costs_ms": schedule.costs_ms}
     results["int8_kernel_peak_flops"] = kernel_peaks
     if llama is not None:
         results["llama_cpp"] |= {"version": llama.version, "gguf": llama.gguf.name}
@@ -501,6 +522,7 @@ def _results(
     dims: Dims,
     manifest: dict[str, Any],
     questions: tuple[str, ...],
+    served: str,
 ) -> dict[str, Any]:
     top = max(options.budgets)
 
@@ -533,7 +555,7 @@ def _results(
                 "first_sentence_p50_s": r["first_sentence_p50_s"],
                 "llama_cpp_first_sentence_p50_s": llama["first_sentence_p50_s"],
             }
-            for e in ("ar", "diffusion")
+            for e in ("ar", *DIFFUSION_ROWS.values())
             if (r := row(e))
         }
     # Same words? Diffusion and AR replies differ by design; int8 vs fp32 per engine.
@@ -553,8 +575,13 @@ def _results(
         "adapter": _adapter_summary(manifest),
         "prompts": list(questions),
         "rows": rows,
-        # the row `quicksilver serve` serves by default (model/assemble.py's DEFAULT_ENGINE)
-        "served": {"engine": SERVED_ROW[DEFAULT_ENGINE], "runtime": "onnx-int8", "budget": top},
+        # the row `quicksilver serve` serves by default on this host (model/assemble.py's
+        # DEFAULT_ENGINE in the host's schedule, model/schedule.py)
+        "served": {
+            "engine": served,
+            "runtime": "onnx-int8",
+            "budget": top,
+        },
         "speedup": (diff / ar) if (ar and diff) else None,
         "speedup_per_round": rounds,
         # each diffusion engine's tokens/s over AR's, by name (the one served today)

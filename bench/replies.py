@@ -15,7 +15,6 @@ a listener waits for), passes run and rows per pass.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import statistics
 import threading
 import time
@@ -139,18 +138,14 @@ def run_replies_bench(opts: RepliesOptions) -> dict[str, Any]:
             f"`quicksilver export{' --fp16' if variant == 'fp16' else ''}`"
         )
     config = RuntimeConfig(device=opts.device, max_len=DiffusionOptions().cache_len)
-    engines = {
+    engines = {  # block_size None: the host's schedule, as served
         "batched": load_onnx_diffusion_generator(
-            opts.model_dir, variant, config, Batching(rows=found[1])
+            opts.model_dir, variant, config, Batching(found[1], block_size=opts.block_size)
         ),
         "one-at-a-time": load_onnx_diffusion_generator(
-            opts.model_dir, variant, config, Batching(rows=1)
+            opts.model_dir, variant, config, Batching(1, block_size=opts.block_size)
         ),
     }
-    if opts.block_size is not None:  # another schedule of the same model
-        for gen in engines.values():
-            sampler = dataclasses.replace(gen.options.sampler, block_size=opts.block_size)
-            gen.options = dataclasses.replace(gen.options, sampler=sampler)
     rows: dict[str, list[dict[str, Any]]] = {name: [] for name in engines}
     for n in opts.levels:
         for name, gen in engines.items():  # interleaved: the same machine state for both

@@ -93,6 +93,15 @@ def _parser() -> argparse.ArgumentParser:
         "as on a GPU, and for the AR engine; else 1, one reply at a time)",
     )
     serve.add_argument(
+        "--block-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the diffusion engine's block width (default: the host's schedule, measured at "
+        "first start: 16 where a wide pass costs about a one-token pass, as on a GPU, else "
+        "1, next-token decoding of the same model; docs/latency.md)",
+    )
+    serve.add_argument(
         "--kv-cache-mb",
         type=float,
         default=None,
@@ -378,7 +387,7 @@ def _serve(args: argparse.Namespace) -> int:
         turn_model=args.turn_end == "model",
         chat=chat,
         adapter=args.adapter,
-        batching=Batching(args.reply_batch, args.kv_cache_mb),
+        batching=Batching(args.reply_batch, args.kv_cache_mb, args.block_size),
     )
     try:
         prepare_model(options.engine, options.cache_dir, options.device, options.adapter)

@@ -16,6 +16,7 @@ module only loads a directory that is already complete.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ from model.openai_chat import ChatServerOptions, OpenAIChatGenerator
 from model.prefix import PrefixCache
 from model.router import find_router
 from model.runtime import Device, OrtBackend, RuntimeConfig, choose_providers, grown_capacity
+from model.schedule import Schedule, host_schedule, sampler_for
 from model.spans import find_spans
 
 log = logging.getLogger("quicksilver")
@@ -141,6 +143,9 @@ class Batching:
 
     rows: int | None = None
     kv_cache_mb: float | None = None
+    # the diffusion engine's block width (None: the host's schedule, model/schedule.py);
+    # it decides each step's width, so what a pass holds
+    block_size: int | None = None
 
 
 def served_backend(
@@ -244,8 +249,14 @@ def load_onnx_diffusion_generator(
     """The served diffusion engine; with ``batching``, every reply's steps go through
     one step loop that shares passes between them (``model/batch.py``)."""
     options = served_options(read_manifest(model_dir).get("source", {}).get("adapter"))
+    asked = batching.block_size if batching is not None else None
+    if asked is not None:
+        options = with_block_size(options, asked)
     config = config or RuntimeConfig(max_len=options.cache_len)
     single = load_onnx_backend(model_dir, variant, config)
+    schedule = Schedule(asked) if asked is not None else host_schedule(single, model_dir)[0]
+    log.info("diffusion replies on this host: %s", schedule.why())
+    options = with_block_size(options, schedule.block_size)
     kept, cache_len = options.cache_sessions, options.cache_len
     wide = options.sampler.block_size > NARROW
     backend = served_backend(single, model_dir, variant, batching, kept, cache_len, wide)
@@ -256,6 +267,12 @@ def load_onnx_diffusion_generator(
     gen.router = find_router(model_dir, vocab=backend.vocab_size)
     gen.spans = find_spans(model_dir, vocab=backend.vocab_size)
     return gen
+
+
+def with_block_size(options: DiffusionOptions, block_size: int) -> DiffusionOptions:
+    """``options`` decoding in blocks of ``block_size`` (the cache length follows), ending
+    replies as that schedule does (:func:`model.schedule.sampler_for`)."""
+    return dataclasses.replace(options, sampler=sampler_for(options.sampler, block_size))
 
 
 def load_generator(

@@ -109,6 +109,14 @@ class SamplerSettings:
     # once, not to the budget. Needs ``DiffusionConfig.word_keys`` and ``sentence_ends``.
     # The first sentence streams as before (a listener waits for it)
     stop_repeats: bool = False
+    # An end token is proposed wherever the end's probability (all end ids together)
+    # reaches this, not only where it is the likeliest token (None: off). Where ends are
+    # allowed only after a sentence's end, it asks how sure the model is that the reply
+    # could stop there
+    end_bar: float | None = None
+    # A reply this many tokens long ends at its next sentence's end (None: off): a spoken
+    # reply that has said this much wraps up instead of running into its budget
+    wrap_after: int | None = None
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_steps < 1 or (self.max_steps or 1) < 1:
@@ -117,6 +125,8 @@ class SamplerSettings:
             raise ValueError(f"unknown commit rule {self.rule!r}")
         if self.fallback not in ("confident", "leftmost"):
             raise ValueError(f"unknown fallback {self.fallback!r}")
+        if (self.wrap_after or 0) < 0:
+            raise ValueError(f"wrap_after must be >= 0 or None: {self}")
         if (self.end_lookahead or 0) < 0:
             raise ValueError(f"end_lookahead must be >= 0 or None: {self}")
 
@@ -202,6 +212,8 @@ def decide(
     """
     where = np.flatnonzero(masked)
     tokens, conf = propose(logits[where], settings.temperature, rng)  # (M,), (M,)
+    if settings.end_bar is not None and end_ids:
+        tokens, conf = _end_at_bar(logits[where], tokens, conf, settings.end_bar, end_ids)
     if settings.end_lookahead is not None and end_ids:
         behind = np.arange(where.size) > settings.end_lookahead  # masked ones before it
         conf = np.where(behind & np.isin(tokens, list(end_ids)), np.float32(0), conf)
@@ -215,6 +227,24 @@ def decide(
     else:
         pick = choose(conf, every, threshold=settings.threshold, fallback=settings.fallback)
     return where[pick], tokens[pick]
+
+
+def _end_at_bar(
+    logits: NDArray[np.float32],
+    tokens: Ids,
+    conf: NDArray[np.float32],
+    bar: float,
+    end_ids: frozenset[int],
+) -> tuple[Ids, NDArray[np.float32]]:
+    """``tokens`` with the likeliest end token wherever the end's probability reaches
+    ``bar``; its confidence is that probability."""
+    ends = np.array(sorted(end_ids), np.int64)
+    z = logits - logits.max(-1, keepdims=True)
+    p = np.exp(z)
+    p_end = p[:, ends].sum(-1) / p.sum(-1)
+    at = p_end >= bar
+    best = ends[p[:, ends].argmax(-1)]
+    return np.where(at, best, tokens), np.where(at, p_end.astype(np.float32), conf)
 
 
 def cut_at_end(x: Ids, lo: int, hi: int, end_ids: frozenset[int]) -> int | None:
@@ -412,6 +442,8 @@ def _denoise(
         waits = None
         if r.settings.ends_after_sentence and r.model.sentence_ends:
             waits = _end_after_sentences(logits, r.x, lo, want, r.model)
+        if r.settings.wrap_after is not None and r.model.sentence_ends:
+            _wrap_up(logits, r.x, lo, want, r.settings.wrap_after, r.model)
         r.steps, taken = r.steps + 1, taken + 1  # predict counts the passes it runs
         pos, tok = decide(logits, masked, r.settings, left, r.rng, r.model.end_ids, waits)
         while r.avoid and (ban := completed_opening(r.x, lo + pos, tok, r.avoid, r.skipped)):
@@ -441,6 +473,18 @@ def _end_after_sentences(
     waits = np.zeros(logits.shape[0], bool)
     waits[want[~written]] = True
     return waits
+
+
+def _wrap_up(
+    logits: NDArray[np.float32], x: Ids, lo: int, want: Ids, after: int, model: DiffusionConfig
+) -> None:
+    """``wrap_after``: at the masked block positions ``want`` that follow a committed
+    sentence's end at or past reply position ``after``, the end token is certain (in
+    place)."""
+    at = lo + want
+    ends = np.isin(x[np.maximum(at - 1, 0)], list(model.sentence_ends)) & (at >= max(after, 1))
+    logits[want[ends]] = -np.inf
+    logits[want[ends], min(model.end_ids)] = 0.0
 
 
 def sentence_end_ids(tokenizer: Tokenizer) -> frozenset[int]:

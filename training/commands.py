@@ -113,6 +113,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="a reply ends before a sentence that repeats its earlier ones (on) or not "
         "(off); repeatable (default: the engines', on)",
     )
+    llm.add_argument(
+        "--end-bar",
+        action="append",
+        type=float,
+        help="an end token is proposed where the end's probability reaches this; "
+        "repeatable (default: the engines')",
+    )
+    llm.add_argument(
+        "--wrap-after",
+        action="append",
+        type=int,
+        help="a reply this many tokens long ends at its next sentence's end; repeatable "
+        "(default: the engines')",
+    )
     llm.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
     llm.add_argument(
         "--history", type=int, default=0, help="earlier turns before each question (default 0)"
@@ -412,6 +426,8 @@ def _eval_llm(args: argparse.Namespace) -> int:
         end_lookaheads=tuple(args.end_lookahead or ()),
         sentence_ends=tuple(v == "on" for v in args.sentence_end or ()),
         stop_repeats=tuple(v == "on" for v in args.stop_repeats or ()),
+        end_bars=tuple(args.end_bar or ()),
+        wrap_afters=tuple(args.wrap_after or ()),
         onnx=args.onnx,
         onnx_variant=args.onnx_variant,
         history=args.history,

@@ -69,6 +69,8 @@ class EvalOptions:
     # whether a reply ends before a sentence that repeats it (model/sampler.py
     # stop_repeats); each is run at each other setting; () = the engines' default
     stop_repeats: tuple[bool, ...] = ()
+    end_bars: tuple[float | None, ...] = ()  # model/sampler.py end_bar; () = the engines'
+    wrap_afters: tuple[int | None, ...] = ()  # model/sampler.py wrap_after; () = the engines'
     # an exported model directory (`quicksilver export --adapter ...`): the diffusion
     # replies come from one of its graphs in ONNX Runtime, as served, instead of PyTorch
     onnx: Path | None = None
@@ -380,6 +382,8 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
         if settings.ends_after_sentence != served.ends_after_sentence:
             name += "-sentend" if settings.ends_after_sentence else "-anyend"
         name += "" if settings.stop_repeats == served.stop_repeats else "-repeats"
+        name += "" if settings.end_bar == served.end_bar else f"-endbar{settings.end_bar}"
+        name += "" if settings.wrap_after == served.wrap_after else f"-wrap{settings.wrap_after}"
         name += f"-h{opts.history}" if opts.history else ""
         name += f"-ban{ban}" if (ban := opts.opening_ban) not in (None, engine_ban) else ""
         name += "-tools" if opts.system else ""
@@ -417,13 +421,17 @@ def sampler_settings(opts: EvalOptions) -> list[SamplerSettings]:
             end_lookahead=ahead,
             ends_after_sentence=sentend,
             stop_repeats=stop,
+            end_bar=bar,
+            wrap_after=wrap,
         )
-        for fallback, th, ahead, sentend, stop in itertools.product(
+        for fallback, th, ahead, sentend, stop, bar, wrap in itertools.product(
             opts.fallbacks or (default.fallback,),
             opts.thresholds or (default.threshold,),
             opts.end_lookaheads or (default.end_lookahead,),
             opts.sentence_ends or (default.ends_after_sentence,),
             opts.stop_repeats or (default.stop_repeats,),
+            opts.end_bars or (default.end_bar,),
+            opts.wrap_afters or (default.wrap_after,),
         )
     ]
 

@@ -210,16 +210,24 @@ def test_bench_times_the_ar_decoder_and_counts_its_passes(tiny_dir: Path) -> Non
 
 def test_bench_times_the_first_sentence(tiny_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from bench.llm import BenchOptions, print_table, run_llm_bench
+    from model.schedule import choose
 
     r = run_llm_bench(
         BenchOptions(tiny_dir, prompts=2, budgets=(8,), torch_reference=False, llama_cpp="off")
     )
-    assert [row["engine"] for row in r["rows"]] == ["ar", "diffusion"]
+    assert [row["engine"] for row in r["rows"]] == ["ar", "diffusion", "diffusion-b1"]
     tps = {row["engine"]: row["tokens_per_s"] for row in r["rows"]}  # the speedup is over AR's
     assert r["speedup"] == tps["diffusion"] / tps["ar"]
-    assert r["speedup_by_engine"] == {"diffusion": r["speedup"]}
-    # the served row is one of the rows, and the one serve's default engine runs
-    assert r["served"] == {"engine": "diffusion", "runtime": "onnx-int8", "budget": 8}
+    assert r["speedup_by_engine"] == {
+        "diffusion": r["speedup"],
+        "diffusion-b1": tps["diffusion-b1"] / tps["ar"],
+    }
+    # the served row is one of the rows: the one serve's default engine runs in this
+    # host's schedule (model/schedule.py), kept in the model directory
+    width = r["schedule"]["block_size"]
+    assert width == choose(r["schedule"]["pass_costs_ms"])
+    engine = {16: "diffusion", 1: "diffusion-b1"}[width]
+    assert r["served"] == {"engine": engine, "runtime": "onnx-int8", "budget": 8}
     assert sum(all(row[k] == v for k, v in r["served"].items()) for row in r["rows"]) == 1
     for row in r["rows"]:  # each reply's first sentence comes no later than its end
         assert 0 < row["first_sentence_p50_s"] <= row["p50_s"]

@@ -15,7 +15,7 @@ import torch
 import model.diffusion_engine as diffusion_engine
 from export.build import BuildOptions, Source, build_atomic
 from export.parity import greedy_agreement, logit_diffs
-from model.assemble import load_onnx_diffusion_generator
+from model.assemble import Batching, load_onnx_diffusion_generator, with_block_size
 from model.diffusion_engine import DiffusionGenerator, DiffusionOptions, smollm2_diffusion_config
 from model.engine import ChatMessage, GenerationStats, drain
 from model.modeldir import load_tokenizer
@@ -175,14 +175,17 @@ def replies(
 QUESTIONS = ["hi", "What is the capital of Italy?", "Tell me a story.", "Name three colors."]
 
 
+@pytest.mark.parametrize("block_size", [16, 1], ids=["wide", "narrow"])
 def test_the_onnx_diffusion_engine_writes_the_pytorch_engines_replies(
-    peaked_dir: Path, monkeypatch
+    peaked_dir: Path, monkeypatch, block_size: int
 ) -> None:
     """The served engine (load_onnx_diffusion_generator, fp32 graph, default sampler
-    settings) and the same DiffusionGenerator on the PyTorch model: token for token."""
-    onnx = load_onnx_diffusion_generator(peaked_dir, "fp32")
+    settings in either schedule a host may get) and the same DiffusionGenerator on the
+    PyTorch model: token for token."""
+    asked = Batching(rows=1, block_size=block_size)
+    onnx = load_onnx_diffusion_generator(peaked_dir, "fp32", batching=asked)
     tok = load_tokenizer(peaked_dir)
-    options = DiffusionOptions()
+    options = with_block_size(DiffusionOptions(), block_size)
     assert onnx.options == options
     backend = torch_backend(with_mask_row(peaked_model()), options.cache_len)
     ref = DiffusionGenerator(backend, tok, smollm2_diffusion_config(tok), options)
@@ -200,8 +203,10 @@ def test_the_onnx_diffusion_engine_writes_the_pytorch_engines_replies(
     got = replies(onnx, first, monkeypatch)
     got += replies(onnx, [second(got)], monkeypatch)
     assert got == want
-    # what the replies exercised: an end, the budget, several tokens in one pass
+    # what the replies exercised: an end, the budget, several tokens in one pass (the
+    # narrow schedule writes one a pass, and wraps the long reply up at a sentence's end)
     stats = [s for _, _, s in want]
-    assert {s.stopped_by for s in stats} == {"end", "budget"}
-    assert any(s.forward_passes < s.tokens for s in stats)
+    wide = block_size > 1
+    assert {s.stopped_by for s in stats} == ({"end", "budget"} if wide else {"end"})
+    assert any(s.forward_passes < s.tokens for s in stats) == wide
     assert all(len(t) == s.tokens > 0 for t, _, s in want)

@@ -48,15 +48,19 @@ def test_the_onnx_ar_engine_replies_without_torch(tiny_dir: Path) -> None:
 
 
 def test_the_onnx_diffusion_engine_replies(tiny_dir: Path) -> None:
-    from model.assemble import load_onnx_diffusion_generator
+    from model.assemble import Batching, load_onnx_diffusion_generator
     from model.engine import ChatMessage, GenerationStats, drain
 
-    gen = load_onnx_diffusion_generator(tiny_dir)
-    pieces, stats = drain(gen.generate([ChatMessage("user", "hi")], 16, lambda: False))
-    assert gen.name == "diffusion-onnx"
+    wide = load_onnx_diffusion_generator(tiny_dir, batching=Batching(rows=1, block_size=16))
+    pieces, stats = drain(wide.generate([ChatMessage("user", "hi")], 16, lambda: False))
+    assert wide.name == "diffusion-onnx"
     # The tiny model is never 0.9 sure and never ends: one block of 16, one token per
     # pass (the leftmost fallback), after the prompt's pass.
     assert stats == GenerationStats(16, 1 + 16, "budget") and len(pieces) == 16
+    # blocks of one: the prompt's pass gives the first token, each commit the next
+    narrow = load_onnx_diffusion_generator(tiny_dir, batching=Batching(rows=1, block_size=1))
+    pieces, stats = drain(narrow.generate([ChatMessage("user", "hi")], 16, lambda: False))
+    assert stats == GenerationStats(16, 16, "budget") and len(pieces) == 16
 
 
 def test_an_adapter_trained_on_calls_ends_every_reply_after_a_sentence(

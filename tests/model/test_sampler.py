@@ -543,3 +543,36 @@ def test_settings_are_validated() -> None:
         SamplerSettings(rule="topk")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         SamplerSettings(fallback="random")  # type: ignore[arg-type]
+
+
+def test_the_end_bar_ends_where_the_end_is_likely_enough() -> None:
+    probs = np.full(V, 0.2 / (V - 3))
+    probs[[5, END, 3]] = 0.5, 0.2, 0.1  # the end ids together: 0.3
+    logits = np.log(probs).astype(np.float32)[None]
+    masked = np.array([True])
+
+    def decided(bar: float | None) -> int:
+        settings = SamplerSettings(block_size=1, end_bar=bar)
+        return int(decide(logits, masked, settings, 1, RNG(0), MODEL.end_ids)[1][0])
+
+    assert decided(None) == 5 and decided(0.35) == 5
+    assert decided(0.25) == END  # the likelier end id
+
+
+def test_a_long_reply_wraps_up_at_its_next_sentence_end() -> None:
+    model = dataclasses.replace(MODEL, sentence_ends=frozenset({11}))
+    targets = [10, 11, 12, 13, 11, 14, 15, 16]  # sentence ends at positions 1 and 4
+    settings = SamplerSettings(block_size=1, wrap_after=3)
+    tokens, stats = drain(
+        sample(ScriptBackend(targets, [0.9] * 8, 3), PROMPT, model, settings, RNG(0), 8)
+    )
+    assert tokens == [10, 11, 12, 13, 11] and stats.stopped_by == "end"  # not after the first
+    off = dataclasses.replace(settings, wrap_after=None)
+    tokens, stats = drain(
+        sample(ScriptBackend(targets, [0.9] * 8, 3), PROMPT, model, off, RNG(0), 8)
+    )
+    assert tokens == targets and stats.stopped_by == "budget"
+    # in a block too, once the mark is committed (unsure: written left to right)
+    wide = dataclasses.replace(settings, block_size=8)
+    tokens, _ = drain(sample(ScriptBackend(targets, [0.5] * 8, 3), PROMPT, model, wide, RNG(0), 8))
+    assert tokens == [10, 11, 12, 13, 11]

@@ -1,0 +1,125 @@
+"""The decoding schedule a host serves: the diffusion engine's block width.
+
+The adapted model decodes in blocks of any width (docs/diffusion.md). A wide block
+writes several tokens a pass where the model is sure of them and one where it is not:
+held out it commits ~0.9 tokens a pass, so it pays only where a wide pass costs about
+what a one-token pass does (a GPU; ``bench/gpu_replies.sh``). A block of one position
+is next-token decoding of the same model, with its tools, sessions and clean ends (the
+end probe, ``SamplerSettings.end_probe``): one token a pass, at the cost of a pass that
+reads the weights once. On a CPU a 16-token pass costs 2-5 one-token passes
+(docs/results/2026-12-runtimes.md), so there the narrow schedule gets every token, the
+first sentence's included, sooner.
+
+Which is faster follows from this host's measured pass costs and the tokens a pass each
+schedule commits: :func:`host_schedule` times both widths once (about a second) and
+keeps the choice in the model directory (``schedule.json``) under the host's processor
+and providers, beside the pass shape of ``passes.json``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from model.batch import host_key
+from model.runtime import OrtBackend, OrtCache
+from model.sampler import SamplerSettings
+
+log = logging.getLogger(__name__)
+
+SCHEDULES = "schedule.json"
+WIDE, NARROW = 16, 1  # the block widths a host chooses between
+# Reply tokens a pass (prefill, denoising steps, commits and end probes counted), the
+# served int8 graph on the 40 held-out questions, budget 64 (`quicksilver eval llm
+# --onnx DIR --block-size N`; docs/results/2026-12-narrow-schedule.md). A property of the
+# model and the sampler, not of the host: what the measured pass costs are divided by.
+TOKENS_PER_PASS = {WIDE: 0.90, NARROW: 0.96}
+# How the narrow schedule ends a reply. Decoded a token a pass, the adapter proposes the
+# end from the committed row alone and rarely as its likeliest token: held out, blocks of
+# 1 end 0.775 of the replies cleanly against 0.925 for blocks of 16 (which seem to plan a
+# reply's length in the block). An end is taken after a sentence's end where its
+# probability reaches the bar, and a reply this long wraps up at its next sentence's end
+# (docs/results/2026-12-narrow-schedule.md)
+NARROW_END_BAR = 0.05
+NARROW_WRAP_AFTER = 40
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The block width served, and what it was chosen from."""
+
+    block_size: int
+    # ms of one pass of "<width>" tokens after a short prefill (empty when not measured)
+    costs_ms: dict[str, float] = field(default_factory=dict, compare=False)
+
+    def why(self) -> str:
+        if not self.costs_ms:
+            return f"blocks of {self.block_size}, as asked"
+        per_token = {w: self.costs_ms[str(w)] / TOKENS_PER_PASS[w] for w in TOKENS_PER_PASS}
+        said = ", ".join(f"{w}: {ms:.1f} ms a token" for w, ms in per_token.items())
+        return f"blocks of {self.block_size} ({said})"
+
+
+def sampler_for(settings: SamplerSettings, block_size: int) -> SamplerSettings:
+    """``settings`` decoding in blocks of ``block_size``; blocks of one end replies as
+    the narrow schedule does (``NARROW_END_BAR``, ``NARROW_WRAP_AFTER``)."""
+    if block_size != NARROW:
+        return dataclasses.replace(settings, block_size=block_size)
+    return dataclasses.replace(
+        settings, block_size=block_size, end_bar=NARROW_END_BAR, wrap_after=NARROW_WRAP_AFTER
+    )
+
+
+def choose(costs_ms: dict[str, float], tokens: dict[int, float] = TOKENS_PER_PASS) -> int:
+    """The width whose tokens cost least here: a pass's cost over the ``tokens`` it
+    commits. With the served adapter's ~0.9 a wide pass never pays, not even where it
+    costs what a narrow one does; an adapter distilled to commit several tokens a pass
+    (``training/gpu_distill.sh``) makes it pay wherever wide passes are cheap."""
+    return min(tokens, key=lambda w: costs_ms[str(w)] / tokens[w])
+
+
+def measure_costs(single: OrtBackend, repeats: int = 7, cached: int = 64) -> dict[str, float]:
+    """Median ms of one uncommitted pass of each width after a prefill of ``cached``,
+    the two widths interleaved so a busy moment costs both alike."""
+    rng = np.random.default_rng(0)
+    cache = OrtCache(single)
+    single.step(cache, rng.integers(0, single.vocab_size, cached), "causal", commit=True)
+    times: dict[int, list[float]] = {w: [] for w in TOKENS_PER_PASS}
+    for i in range(repeats + 1):
+        for width in TOKENS_PER_PASS:
+            ids = rng.integers(0, single.vocab_size, width)
+            t0 = time.perf_counter()
+            single.step(cache, ids, "block", commit=False, rows=np.arange(width))
+            if i:  # the first round warms the kernels up
+                times[width].append(time.perf_counter() - t0)
+    return {str(w): round(float(np.median(t)) * 1e3, 2) for w, t in times.items()}
+
+
+def host_schedule(single: OrtBackend, model_dir: Path) -> tuple[Schedule, bool]:
+    """This host's schedule: measured once and kept in ``model_dir`` (a read-only
+    directory measures at every start). Returns it and whether it was measured now."""
+    key = host_key(single.session.get_providers())
+    path = model_dir / SCHEDULES
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    found = known.get(key)
+    if isinstance(found, dict) and set(found.get("costs_ms", {})) >= {
+        str(w) for w in TOKENS_PER_PASS
+    }:
+        costs = {k: float(v) for k, v in found["costs_ms"].items()}
+        return Schedule(choose(costs), costs), False
+    costs = measure_costs(single)
+    schedule = Schedule(choose(costs), costs)
+    known[key] = {"block_size": schedule.block_size, "costs_ms": costs}
+    with contextlib.suppress(OSError):
+        path.write_text(json.dumps(known, indent=2))
+    return schedule, True
