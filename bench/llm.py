@@ -42,7 +42,7 @@ from model.engine import ChatMessage, GenerationStats, drain
 from model.generate import greedy
 from model.modeldir import default_model_dir, is_complete, load_tokenizer
 from model.runtime import OrtBackend, RuntimeConfig
-from model.sampler import sample
+from model.sampler import SENTENCE_BREAK, sample
 from model.schedule import NARROW, WIDE, host_schedule, sampler_for
 from model.tokenizer import Tokenizer
 from server.speech import SentenceSplitter
@@ -180,7 +180,7 @@ def diffusion_decoder(
     config = smollm2_diffusion_config(tok)
 
     def run(b: StepBackend, prompt: list[int], n: int) -> Generator[int, None, GenerationStats]:
-        return sample(b, prompt, config, settings, np.random.default_rng(0), n)
+        return sample(b, prompt, config, settings, np.random.default_rng(0), n, breaks=True)
 
     return run
 
@@ -211,18 +211,25 @@ class _Tally:
         counter.steps.clear()
         out: list[int] = []
         at: list[float] = []  # when each token came out
+        breaks: dict[int, float] = {}  # tokens out -> when a sentence break followed them
         tokens = decode(counter, prompt, budget)
         t0 = time.perf_counter()
         while True:
             try:
-                out.append(next(tokens))
+                token = next(tokens)
             except StopIteration as done:
                 stats: GenerationStats = done.value
                 break
+            if token == SENTENCE_BREAK:
+                breaks[len(out)] = time.perf_counter() - t0
+                continue
+            out.append(token)
             at.append(time.perf_counter() - t0)
         self.times.append(time.perf_counter() - t0)
-        k = first_sentence(out)  # the voice loop speaks it once it has k tokens
-        self.first.append(at[k - 1] if k < len(out) else self.times[-1])
+        k = first_sentence(out)  # the voice loop speaks it once it has k tokens,
+        # or its k - 1 and the break that says the k-th starts the next sentence
+        first = at[k - 1] if k < len(out) else self.times[-1]
+        self.first.append(min(first, breaks.get(k - 1, first)))
         self.tokens.append(stats.tokens)
         self.passes.append(stats.forward_passes)
         for step in counter.steps:

@@ -39,10 +39,12 @@ from model.openings import Opening, reply_openings
 from model.prefix import PrefixCache
 from model.router import ToolRouter, tool_of
 from model.sampler import (
+    SENTENCE_BREAK,
     DiffusionConfig,
     SamplerSettings,
     sample,
     sentence_end_ids,
+    spaced_ids,
     word_keys,
 )
 from model.spans import SpanPointer, UserTokens, boundary_rows, span_text, user_tokens, words
@@ -118,6 +120,7 @@ def smollm2_diffusion_config(tokenizer: Tokenizer) -> DiffusionConfig:
         shift=True,
         sentence_ends=sentence_end_ids(tokenizer),
         word_keys=word_keys(tokenizer),
+        spaced=spaced_ids(tokenizer),
     )
 
 
@@ -194,6 +197,7 @@ class DiffusionGenerator:
                 avoid=avoid,
                 # a spoken reply never writes a call's tags
                 never=() if forced else self._no_call(tools),
+                breaks=True,
             )
             text = _text(tokens, decoder)
             if call is not None:  # nothing the call's check has not read is spoken
@@ -325,8 +329,22 @@ CONTENT_FREE = ("N/A", "", "Okay.")
 
 def _text(tokens: Generator[int, None, GenerationStats], decoder: StreamDecoder) -> Text:
     """The reply's text pieces, with what the stream decoder still holds at its end
-    (not after a cancel: the reply stopped there)."""
-    stats = yield from decoded(tokens, decoder.push)
+    (not after a cancel: the reply stopped there). A :data:`SENTENCE_BREAK` is the
+    space the next sentence starts with, said before its words: the server's splitter
+    ends a sentence at its mark and the space after it."""
+    broke = False
+
+    def push(token: int) -> str:
+        nonlocal broke
+        if token == SENTENCE_BREAK:
+            broke = True
+            return " "
+        piece = decoder.push(token)
+        if broke and piece:
+            broke, piece = False, piece.removeprefix(" ")
+        return piece
+
+    stats = yield from decoded(tokens, push)
     if stats.stopped_by != "cancel" and (rest := decoder.flush()):
         yield rest
     return stats

@@ -68,6 +68,15 @@ class DiffusionConfig:
     # per token id, the id of the same word in lower case without its leading space
     # ("You", " you" -> one key): what ``stop_repeats`` compares sentences by (empty: off)
     word_keys: tuple[int, ...] = ()
+    # tokens whose text starts with white space: a sentence held whole (``stop_repeats``)
+    # that starts with one may be announced by ``SENTENCE_BREAK`` before it is released
+    spaced: frozenset[int] = frozenset()
+
+
+# What ``sample(..., breaks=True)`` yields where a released sentence is over and the next
+# one, held whole until it is (``stop_repeats``), starts with white space: the voice loop
+# can speak the sentence now rather than when the next one's first word comes out.
+SENTENCE_BREAK = -1
 
 
 @dataclass(frozen=True)
@@ -285,6 +294,8 @@ class _Reply:
     pairs: set[tuple[int, int]] = field(default_factory=set)
     sentence: int = 0
     repeat_cut: bool = False
+    breaks: bool = False  # announce held sentences (SENTENCE_BREAK)
+    broke: int = 0  # the position of the last one announced
 
     def stats(self, stopped_by: Literal["end", "budget", "cancel"]) -> GenerationStats:
         tokens = self.done - self.skipped
@@ -307,6 +318,7 @@ def sample(
     forced: Sequence[int] = (),
     avoid: Sequence[Opening] = (),
     never: Sequence[int] = (),
+    breaks: bool = False,
 ) -> Generator[int, None, GenerationStats]:
     """Yield reply token ids (end token excluded) as soon as they are final.
 
@@ -316,7 +328,8 @@ def sample(
     call, ``model/actions.py``): laid into the first block as committed, never yielded,
     and counted in ``max_tokens``. ``avoid``: token sequences the reply's words (after
     ``forced``) may not start with (:mod:`model.openings`); ``never``: token ids it may
-    not write anywhere. Returns the reply's
+    not write anywhere. ``breaks``: also yield :data:`SENTENCE_BREAK` where a sentence
+    is over and the next, held, has begun (``stop_repeats``). Returns the reply's
     :class:`GenerationStats` (tokens: the yielded ones); ``stopped_by`` is "end" (an
     end token), "budget" (``max_tokens`` or the step budget), "cancel".
     """
@@ -332,6 +345,7 @@ def sample(
     r.done = r.skipped = r.sentence = len(forced)
     r.avoid = avoid
     r.never = np.asarray(never, np.int64)
+    r.breaks = breaks
     if r.limit == 0:
         return r.stats("budget")
     if model.attention == "full":
@@ -498,6 +512,13 @@ def sentence_end_ids(tokenizer: Tokenizer) -> frozenset[int]:
     return frozenset(out)
 
 
+def spaced_ids(tokenizer: Tokenizer) -> frozenset[int]:
+    """The ids whose text starts with white space (" It", "\\n")."""
+    return frozenset(
+        i for i in range(tokenizer.vocab_size) if tokenizer.token_bytes(i)[:1].isspace()
+    )
+
+
 def word_keys(tokenizer: Tokenizer) -> tuple[int, ...]:
     """Per token id, the first id whose text is the same word: lower case, without the
     leading space a word has inside a sentence; every number one word, so that "3.
@@ -531,6 +552,10 @@ def _release(r: _Reply, final: bool = False) -> list[int]:
         k = _whole_sentences(r, k, over)
     out: list[int]
     out, r.done = r.x[r.done : k].tolist(), k
+    held = k < r.limit and int(r.x[k]) in r.model.spaced
+    if r.breaks and r.sentence == k > max(r.broke, r.skipped) and held:
+        r.broke = k  # released to a sentence's end, and the held one has begun
+        out.append(SENTENCE_BREAK)
     return out
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from model.engine import GenerationStats, drain
 from model.sampler import (
+    SENTENCE_BREAK,
     DiffusionConfig,
     SamplerSettings,
     choose,
@@ -24,6 +25,7 @@ from model.sampler import (
     propose,
     sample,
     sentence_end_ids,
+    spaced_ids,
     word_keys,
 )
 
@@ -576,3 +578,42 @@ def test_a_long_reply_wraps_up_at_its_next_sentence_end() -> None:
     wide = dataclasses.replace(settings, block_size=8)
     tokens, _ = drain(sample(ScriptBackend(targets, [0.5] * 8, 3), PROMPT, model, wide, RNG(0), 8))
     assert tokens == [10, 11, 12, 13, 11]
+
+
+def test_a_sentence_break_announces_each_held_sentence_that_starts_with_a_space() -> None:
+    targets = [10, 11, 13, 12, 14, 15, 16, 12, 17, 18, 19, 12, 21, 22, 23, 24]
+    on = SamplerSettings(**ONE_BY_ONE, stop_repeats=True)  # type: ignore[arg-type]
+    says = dataclasses.replace(SAYS, spaced=frozenset({14, 17}))  # " 14 ...", " 17 ..."
+    b = ScriptBackend(targets, [0.5] * len(targets), len(PROMPT))
+    out, stats = drain(sample(b, PROMPT, says, on, RNG(0), 16, breaks=True))
+    # the first sentence as it comes, then its break (14 is written, held); the second
+    # whole, then its break; 21 starts no spaced sentence: no break before it
+    B = SENTENCE_BREAK
+    assert out == [10, 11, 13, 12, B, 14, 15, 16, 12, B, 17, 18, 19, 12, 21, 22, 23, 24]
+    assert stats.tokens == 16
+    b = ScriptBackend(targets, [0.5] * len(targets), len(PROMPT))
+    _, _, events = sampled_with_events(b, says, on, 16)  # without breaks: none
+    assert str(SENTENCE_BREAK) not in events
+
+
+def test_the_engine_says_a_sentence_break_as_the_next_sentence_s_space() -> None:
+    """The engine's text (model/diffusion_engine.py ``_text``): the space comes at the
+    break, the next sentence's words after it without a second one; the server's
+    splitter ends the first sentence at the break, not when the next one is out."""
+    from model.diffusion_engine import _text
+    from server.speech import SentenceSplitter
+
+    tok = tiny_tokenizer()
+    ids = [*tok.encode("It is Rome."), SENTENCE_BREAK, *tok.encode(" It is old.")]
+
+    def stream():  # type: ignore[no-untyped-def]
+        yield from ids
+        return GenerationStats(len(ids) - 1, len(ids), "end")
+
+    pieces, stats = drain(_text(stream(), tok.stream_decoder()))
+    assert "".join(pieces) == "It is Rome. It is old." and stats.tokens == len(ids) - 1
+    said = ["".join(pieces[: i + 1]) for i in range(len(pieces))]
+    at = said.index("It is Rome. ")  # the break's space, before any of " It is old."
+    splitter = SentenceSplitter()
+    assert [s for p in pieces[: at + 1] for s in splitter.feed(p)] == ["It is Rome."]
+    assert sentence_end_ids(tok) and spaced_ids(tok) >= set(tok.encode(" It")[:1])
