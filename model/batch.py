@@ -48,9 +48,11 @@ from model.backend import Attend, Logits, Rows, reply_rank
 from model.runtime import OrtBackend, OrtCache, grown_capacity
 
 _order = itertools.count()
-# Prompt tokens per prefill request: two blocks' width, so a long prompt is many short
-# passes that other replies' steps go between (or share, where the shape lets them).
-PREFILL_CHUNK = 32
+# Prompt tokens per prefill request, so a long prompt is several passes that other
+# replies' steps go between (or share, where the shape lets them). Each pass reads every
+# weight again: on the 2-core CPU a 400-token prompt took 763 ms in chunks of 128, 739
+# in one pass, 967 in chunks of 32 (docs/results/2026-12-narrow-schedule.md)
+PREFILL_CHUNK = 128
 
 
 class PoolFullError(RuntimeError):
@@ -445,8 +447,11 @@ class BatchedBackend:
     (shared passes); the calling thread waits for its own logits. Its caches count
     against a :class:`CachePool`."""
 
-    def __init__(self, loop: StepLoop, pool: CachePool | None = None) -> None:
+    def __init__(
+        self, loop: StepLoop, pool: CachePool | None = None, prefill_chunk: int = PREFILL_CHUNK
+    ) -> None:
         self.loop = loop
+        self.prefill_chunk = prefill_chunk
         single = loop.runner.single
         self.name = single.name
         self.vocab_size = single.vocab_size
@@ -455,6 +460,12 @@ class BatchedBackend:
 
     def new_cache(self) -> OrtCache:
         return PooledCache(self.loop.runner.single, self.pool)
+
+    def copy_prefix(self, cache: OrtCache, n: int) -> OrtCache:
+        """A new cache (counted in the pool) holding ``cache``'s first ``n`` positions."""
+        copy = self.new_cache()
+        copy.load_prefix(cache, n)
+        return copy
 
     def cache_length(self, cache: OrtCache) -> int:
         return cache.length
@@ -472,7 +483,7 @@ class BatchedBackend:
     ) -> Logits:
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         picked = np.arange(len(ids)) if rows is None else np.asarray(rows, np.int64)
-        if attend == "causal" and commit and len(ids) > PREFILL_CHUNK:
+        if attend == "causal" and commit and len(ids) > self.prefill_chunk:
             return self._prefill(cache, ids, picked)
         return self._run(cache, ids, attend, commit, picked)
 
@@ -484,13 +495,13 @@ class BatchedBackend:
         return self.loop.submit(request).result()
 
     def _prefill(self, cache: OrtCache, ids: NDArray[np.int64], rows: NDArray[np.int64]) -> Logits:
-        """A long causal prompt in chunks of :data:`PREFILL_CHUNK`, each its own request,
+        """A long causal prompt in chunks (:data:`PREFILL_CHUNK`), each its own request,
         so other replies' steps run between them: a long prompt never holds back
         another reply's first sentence for its whole prefill. Causal attention makes the
         chunks compute what one step would."""
         parts = []
-        for lo in range(0, len(ids), PREFILL_CHUNK):
-            hi = min(lo + PREFILL_CHUNK, len(ids))
+        for lo in range(0, len(ids), self.prefill_chunk):
+            hi = min(lo + self.prefill_chunk, len(ids))
             want = rows[(rows >= lo) & (rows < hi)] - lo
             parts.append(self._run(cache, ids[lo:hi], "causal", True, want))
         return np.concatenate(parts)

@@ -20,14 +20,22 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(diff[0]) if diff.size else n
 
 
+# A shared prefix shorter than this is prefilled rather than copied (a copy moves every
+# layer's keys and values; a short prefill costs about one pass)
+MIN_COPIED = 32
+
+
 class PrefixCache:
     """KV caches of recent prompts, keyed by their token ids, least recently used out.
 
     :meth:`take` hands out the cache sharing the longest prefix with a new prompt (the
-    same session's previous turn; after a barge-in or a revised transcript, the part
-    before the change) and removes it, so no two replies ever share one. A prefix that
-    several cached prompts share (the system prompt every session starts with) is not
-    worth taking a session's cache for: that prompt starts from a fresh cache instead.
+    same session's previous turn) and removes it, so no two replies ever share one. Where
+    the prompt shares only a prefix with the cache it matches best (the system prompt
+    and tools every session starts with, or the part before a barge-in's change), a
+    backend that can copies that prefix into a new cache (``copy_prefix``) and leaves the
+    cache to its conversation: a session's first turn prefills only its own words.
+    Without copies, a prefix that several cached prompts share is not worth taking a
+    session's cache for: that prompt starts from a fresh cache instead.
     """
 
     def __init__(self, backend: StepBackend, capacity: int) -> None:
@@ -42,9 +50,17 @@ class PrefixCache:
 
     def take(self, prompt: Sequence[int]) -> Prefix:
         ids = np.asarray(prompt, dtype=np.int64)
+        copy = getattr(self.backend, "copy_prefix", None)
         with self._lock:
             key, n = self._longest(ids)
-            if key is not None and not self._shared(key, n):
+            if key is None:
+                return Prefix(self.backend.new_cache(), 0)
+            toks, cache = self._entries[key]
+            if copy is not None and n < toks.size and n >= MIN_COPIED:
+                # another conversation's (the system prompt every session starts with):
+                # its first n positions copied, the conversation's cache left to it
+                return Prefix(copy(cache, n), n)
+            if not self._shared(key, n):
                 _, cache = self._entries.pop(key)
                 return Prefix(cache, n)
         return Prefix(self.backend.new_cache(), 0)

@@ -143,6 +143,17 @@ class OrtCache:
         self.buffers = self._backend.to_device(grown)
         self.binding = self._backend.bind(self.buffers)
 
+    def load_prefix(self, source: OrtCache, n: int) -> None:
+        """Commit the first ``n`` positions of ``source`` here, in place of what this
+        cache held: a conversation starts from another's system prompt, unprefilled."""
+        self.length = 0
+        self.reserve(n)
+        buffers = self._empty(self.capacity)
+        buffers[..., :n, :] = source.buffers.numpy()[..., :n, :]
+        self.buffers = self._backend.to_device(buffers)
+        self.binding = self._backend.bind(self.buffers)
+        self.length = n
+
     def _empty(self, capacity: int) -> NDArray[Any]:
         L, n_kv, hd = self._backend.dims
         # zeros, not garbage: the plain graph reads all C positions (masked, but a NaN
@@ -215,6 +226,12 @@ class OrtBackend:
 
     def new_cache(self) -> OrtCache:
         return OrtCache(self)
+
+    def copy_prefix(self, cache: OrtCache, n: int) -> OrtCache:
+        """A new cache holding the first ``n`` committed positions of ``cache``."""
+        copy = self.new_cache()
+        copy.load_prefix(cache, n)
+        return copy
 
     def cache_length(self, cache: OrtCache) -> int:
         return cache.length
