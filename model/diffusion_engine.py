@@ -59,6 +59,17 @@ _Acted = tuple[list[int], list[int], int, NDArray[np.float32], ToolCall | None]
 CANNOT_ACT = "Sorry, I can't do that."
 
 
+# A tool call is written in blocks of at least this many positions whatever the reply's
+# schedule: its template's tokens are laid in without a pass, which blocks of one would
+# spend one each on (a media.play call: 30 passes against 1)
+CALL_BLOCK = 16
+
+
+def call_block(block_size: int) -> int:
+    """The block width a call is written in, for replies in blocks of ``block_size``."""
+    return max(block_size, CALL_BLOCK)
+
+
 def served_sampler() -> SamplerSettings:
     """The engine's decoding: the sampler's defaults, and a reply ends before a sentence
     that repeats it (stop_repeats: "You can avoid them by avoiding them." once, not to
@@ -245,7 +256,7 @@ class DiffusionGenerator:
             acts = call_starts(self.tokenizer, last, {o[0] for o in avoid})
         if not acts:
             return prompt, [], 1, last, None
-        block = self.options.sampler.block_size
+        block = call_block(self.options.sampler.block_size)
         prior = self._content_free(tools) if self.options.actions.calibrate else None
         routed = None
         if router is not None:
@@ -293,7 +304,8 @@ class DiffusionGenerator:
                 build_prompt(tok, [ChatMessage("user", t)], opts.prompt_budget, system)
                 for t in CONTENT_FREE
             ]
-            found = ContentFree(self.backend, tok, prompts, self.model, opts.sampler.block_size)
+            block = call_block(opts.sampler.block_size)
+            found = ContentFree(self.backend, tok, prompts, self.model, block)
         self._calibrations[system] = found
         while len(self._calibrations) > 4:
             del self._calibrations[next(iter(self._calibrations))]

@@ -376,7 +376,15 @@ def _sample_blocks(
         chunk = prompt[start:]
         last = backend.step(cache, chunk, "causal", commit=True, rows=last_row(chunk))[-1]
         r.passes += 1
-    for lo, hi in r.blocks:
+    blocks = r.blocks
+    if r.settings.block_size == 1 and 0 < r.skipped < r.limit:
+        # forced tokens in blocks of one: committed in one causal pass, which computes
+        # what one commit each would (a block of one attends as causal attention does)
+        chunk = r.x[: r.skipped]
+        last = backend.step(cache, chunk, "causal", commit=True, rows=last_row(chunk))[-1]
+        r.passes += 1
+        blocks = blocks[r.skipped :]
+    for lo, hi in blocks:
         block = r.x[lo:hi]  # a view: commits write into r.x
 
         def predict(

@@ -617,3 +617,22 @@ def test_the_engine_says_a_sentence_break_as_the_next_sentence_s_space() -> None
     splitter = SentenceSplitter()
     assert [s for p in pieces[: at + 1] for s in splitter.feed(p)] == ["It is Rome."]
     assert sentence_end_ids(tok) and spaced_ids(tok) >= set(tok.encode(" It")[:1])
+
+
+def test_forced_tokens_in_blocks_of_one_commit_in_one_causal_pass() -> None:
+    """A call's tail laid into a narrow reply: one pass, not one each; the words after
+    it are what one commit each would give (a block of one attends causally)."""
+    targets = [20, 21, 22, 10, 11, 12]
+    b = Shifted(targets, [0.9] * 6, len(PROMPT))
+    model = DiffusionConfig(MASK, frozenset({END}), "block", shift=True)
+    narrow = SamplerSettings(block_size=1)
+    gen = sample(b, PROMPT, model, narrow, RNG(0), 6, forced=[20, 21, 22])
+    tokens, stats = drain(gen)
+    assert tokens == [10, 11, 12] and stats.forward_passes == 1 + 1 + 2
+    commits = [(attend, ids) for attend, commit, ids in b.calls if commit]
+    assert commits == [
+        ("causal", PROMPT),
+        ("causal", [20, 21, 22]),
+        ("block", [10]),
+        ("block", [11]),
+    ]
