@@ -321,17 +321,29 @@ def host_shape(runner: BatchRunner, model_dir: Path) -> tuple[PassShape, bool]:
     Returns it and whether it was measured now."""
     key = host_key(runner.session.get_providers())
     path = model_dir / SHAPES
+    if isinstance(found := host_records(path).get(key), dict):
+        return PassShape(int(found["wide"]), int(found["narrow"]), found.get("costs_ms", {})), False
+    shape = measure_shape(runner)
+    keep_host_record(path, key, dataclasses.asdict(shape) | {"rows": runner.rows})
+    return shape, True
+
+
+def host_records(path: Path) -> dict[str, Any]:
+    """What ``path`` keeps per host (:func:`host_key`); empty when it is missing or
+    unreadable."""
     try:
         known = json.loads(path.read_text())
     except (OSError, ValueError):
-        known = {}
-    if isinstance(found := known.get(key), dict):
-        return PassShape(int(found["wide"]), int(found["narrow"]), found.get("costs_ms", {})), False
-    shape = measure_shape(runner)
-    known[key] = dataclasses.asdict(shape) | {"rows": runner.rows}
-    with contextlib.suppress(OSError):  # a read-only directory measures every start
+        return {}
+    return known if isinstance(known, dict) else {}
+
+
+def keep_host_record(path: Path, key: str, record: dict[str, Any]) -> None:
+    """Keep this host's ``record`` in ``path`` beside the other hosts'; a read-only
+    directory measures at every start."""
+    known = host_records(path) | {key: record}
+    with contextlib.suppress(OSError):
         path.write_text(json.dumps(known, indent=2))
-    return shape, True
 
 
 def host_key(providers: Sequence[str]) -> str:

@@ -18,9 +18,7 @@ and providers, beside the pass shape of ``passes.json``.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -28,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from model.batch import host_key
+from model.batch import host_key, host_records, keep_host_record
 from model.runtime import OrtBackend, OrtCache
 from model.sampler import SamplerSettings
 
@@ -107,19 +105,12 @@ def host_schedule(single: OrtBackend, model_dir: Path) -> tuple[Schedule, bool]:
     directory measures at every start). Returns it and whether it was measured now."""
     key = host_key(single.session.get_providers())
     path = model_dir / SCHEDULES
-    try:
-        known = json.loads(path.read_text())
-    except (OSError, ValueError):
-        known = {}
-    found = known.get(key)
-    if isinstance(found, dict) and set(found.get("costs_ms", {})) >= {
-        str(w) for w in TOKENS_PER_PASS
-    }:
+    found = host_records(path).get(key)
+    widths = {str(w) for w in TOKENS_PER_PASS}
+    if isinstance(found, dict) and widths <= set(found.get("costs_ms", {})):
         costs = {k: float(v) for k, v in found["costs_ms"].items()}
         return Schedule(choose(costs), costs), False
     costs = measure_costs(single)
     schedule = Schedule(choose(costs), costs)
-    known[key] = {"block_size": schedule.block_size, "costs_ms": costs}
-    with contextlib.suppress(OSError):
-        path.write_text(json.dumps(known, indent=2))
+    keep_host_record(path, key, {"block_size": schedule.block_size, "costs_ms": costs})
     return schedule, True
