@@ -12,11 +12,12 @@ from tests.speech import Question
 
 pytestmark = [pytest.mark.e2e, pytest.mark.models]
 
-# Told where the user lives, the served default model answers "I live in Toronto."
-# to both; asked without that turn it makes a place up ("I live in a small town in the
-# countryside, ..."), so only a reply that was given the earlier turn passes.
-FACT = "I live in Toronto."
-RECALL = Question("Where do I live?", ("Toronto",))
+# Told the user's sister's name, the served default model answers "My sister is called
+# Maria." (blocks of 16 and of one alike); asked without that turn it makes a name up
+# ("My sister is called Emily."), so only a reply that was given the earlier turn passes.
+# ("I live in Toronto." is taken for a message to send to Toronto: issue 39.)
+FACT = "My sister is called Maria."
+RECALL = Question("What is my sister called?", ("Maria",))
 
 
 async def start(ws: ClientConnection, token: str | None = None) -> p.ServerMessage:
