@@ -99,14 +99,15 @@ def test_the_bench_times_llama_cpp_beside_the_engines(
 ) -> None:
     r = run_llm_bench(BenchOptions(tiny_dir, prompts=2, budgets=(6,), torch_reference=False))
     rows = {(x["engine"], x["runtime"]): x for x in r["rows"]}
-    assert set(rows) == {("ar", "onnx-int8"), ("diffusion", "onnx-int8"), (LLAMA_ENGINE, "gguf")}
+    engines = {"ar", "diffusion", "diffusion-b1"}  # every width's row (bench/llm.py)
+    assert set(rows) == {(e, "onnx-int8") for e in engines} | {(LLAMA_ENGINE, "gguf")}
     llama = rows[(LLAMA_ENGINE, LLAMA_RUNTIME)]
     assert llama["replies"] == 2 and llama["tokens_per_reply"] == 6  # never stops: budget
     assert llama["tokens_per_s"] == pytest.approx(llama["tokens_per_reply"] / llama["mean_s"])
     assert llama["first_sentence_p50_s"] <= llama["p50_s"]  # a part of the reply
     assert llama["floor_s_per_reply"] is None  # ONNX Runtime's roofline is not its own
     ratios = r["llama_cpp"]["over_llama_cpp"]
-    assert set(ratios) == {"ar", "diffusion"}
+    assert set(ratios) == engines
     ar = rows[("ar", "onnx-int8")]
     assert ratios["ar"]["tokens_per_s"] == ar["tokens_per_s"] / llama["tokens_per_s"]
     assert r["llama_cpp"]["version"] == "stand-in"
@@ -119,7 +120,7 @@ def test_the_bench_times_llama_cpp_beside_the_engines(
 def test_the_bench_leaves_llama_cpp_out_when_told(fake_llama: str, tiny_dir: Path) -> None:
     opts = BenchOptions(tiny_dir, prompts=1, budgets=(4,), torch_reference=False, llama_cpp="off")
     r = run_llm_bench(opts)
-    assert [x["engine"] for x in r["rows"]] == ["ar", "diffusion"]
+    assert [x["engine"] for x in r["rows"]] == ["ar", "diffusion", "diffusion-b1"]
     assert r["llama_cpp"] is None
 
 
