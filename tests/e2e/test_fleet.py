@@ -32,15 +32,12 @@ from clients.car import Car, CarOptions
 from clients.common import Pcm
 from server import protocol as p
 from server.fleet import Fleet, FleetOptions, http_status, netns_available
+from tests.e2e.test_resume import FACT, RECALL  # a fact only the earlier turn gives
 from tests.serverproc import next_event
-from tests.speech import AUSTRALIA, ITALY, Question, missing
+from tests.speech import AUSTRALIA, ITALY, missing
 
 pytestmark = [pytest.mark.e2e, pytest.mark.models, pytest.mark.slow]
 
-# As in test_resume.py: told where the user lives, the served default model answers
-# "I live in Toronto."; without that turn it makes a place up.
-FACT = "I live in Toronto."
-RECALL = Question("Where do I live?", ("Toronto",))
 ROOT = Path(__file__).resolve().parents[2]
 
 
