@@ -2,11 +2,12 @@
 
 The adapted model decodes in blocks of any width (docs/diffusion.md). A wide block
 writes several tokens a pass where the model is sure of them and one where it is not:
-held out it commits ~0.9 tokens a pass, so it pays only where a wide pass costs about
-what a one-token pass does (a GPU; ``bench/gpu_replies.sh``). A block of one position
-is next-token decoding of the same model, with its tools, sessions and clean ends (the
-end probe, ``SamplerSettings.end_probe``): one token a pass, at the cost of a pass that
-reads the weights once. On a CPU a 16-token pass costs 2-5 one-token passes
+held out the served adapter commits ~0.9 tokens a pass, so a wide pass pays only where
+it costs less than that many one-token passes: nowhere with this adapter; with one that
+commits several tokens a pass, where wide passes are cheap (a GPU; ``bench/gpu_replies.sh``). A block of one position
+is next-token decoding of the same model, with its tools, sessions and clean ends
+(:func:`sampler_for`): one token a pass, at the cost of a pass that reads the weights
+once. On a CPU a 16-token pass costs 2-5 one-token passes
 (docs/results/2026-12-runtimes.md), so there the narrow schedule gets every token, the
 first sentence's included, sooner.
 
@@ -19,7 +20,6 @@ and providers, beside the pass shape of ``passes.json``.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,11 +30,9 @@ from model.batch import host_key, host_records, keep_host_record
 from model.runtime import OrtBackend, OrtCache
 from model.sampler import SamplerSettings
 
-log = logging.getLogger(__name__)
-
 SCHEDULES = "schedule.json"
 WIDE, NARROW = 16, 1  # the block widths a host chooses between
-# Reply tokens a pass (prefill, denoising steps, commits and end probes counted), the
+# Reply tokens a pass (prefill, denoising steps and commits counted), the
 # served int8 graph on the 40 held-out questions, budget 64 (`quicksilver eval llm
 # --onnx DIR --block-size N`; docs/results/2026-12-narrow-schedule.md). A property of the
 # model and the sampler, not of the host: what the measured pass costs are divided by.
