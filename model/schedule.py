@@ -4,12 +4,12 @@ The adapted model decodes in blocks of any width (docs/diffusion.md). A wide blo
 writes several tokens a pass where the model is sure of them and one where it is not:
 held out the served adapter commits ~0.9 tokens a pass, so a wide pass pays only where
 it costs less than that many one-token passes: nowhere with this adapter; with one that
-commits several tokens a pass, where wide passes are cheap (a GPU; ``bench/gpu_replies.sh``). A block of one position
-is next-token decoding of the same model, with its tools, sessions and clean ends
-(:func:`sampler_for`): one token a pass, at the cost of a pass that reads the weights
-once. On a CPU a 16-token pass costs 2-5 one-token passes
-(docs/results/2026-12-runtimes.md), so there the narrow schedule gets every token, the
-first sentence's included, sooner.
+commits several tokens a pass, where wide passes are cheap (a GPU;
+``bench/gpu_replies.sh``). A block of one position is next-token decoding of the same
+model, with its tools, sessions and clean ends (:func:`sampler_for`): one token a pass,
+at the cost of a pass that reads the weights once. On a CPU a 16-token pass costs 2-5
+one-token passes (docs/results/2026-12-runtimes.md), so there the narrow schedule gets
+every token, the first sentence's included, sooner.
 
 Which is faster follows from this host's measured pass costs and the tokens a pass each
 schedule commits: :func:`host_schedule` times both widths once (about a second) and
