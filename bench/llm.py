@@ -415,9 +415,8 @@ def run_llm_bench(options: BenchOptions) -> dict[str, Any]:
             int8_bytes_per_weight(method or "dynamic"),
         )
     }
-    backends: dict[str, StepBackend] = {
-        "onnx-int8": OrtBackend(model_dir / "model.int8.onnx", RuntimeConfig(max_len=1024))
-    }
+    served = OrtBackend(model_dir / "model.int8.onnx", RuntimeConfig(max_len=1024))
+    backends: dict[str, StepBackend] = {"onnx-int8": served}
     if options.torch_reference:
         backends["torch-fp32"] = _torch_backend()
         roofs["torch-fp32"] = Roofline(peak_fp32_torch(), bandwidth_fp32_torch(), 4.0)
@@ -425,7 +424,7 @@ def run_llm_bench(options: BenchOptions) -> dict[str, Any]:
     after = served_options(manifest.get("source", {}).get("adapter")).end_after_sentence
     for width, name in DIFFUSION_ROWS.items():
         decoders[name] = diffusion_decoder(tok, width, after == "always")
-    schedule, _ = host_schedule(backends["onnx-int8"], model_dir)  # type: ignore[arg-type]
+    schedule, _ = host_schedule(served, model_dir)
     log.info("bench: serve's schedule on this host: %s", schedule.why())
     sentence = first_sentence_tokens(tok)
     llama = _llama_cpp_worker(options.llama_cpp)
@@ -436,8 +435,8 @@ def run_llm_bench(options: BenchOptions) -> dict[str, Any]:
     finally:
         if llama is not None:
             llama.close()
-    served = served_row(DEFAULT_ENGINE, schedule.block_size)
-    results = _results(rows, options, roofs, dims, manifest, questions, served)
+    row = served_row(DEFAULT_ENGINE, schedule.block_size)
+    results = _results(rows, options, roofs, dims, manifest, questions, row)
     results["schedule"] = {"block_size": schedule.block_size, "pass_costs_ms": schedule.costs_ms}
     results["int8_kernel_peak_flops"] = kernel_peaks
     if llama is not None:

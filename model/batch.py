@@ -45,7 +45,7 @@ import onnxruntime as ort
 from numpy.typing import NDArray
 
 from model.backend import Attend, Logits, Rows, reply_rank
-from model.runtime import OrtBackend, OrtCache, grown_capacity
+from model.runtime import OrtBackend, OrtCache
 
 _order = itertools.count()
 # Prompt tokens per prefill request, so a long prompt is several passes that other
@@ -529,14 +529,11 @@ class PooledCache(OrtCache):
         self._counted = 0
         super().__init__(backend)
 
-    def reserve(self, n: int) -> None:
-        if n <= self.capacity:
-            return
-        grown = grown_capacity(n, self._backend.max_len)
-        if self._pool is not None:
-            self._pool.grow(grown - self._counted)
-            self._counted = grown
-        super().reserve(n)
+    def _fill(self, capacity: int, source: OrtCache, n: int) -> None:
+        if self._pool is not None and capacity > self._counted:
+            self._pool.grow(capacity - self._counted)
+            self._counted = capacity
+        super()._fill(capacity, source, n)
 
     def __del__(self) -> None:
         if self._pool is not None and self._counted:

@@ -135,24 +135,23 @@ class OrtCache:
         """Room for ``n`` positions: a larger buffer, the prefix copied, bound afresh.
         On a GPU the old buffer passes through the host once per growth: ONNX Runtime's
         Python API copies whole tensors only."""
-        if n <= self.capacity:
-            return
-        grown = self._empty(grown_capacity(n, self._backend.max_len))
-        if self.length:
-            grown[..., : self.length, :] = self.buffers.numpy()[..., : self.length, :]
-        self.buffers = self._backend.to_device(grown)
-        self.binding = self._backend.bind(self.buffers)
+        if n > self.capacity:
+            self._fill(grown_capacity(n, self._backend.max_len), self, self.length)
 
     def load_prefix(self, source: OrtCache, n: int) -> None:
         """Commit the first ``n`` positions of ``source`` here, in place of what this
         cache held: a conversation starts from another's system prompt, unprefilled."""
-        self.length = 0
-        self.reserve(n)
-        buffers = self._empty(self.capacity)
-        buffers[..., :n, :] = source.buffers.numpy()[..., :n, :]
+        self._fill(max(self.capacity, grown_capacity(n, self._backend.max_len)), source, n)
+        self.length = n
+
+    def _fill(self, capacity: int, source: OrtCache, n: int) -> None:
+        """New buffers of ``capacity`` positions holding the first ``n`` of ``source``'s,
+        bound afresh."""
+        buffers = self._empty(capacity)
+        if n:
+            buffers[..., :n, :] = source.buffers.numpy()[..., :n, :]
         self.buffers = self._backend.to_device(buffers)
         self.binding = self._backend.bind(self.buffers)
-        self.length = n
 
     def _empty(self, capacity: int) -> NDArray[Any]:
         L, n_kv, hd = self._backend.dims
