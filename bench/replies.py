@@ -1,15 +1,16 @@
 """``quicksilver bench replies``: many replies at once on the served reply engine.
 
 N threads start together, as N sessions' replies would in ``quicksilver serve``
-(server/runtime.py gives each reply its thread), and each answers its share of the
-held-out questions one after another. Each configuration runs twice in one process,
+(server/runtime.py gives each reply its thread), and take the held-out questions from
+one queue, a reply after another, until none is left. Each configuration runs twice in one process,
 interleaved per level: with the model directory's batched graph (replies share passes,
 ``model/batch.py``) and one reply at a time (``--reply-batch 1``: serve then has one
 reply thread, and the others wait for it), the same-run baseline.
 
-Per level: aggregate reply tokens per second (every reply's tokens over the wall time),
-first sentence p50/p95 (from the moment a reply is asked for, queueing included: what
-a listener waits for), passes run and rows per pass.
+Per level: aggregate reply tokens per second (every reply's tokens over the wall time,
+and while all N had a reply in flight: :func:`steady_rate`, which the speedup over one
+reply is taken from), first sentence p50/p95 (from the moment a reply is asked for,
+queueing included: what a listener waits for), passes run and rows per pass.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from audio.speech import QUESTIONS
+from bench.svg import Panel, panels_svg
 from model.assemble import Batching, load_onnx_diffusion_generator, serving_variant
 from model.backend import begin_reply, spoke
 from model.batch import BatchedBackend
@@ -53,6 +55,24 @@ class _Reply:
     asked: float
     first: float | None = None
     tokens: int = 0
+    ended: float = 0.0
+
+
+def steady_rate(replies: Sequence[_Reply], start: float, full_until: float) -> float:
+    """Tokens a second while every thread had a reply in flight (``start`` to
+    ``full_until``, when the first thread found no question left): each reply's tokens
+    spread evenly over its own time, counted where that time lies in the window. The
+    ramp and the tail, where fewer replies are in flight, are not in it."""
+    span = full_until - start
+    if span <= 0:
+        return 0.0
+    tokens = 0.0
+    for r in replies:
+        took = r.ended - r.asked
+        inside = min(r.ended, full_until) - max(r.asked, start)
+        if took > 0 and inside > 0:
+            tokens += r.tokens * inside / took
+    return tokens / span
 
 
 def _answer(
@@ -78,32 +98,41 @@ def _answered(gen: DiffusionGenerator, question: str, opts: RepliesOptions, r: _
             r.first = time.perf_counter() - r.asked
             spoke()
     r.tokens = stats.tokens
+    r.ended = time.perf_counter()
     if r.first is None:  # nothing said: its end is its first sentence
-        r.first = time.perf_counter() - r.asked
+        r.first = r.ended - r.asked
     return r
 
 
 def run_level(gen: DiffusionGenerator, n: int, opts: RepliesOptions) -> dict[str, Any]:
-    """``n`` threads at once, ``opts.replies`` replies in all."""
+    """``n`` threads at once take the questions from one queue (``opts.replies`` in
+    all, at least ``n``) until none is left, so ``n`` replies are in flight until the
+    queue is empty."""
     questions = [QUESTIONS[i % len(QUESTIONS)] for i in range(max(opts.replies, n))]
-    shares = [questions[i::n] for i in range(n)]
+    left = iter(questions)
     done: list[_Reply] = []
     lock = threading.Lock()
     start = threading.Barrier(n + 1)
+    full_until: list[float] = []  # when the first thread found the queue empty
     backend = gen.backend
     loop = backend.loop if isinstance(backend, BatchedBackend) else None
     alone = None if loop is not None else threading.Lock()
     passes0, rows0 = (loop.passes, loop.rows_run) if loop else (0, 0)
 
-    def work(share: list[str]) -> None:
+    def work() -> None:
         start.wait()
-        for q in share:
+        while True:
+            with lock:
+                q = next(left, None)
+                if q is None:
+                    full_until.append(time.perf_counter())
+                    return
             gen.prefixes.evict_oldest()  # every reply a fresh session's, as the harness's
             r = _answer(gen, q, opts, alone)
             with lock:
                 done.append(r)
 
-    threads = [threading.Thread(target=work, args=(s,)) for s in shares]
+    threads = [threading.Thread(target=work) for _ in range(n)]
     for t in threads:
         t.start()
     start.wait()
@@ -119,6 +148,7 @@ def run_level(gen: DiffusionGenerator, n: int, opts: RepliesOptions) -> dict[str
         "tokens": tokens,
         "wall_s": wall,
         "tokens_per_s": tokens / wall,
+        "steady_tokens_per_s": steady_rate(done, t0, min(full_until)),
         "first_sentence_p50_s": statistics.median(first),
         "first_sentence_p95_s": float(np.percentile(first, 95)),
     }
@@ -167,8 +197,9 @@ def run_replies_bench(opts: RepliesOptions) -> dict[str, Any]:
         "tools": opts.tools,
         "block_size": engines["batched"].options.sampler.block_size,
         "levels": rows,
+        # tokens a second while that many replies were in flight, over one reply's
         "speedup_vs_one_reply": {
-            name: [r["tokens_per_s"] / one[name]["tokens_per_s"] for r in r_list]
+            name: [r["steady_tokens_per_s"] / one[name]["steady_tokens_per_s"] for r in r_list]
             for name, r_list in rows.items()
             if name in one
         },
@@ -178,7 +209,8 @@ def run_replies_bench(opts: RepliesOptions) -> dict[str, Any]:
 def _line(name: str, row: dict[str, Any]) -> str:
     extra = f"  rows/pass {row['rows_per_pass']:.2f}" if "rows_per_pass" in row else ""
     return (
-        f"{name:14s} {row['concurrent']:3d} at once: {row['tokens_per_s']:7.1f} tokens/s, "
+        f"{name:14s} {row['concurrent']:3d} at once: {row['tokens_per_s']:7.1f} tokens/s "
+        f"({row['steady_tokens_per_s']:.1f} while all in flight), "
         f"first sentence p50 {row['first_sentence_p50_s']:.3f} s "
         f"p95 {row['first_sentence_p95_s']:.3f} s ({row['replies']} replies){extra}"
     )
@@ -212,6 +244,9 @@ def add_arguments(parser: Any) -> None:
         help="where the reply model runs (cuda, tensorrt: the fp16 files)",
     )
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument(
+        "--plot", type=Path, default=None, help="draw first sentence and tokens/s here (SVG)"
+    )
 
 
 def run_command(args: Any) -> int:
@@ -249,4 +284,24 @@ def run_command(args: Any) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2))
         print(f"wrote {args.json}")
+    if args.plot is not None:
+        args.plot.write_text(plot(results))
+        print(f"wrote {args.plot}")
     return 0
+
+
+def plot(results: dict[str, Any]) -> str:
+    """The levels as two charts: first sentence p50 and p95, and tokens a second while
+    all were in flight, against replies at once, each configuration a line."""
+    first: dict[str, list[tuple[float, float]]] = {}
+    rate: dict[str, list[tuple[float, float]]] = {}
+    for name, rows in results["levels"].items():
+        for q in ("p50", "p95"):
+            first[f"{name} {q}"] = [(r["concurrent"], r[f"first_sentence_{q}_s"]) for r in rows]
+        rate[name] = [(r["concurrent"], r["steady_tokens_per_s"]) for r in rows]
+    return panels_svg(
+        [
+            Panel("First sentence", "replies at once", "seconds", first),
+            Panel("Reply tokens a second", "replies at once", "tokens/s", rate),
+        ]
+    )

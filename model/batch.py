@@ -246,10 +246,15 @@ class BatchRunner:
         self._bound[row] = (weakref.ref(cache), ptr, capacity)
 
 
-# How long the loop waits for the replies of the last pass to ask for their next step
-# before it runs what is waiting (a decoder samples for about a millisecond between
-# passes; a reply that ended never asks, and costs the others this once).
+# How long the loop waits for the next of the last pass's replies to ask for their next
+# step before it runs what is waiting. Their decoders sample between passes one after
+# another (the GIL), about 2 ms each on the 2-core CPU: each request that comes in gives
+# the rest this long again, up to SETTLE_MAX_S in all, so eight replies share one pass
+# rather than splitting into passes of two or three that cost nearly what eight do
+# (a batched pass of 8 one-token rows 36 ms, of 2: 34 ms; docs/results/2026-12-settle.md).
+# A reply that ended never asks, and costs the others one SETTLE_S.
 SETTLE_S = 0.003
+SETTLE_MAX_S = 0.030
 # A step of at most this many tokens is narrow (an AR token, the end-of-turn score's
 # one position): its pass reads the weights once for little arithmetic, so narrow rows
 # share a pass almost for free. Wider ones (a diffusion block, a prefill chunk) are
@@ -376,6 +381,7 @@ class StepLoop:
         self.on_pass = on_pass  # sees every pass's requests (metrics, tests)
         self._waiting: list[Request] = []
         self._expected: set[int] = set()  # the threads of the last pass, until they ask
+        self._asked = 0.0  # when the last request came in (time.monotonic)
         self._cond = threading.Condition()
         self._closed = False
         self.passes = 0
@@ -388,6 +394,7 @@ class StepLoop:
             if self._closed:
                 raise RuntimeError("the step loop is closed")
             self._waiting.append(request)
+            self._asked = time.monotonic()
             self._cond.notify()
         return request.done
 
@@ -426,12 +433,15 @@ class StepLoop:
 
     def _settle(self) -> None:
         """Give the replies of the last pass a moment to ask again (their decoders
-        sample between passes): without it two replies fall into taking turns, each
-        asking while the other's pass runs, and never share one. Waits at most
-        :data:`SETTLE_S`, only while one of them has not asked yet."""
-        deadline = time.monotonic() + SETTLE_S
+        sample between passes): without it replies fall into taking turns, each asking
+        while another's pass runs, and share few passes. Waits only while one of them
+        has not asked yet, :data:`SETTLE_S` past the last request to come in, at most
+        :data:`SETTLE_MAX_S`."""
+        start = time.monotonic()
         while self._expected - {r.thread for r in self._waiting} and not self._closed:
-            if (left := deadline - time.monotonic()) <= 0:
+            last = max(self._asked, start)
+            left = min(last + SETTLE_S, start + SETTLE_MAX_S) - time.monotonic()
+            if left <= 0:
                 break
             self._cond.wait(left)
         self._expected = set()

@@ -8,7 +8,9 @@ end-to-end tests (tests/e2e, tests/clients), which start the server as a user do
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import io
 import json
 import threading
 from collections.abc import AsyncIterator, Callable, Generator, Sequence
@@ -110,16 +112,33 @@ async def serving(
         yield f"ws://{host}:{port}{p.PATH}", app
     finally:
         server.close()
-        await server.wait_closed()
-        await app.stop_store()
+        async with within(60, "the server's close (its sessions' handlers ending)"):
+            await server.wait_closed()
+            await app.stop_store()
         rt.close()
+
+
+@contextlib.asynccontextmanager
+async def within(seconds: float, what: str) -> AsyncIterator[None]:
+    """A wait that should end well inside ``seconds``: past it, the test fails naming
+    ``what`` with every task's stack (where it is stuck), not at pytest's whole-test
+    timeout with only the threads' stacks."""
+    try:
+        async with asyncio.timeout(seconds):
+            yield
+    except TimeoutError:
+        stacks = io.StringIO()
+        for task in asyncio.all_tasks():
+            task.print_stack(file=stacks)
+        raise AssertionError(f"{what}: not over in {seconds:g} s\n{stacks.getvalue()}") from None
 
 
 async def started(url: str, **start: Any) -> tuple[ClientConnection, dict[str, Any]]:
     """A connected client past ``start``: the connection and the ready message."""
     ws = await connect(url)
     await ws.send(json.dumps({"type": "start", "sample_rate": 16_000, **start}))
-    ready = json.loads(await ws.recv())
+    async with within(30, "the answer to start"):
+        ready = json.loads(await ws.recv())
     assert ready["type"] == "ready", ready
     return ws, ready
 

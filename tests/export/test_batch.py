@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+import model.batch
 from model.backend import StepBackend
 from model.batch import (
     NARROW,
@@ -162,6 +165,45 @@ def test_replies_sharing_passes_give_the_tokens_they_give_alone(
         loop.close()
     assert together == alone and all(len(t) > 0 for t in alone)
     assert max(rows) > 1  # replies did share passes
+
+
+@dataclass
+class Slow:
+    """A reply's backend whose decoder takes ``after_s`` to ask again after each step
+    (its sampling between passes, stretched so the test sees the order)."""
+
+    inner: BatchedBackend
+    after_s: float
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def step(self, *args: Any, **kwargs: Any) -> Any:
+        logits = self.inner.step(*args, **kwargs)
+        time.sleep(self.after_s)
+        return logits
+
+
+def test_replies_that_ask_one_after_another_still_share_a_pass(
+    tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decoders sample one after another between passes (the GIL): the loop waits
+    SETTLE_S past each request that comes in, so four replies asking 15 ms apart share
+    one pass, where a fixed 30 ms wait would split them."""
+    monkeypatch.setattr(model.batch, "SETTLE_S", 0.03)
+    monkeypatch.setattr(model.batch, "SETTLE_MAX_S", 1.0)
+    runner = runner_of(tiny_dir)
+    alone = [ar(runner.single, p) for p in PROMPTS]
+    rows: list[int] = []
+    loop = StepLoop(runner, on_pass=lambda taken: rows.append(len(taken)))
+    try:
+        shared = BatchedBackend(loop)
+        jobs = [lambda p=p, i=i: ar(Slow(shared, 0.015 * i), p) for i, p in enumerate(PROMPTS)]
+        together = in_threads(jobs)
+    finally:
+        loop.close()
+    assert together == alone
+    assert rows.count(len(PROMPTS)) >= len(rows) // 2, rows
 
 
 def test_a_cancelled_reply_leaves_the_others_unchanged(tiny_dir: Path) -> None:

@@ -30,7 +30,7 @@ from server.protocol import ProtocolError
 from server.resume import Parked
 from server.store import Fleet, RedisStore, TextBudget, check_url
 from server.turn import Pacing
-from tests.inproc import ScriptedReplies, serving, started, until
+from tests.inproc import ScriptedReplies, serving, started, until, within
 from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.models
@@ -163,14 +163,16 @@ async def test_a_question_asked_on_one_node_is_answered_on_the_other(
         assert done["text"] == "Send 'I'm running late' to your sister?"
         stored = parked(redis_server, ready["resume_token"]) or {}
         assert stored["pending"] == {"name": MESSAGE.name, "arguments": dict(MESSAGE.arguments)}
-        await ws.close()
-        await ws.wait_closed()
+        async with within(30, "the first node's close"):
+            await ws.close()
+            await ws.wait_closed()
         moved, resumed = await started(b, resume_token=ready["resume_token"])
         assert resumed["resumed"]
         await moved.send(json.dumps({"type": "text", "text": "Yes, please."}))
         action = await asyncio.wait_for(until(moved, "action"), 30)
         assert (action["name"], action["arguments"]) == (MESSAGE.name, dict(MESSAGE.arguments))
-        await moved.close()
+        async with within(30, "the second node's close"):
+            await moved.close()
 
 
 async def test_reply_done_waits_for_a_slow_write(redis_server: RedisServer) -> None:
