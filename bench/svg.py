@@ -15,8 +15,8 @@ LEFT, RIGHT, TOP, BOTTOM = 56, 16, 34, 74  # room for the ticks, title and legen
 
 @dataclass(frozen=True)
 class Panel:
-    """One chart: ``series`` maps a name to its (x, y) points; a name ending in " p95"
-    is drawn dashed beside its p50."""
+    """One chart: ``series`` maps a name to its (x, y) points; "NAME p50" and
+    "NAME p95" share a colour, the p95 dashed."""
 
     title: str
     x_label: str
@@ -76,9 +76,9 @@ def _panel(p: Panel, x0: float) -> str:
         f'<text transform="translate({x0 + 14},{TOP + ph / 2}) rotate(-90)" '
         f'text-anchor="middle">{escape(p.y_label)}</text>\n'
     )
-    bases = list(dict.fromkeys(name.removesuffix(" p95") for name in p.series))
+    bases = list(dict.fromkeys(_base(name) for name in p.series))
     for k, (name, pts) in enumerate(p.series.items()):
-        colour = COLOURS[bases.index(name.removesuffix(" p95")) % len(COLOURS)]
+        colour = COLOURS[bases.index(_base(name)) % len(COLOURS)]
         dash = ' stroke-dasharray="5,3"' if name.endswith(" p95") else ""
         path = " ".join(f"{x:.1f},{y:.1f}" for x, y in (at(*pt) for pt in sorted(pts)))
         out.append(
@@ -90,3 +90,7 @@ def _panel(p: Panel, x0: float) -> str:
             f'stroke-width="2"{dash}/><text x="{lx + 22}" y="{ly}">{escape(name)}</text>\n'
         )
     return "".join(out)
+
+
+def _base(name: str) -> str:
+    return name.removesuffix(" p50").removesuffix(" p95")

@@ -53,3 +53,12 @@ def test_the_chart_is_svg_with_a_line_and_a_legend_entry_per_series() -> None:
 def test_a_panel_without_points_is_an_error() -> None:
     with pytest.raises(ValueError, match="no points"):
         panels_svg([Panel("empty", "x", "y", {"a": []})])
+
+
+def test_a_p50_and_its_p95_share_a_colour_and_the_p95_is_dashed() -> None:
+    series = {"a p50": [(1, 1.0)], "a p95": [(1, 2.0)], "b p50": [(1, 1.5)]}
+    svg = ET.fromstring(panels_svg([Panel("t", "x", "y", series)]))
+    lines = svg.findall("{http://www.w3.org/2000/svg}polyline")
+    colours = [line.get("stroke") for line in lines]
+    assert colours[0] == colours[1] != colours[2]
+    assert [line.get("stroke-dasharray") for line in lines] == [None, "5,3", None]
