@@ -22,6 +22,7 @@ from model.sampler import (
     choose,
     cut_at_end,
     decide,
+    is_in,
     propose,
     sample,
     sentence_end_ids,
@@ -636,3 +637,10 @@ def test_forced_tokens_in_blocks_of_one_commit_in_one_causal_pass() -> None:
         ("block", [10]),
         ("block", [11]),
     ]
+
+
+def test_is_in_answers_as_np_isin_for_every_set_the_sampler_asks_about() -> None:
+    rng = np.random.default_rng(3)
+    x = np.concatenate([rng.integers(0, 600, 200), [-1, 599, 600, 10_000]]).astype(np.int64)
+    for ids in (frozenset(), frozenset({2}), frozenset(int(i) for i in rng.integers(0, 500, 40))):
+        assert (is_in(x, ids) == np.isin(x, list(ids))).all()
