@@ -58,6 +58,7 @@ LOG_PROB_THRESHOLD = -1.0
 # faster-whisper's default for "too repetitive": the text's UTF-8 bytes over their zlib
 # size. The 6,887 user lines in data/ are at most 1.3; a loop passes 2.4 once long enough.
 COMPRESSION_RATIO_THRESHOLD = 2.4
+MAX_PROMPT_TOKENS = 223  # Whisper's previous text: at most half its 448-token context
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,10 @@ class AsrOptions:
     # runs at 3-5 tokens/s; a loop needs two copies of its sentence to be recognised.
     budget_tokens: int = 12
     budget_tokens_per_s: float = 10.0
+    # Words Whisper reads as what was said before the turn (its previous-text prompt,
+    # faster-whisper's initial_prompt): the assistant's vocabulary makes command words
+    # likelier (None: no prompt)
+    prompt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -117,7 +122,11 @@ class Transcriber:
             language=self.language or "en",
         )
         # faster-whisper's prompt and suppressed tokens for the same settings
-        self._prompt = [*self._tokenizer.sot_sequence, self._tokenizer.no_timestamps]
+        before = []
+        if o.prompt:  # as faster-whisper lays out initial_prompt (get_prompt)
+            text = self._tokenizer.encode(" " + o.prompt.strip())
+            before = [self._tokenizer.sot_prev, *text[-MAX_PROMPT_TOKENS:]]
+        self._prompt = [*before, *self._tokenizer.sot_sequence, self._tokenizer.no_timestamps]
         self._suppress = list(get_suppressed_tokens(self._tokenizer, [-1]) or [])
 
     def transcribe(self, audio: NDArray[np.floating]) -> Transcript:
@@ -144,6 +153,7 @@ class Transcriber:
             condition_on_previous_text=False,
             without_timestamps=True,
             vad_filter=False,
+            initial_prompt=self.options.prompt,
         )
         segs = list(segments)  # the generator does the decoding
         return Transcript(
@@ -181,8 +191,8 @@ class Transcriber:
             [self._prompt],
             beam_size=1,
             # CTranslate2 stops Whisper after max_length // 2 new tokens (Whisper's
-            # sample_len: half the text context), whatever the prompt's length
-            max_length=2 * budget,
+            # sample_len: half the text context), and at max_length with the prompt
+            max_length=max(2 * budget, len(self._prompt) + budget),
             return_scores=True,
             return_no_speech_prob=True,
             suppress_blank=True,

@@ -667,14 +667,20 @@ def _log(line: str) -> None:
 # --- the ASR models on the same lines (python -m bench.asr --spoken) -------------------
 
 
+# What ``MODEL:WINDOW:prompt`` gives Whisper as its previous text: the default tools'
+# own descriptions, the vocabulary a session's commands are in (never the eval's lines)
+COMMAND_PROMPT = " ".join(tool.description for tool in DEFAULT_TOOLS)
+
+
 def asr_compare(
     models: Sequence[str],
     opts: SpokenOptions,
     cache_dir: Path | None,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Word errors per voice and noise of each ``MODEL:WINDOW`` (``tiny.en:sized``,
-    ``base:full``) on the utterances the spoken eval makes (same lines, voices, noise,
+    """Word errors per voice and noise of each ``MODEL:WINDOW[:prompt]``
+    (``tiny.en:sized``, ``base:full``, ``tiny.en:sized:prompt``: with
+    :data:`COMMAND_PROMPT`) on the utterances the spoken eval makes (same lines, voices, noise,
     seeds), and each one's transcription time per turn: the models take the turns in
     turn, the order rotated turn by turn so that the machine's load falls on all alike.
     The audio is what the server would transcribe: the utterance, cut 0.05 s after
@@ -683,8 +689,10 @@ def asr_compare(
 
     asrs = {}
     for spec in models:
-        name, _, window = spec.partition(":")
-        asrs[spec] = load_transcriber(name, cache_dir, AsrOptions(window=window or "auto"))  # type: ignore[arg-type]
+        name, _, rest = spec.partition(":")
+        window, _, prompted = rest.partition(":")
+        options = AsrOptions(window=window or "auto", prompt=COMMAND_PROMPT if prompted else None)  # type: ignore[arg-type]
+        asrs[spec] = load_transcriber(name, cache_dir, options)
     errors = {spec: {} for spec in models}  # type: dict[str, dict[str, list[int]]]
     ms: dict[str, list[float]] = {spec: [] for spec in models}
     with tempfile.TemporaryDirectory(prefix="quicksilver-spoken-") as tmp:

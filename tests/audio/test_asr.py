@@ -105,6 +105,20 @@ def test_sized_window_transcribes_every_question(tiny: Transcriber, speech: Spee
 
 
 @models
+def test_a_long_previous_text_prompt_leaves_the_decode_its_budget(
+    speech: SpeechFactory,
+) -> None:
+    """CTranslate2 counts the prompt in max_length: a prompt of 90 tokens once left the
+    sized decode no room and every transcript came back empty."""
+    prompt = "Start a countdown timer. Cancel the running timer. Play music or a podcast. " * 6
+    tiny = load_transcriber("tiny.en", options=AsrOptions(window="sized", prompt=prompt))
+    text = "Set a timer for twenty minutes."
+    decoded = tiny.decode_sized(served(speech.piper(text)))
+    assert decoded is not None and not decoded.capped
+    assert word_error_rate(text, decoded.text) <= 0.2, decoded
+
+
+@models
 @needs_espeak
 def test_sized_window_transcribes_espeak_questions(
     tiny: Transcriber, speech: SpeechFactory
