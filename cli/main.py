@@ -81,6 +81,13 @@ def _parser() -> argparse.ArgumentParser:
         help="Whisper model: tiny.en or base (offline packages), a CTranslate2 model "
         "directory, or auto (tiny.en on the CPU, base on a GPU)",
     )
+    serve.add_argument(
+        "--asr-window",
+        default="auto",
+        choices=("auto", "sized", "full"),
+        help="Whisper's encoder window: sized to the turn, or the full 30 s (auto: sized for "
+        "an English-only model on the CPU, else full; docs/audio.md)",
+    )
     serve.add_argument("--engine", default=DEFAULT_ENGINE, choices=ENGINES, help="reply model")
     serve.add_argument("--max-reply-tokens", type=int, default=64, help="longest reply, in tokens")
     serve.add_argument(
@@ -379,6 +386,7 @@ def _serve(args: argparse.Namespace) -> int:
     )
     options = RuntimeOptions(
         asr=args.asr,
+        asr_window=args.asr_window,
         engine=args.engine,
         cache_dir=args.cache_dir,
         max_reply_tokens=args.max_reply_tokens,

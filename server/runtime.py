@@ -24,7 +24,7 @@ from typing import Any, Literal, ParamSpec, TypeVar
 
 import onnxruntime as ort
 
-from audio.asr import AsrOptions, Transcriber, load_transcriber, recommended_model
+from audio.asr import AsrOptions, Transcriber, Window, load_transcriber, recommended_model
 from audio.tts import Synthesizer
 from audio.vad import SileroVad
 from model.ar import ARGenerator
@@ -166,6 +166,7 @@ class Runtime:
 @dataclass(frozen=True)
 class RuntimeOptions:
     asr: str = DEFAULT_ASR
+    asr_window: Window = "auto"  # audio.asr.AsrOptions.window
     engine: EngineName = DEFAULT_ENGINE
     cache_dir: Path | None = None
     max_reply_tokens: int = 64  # the reply budget, in tokens
@@ -205,11 +206,13 @@ def load_runtime(options: RuntimeOptions) -> Runtime:
     vad = _timed("Silero VAD", SileroVad)
     device = resolve_device(options.device)
     asr_name = recommended_model(device) if options.asr == "auto" else options.asr
-    asr_options = AsrOptions(device=device, compute_type="int8" if device == "cpu" else "float16")
+    compute = "int8" if device == "cpu" else "float16"
+    asr_options = AsrOptions(device=device, compute_type=compute, window=options.asr_window)
     asr = _timed(
         f"Whisper {asr_name} on {device}",
         lambda: load_transcriber(asr_name, options.cache_dir, asr_options),
     )
+    log.info("Whisper's window: %s (--asr-window %s)", asr.window, options.asr_window)
     tts = _timed("Piper voice en_US-joe-medium", lambda: Synthesizer(device=device))
     speech_first = options.speech_first
     if speech_first is None:

@@ -18,16 +18,18 @@ from tests.serverproc import ROOT, start_server
 pytestmark = [pytest.mark.e2e, pytest.mark.models]
 
 
-# The SIGINT server also checks --speech-first ("auto" is on here, a CPU host) and
-# --turn-end (the default scores paused turns with the reply model).
+# The SIGINT server also checks --speech-first ("auto" is on here, a CPU host),
+# --turn-end (the default scores paused turns with the reply model) and --asr-window
+# ("auto" sizes tiny.en's window to the turn on a CPU).
 SCORED, WORDS = "scored by the reply model", "silence and words only"
+OTHERS = ("--speech-first", "off", "--turn-end", "words", "--asr-window", "full")
 
 
 @pytest.mark.parametrize(
-    ("sig", "args", "speech_first", "turn_end"),
+    ("sig", "args", "expected"),
     [
-        (signal.SIGTERM, (), "on", SCORED),
-        (signal.SIGINT, ("--speech-first", "off", "--turn-end", "words"), "off", WORDS),
+        (signal.SIGTERM, (), ("on", SCORED, "sized")),
+        (signal.SIGINT, OTHERS, ("off", WORDS, "full")),
     ],
     ids=["SIGTERM", "SIGINT"],
 )
@@ -36,14 +38,15 @@ async def test_signal_closes_every_session_with_1001_and_exits_0(
     model_cache: Path,
     sig: signal.Signals,
     args: tuple[str, ...],
-    speech_first: str,
-    turn_end: str,
+    expected: tuple[str, str, str],
 ) -> None:
+    speech_first, turn_end, window = expected
     log = tmp_path_factory.mktemp("cli") / "server.log"
     srv = start_server(log, "--cache-dir", str(model_cache), *args)
     try:
         assert f"first sentence): {speech_first}" in srv.log.read_text()
         assert f"end of turn: {turn_end}" in srv.log.read_text()
+        assert f"Whisper's window: {window}" in srv.log.read_text()
         async with connect(srv.url) as a, connect(srv.url) as b:
             for ws in (a, b):
                 await ws.send(p.encode(p.Start(sample_rate=16000)))
