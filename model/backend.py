@@ -42,6 +42,16 @@ def begin_reply() -> None:
     _reply.order = next(_replies)
 
 
+def ends_a_turn() -> None:
+    """Say, from a thread, that its next steps decide whether a user's turn is over
+    (the end-of-turn score, ``server/turn_end.py``): they go before every reply's in a
+    shared pass. The listener waits on the turn's end before any reply of it can start,
+    and while the score is out the endpointer waits its longest (900 ms); behind eight
+    replies' prompt chunks it came too late for 18 of 24 turns (docs/latency.md)."""
+    _reply.urgent = True
+    _reply.order = -1
+
+
 def spoke() -> None:
     """The reply of this thread has said its first sentence."""
     _reply.urgent = False

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from model.backend import begin_reply
+from model.backend import ends_a_turn
 
 if TYPE_CHECKING:
     from model.backend import StepBackend
@@ -162,7 +162,7 @@ class EndOfTurnModel:
         body = tok.encode_plain(words)[-(self.max_tokens - len(self._head)) :]
         ids = [*self._head, *body, *tok.encode_plain(tail.strip())]
         rows = sorted({len(self._head) + len(body) - 1, len(ids) - 1})
-        begin_reply()  # a listener waits on it: in a shared pass, with the silent replies
+        ends_a_turn()  # a listener waits on it: first in a shared pass
         cache = self.backend.new_cache()
         logits = self.backend.step(cache, np.asarray(ids, np.int64), "causal", True, rows=rows)
         p = _softmax(logits.astype(np.float64))  # (1 or 2, V): after the words, after all

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import model.batch
-from model.backend import StepBackend
+from model.backend import StepBackend, begin_reply, ends_a_turn, reply_rank, spoke
 from model.batch import (
     NARROW,
     PREFILL_CHUNK,
@@ -204,6 +204,39 @@ def test_replies_that_ask_one_after_another_still_share_a_pass(
         loop.close()
     assert together == alone
     assert rows.count(len(PROMPTS)) >= len(rows) // 2, rows
+
+
+def test_the_end_of_turn_score_goes_before_every_reply_in_the_queue() -> None:
+    """Requests wait in rank order: an old reply still silent, a new one, and one that
+    has spoken; the end-of-turn score, asked for last, is taken first."""
+    ranks: dict[str, tuple[bool, int]] = {}
+
+    def rank_of(name: str, *calls: Callable[[], None]) -> None:
+        for call in calls:
+            call()
+        ranks[name] = reply_rank()
+
+    for name, calls in [
+        ("old reply", (begin_reply,)),
+        ("new reply", (begin_reply,)),
+        ("spoken", (begin_reply, spoke)),
+        ("score", (ends_a_turn,)),
+    ]:
+        t = threading.Thread(target=rank_of, args=(name, *calls))
+        t.start()
+        t.join()
+    cache = OrtCache.__new__(OrtCache)  # never read: only the queue's order is
+    waiting = [
+        Request(ranks[name], i, cache, np.zeros(1, np.int64), "causal", True, np.zeros(1))
+        for i, name in enumerate(ranks)
+    ]
+    names = list(ranks)
+    assert [names[r.order] for r in sorted(waiting)] == [
+        "score",
+        "old reply",
+        "new reply",
+        "spoken",
+    ]
 
 
 def test_a_cancelled_reply_leaves_the_others_unchanged(tiny_dir: Path) -> None:
