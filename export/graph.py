@@ -49,6 +49,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from model.modeldir import Attention
@@ -99,6 +100,66 @@ class StepGraph(nn.Module):
         self.embed_t = nn.Parameter(table, requires_grad=False)
         tied = model.lm_head.weight is model.tok_emb.weight
         self.head = None if tied else model.lm_head
+        if attention == "fused":
+            # One weight product for q, k and v and one for the gate and up projections:
+            # a one-token pass is 211 small products and ~1,100 other nodes, so what it
+            # costs on a CPU is mostly per node, not the weights it reads
+            # (docs/results/2026-12-packed-graph.md)
+            layers: list[Any] = list(model.blocks)
+            self.qkv = nn.ModuleList(
+                _packed_linear(b.attn.q_proj, b.attn.k_proj, b.attn.v_proj) for b in layers
+            )
+            self.gate_up = nn.ModuleList(
+                _packed_linear(b.mlp.gate_proj, b.mlp.up_proj) for b in layers
+            )
+            cos, sin = rope_cos_sin(
+                torch.arange(cfg.max_seq_len)[None], cfg.head_dim, cfg.rope_theta, torch.float32
+            )
+            half = cfg.head_dim // 2  # the fused node's tables: (positions, hd / 2)
+            self.register_buffer("rope_cos", cos[0, 0, :, :half].to(model.dtype), persistent=False)
+            self.register_buffer("rope_sin", sin[0, 0, :, :half].to(model.dtype), persistent=False)
+
+    def packed_layer(
+        self,
+        layer: int,
+        x: torch.Tensor,  # (1, N, C)
+        rows: list[tuple[Any, torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor]],
+        past: tuple[torch.Tensor, ...],
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """One layer of the fused graphs: q, k and v in one product, RoPE inside the
+        attention node, the gate and up projections in one product. ``rows``: per
+        reply, its token indices (None: all of them), positions, the node's lengths and
+        its bias; ``past``: each row's key and value buffers of this layer, in order."""
+        blk: Any = self.blocks[layer]
+        a = blk.attn
+        qkv = self.qkv[layer](blk.attn_norm(x))  # (1, N, (nh + 2 nkv) hd)
+        ys, present = [], []
+        for r, (at, pos, lens, bias) in enumerate(rows):
+            part = qkv if at is None else qkv.index_select(1, at)
+            pk, pv = past[2 * r], past[2 * r + 1]
+            if a.hd % 16 == 0:  # the node rotates head sizes that are multiples of 16
+                y, pk, pv = PackedAttention.apply(  # type: ignore[no-untyped-call]
+                    part,
+                    pk,
+                    pv,
+                    *lens,
+                    self.rope_cos,
+                    self.rope_sin,
+                    pos[None],
+                    bias[None, None],
+                    a.nh,
+                    a.nkv,
+                )
+            else:  # tiny test models: RoPE before the node, as format v5
+                rope = rope_cos_sin(pos[None], a.hd, self.cfg.rope_theta, x.dtype)
+                y, pk, pv = _rotated_attention(part, pk, pv, lens, rope, bias, a.nh, a.nkv)
+            ys.append(y)
+            present += [pk, pv]
+        x = x + a.o_proj(ys[0] if len(ys) == 1 else torch.cat(ys, 1))
+        ffn = self.cfg.ffn_hidden  # split at a constant: chunk() costs 6 shape nodes a layer
+        gate, up = self.gate_up[layer](blk.mlp_norm(x)).split([ffn, ffn], dim=-1)
+        x = x + blk.mlp.down_proj(F.silu(gate) * up)
+        return x, present
 
     def forward(
         self,
@@ -124,27 +185,27 @@ class StepGraph(nn.Module):
         bias = torch.zeros(allowed.shape, dtype=x.dtype).masked_fill(~allowed, float("-inf"))
         lengths = (total.to(torch.int32) - 1).reshape(1), total.to(torch.int32)
         present: list[torch.Tensor] = []
-        blocks: list[Any] = list(self.blocks)
-        for layer, blk in enumerate(blocks):
-            a = blk.attn
-            h = blk.attn_norm(x)
-            q = apply_rope(a.q_proj(h).view(1, T, a.nh, a.hd).transpose(1, 2), *rope)
-            k = apply_rope(a.k_proj(h).view(1, T, a.nkv, a.hd).transpose(1, 2), *rope)
-            qkv = (
-                q.transpose(1, 2).reshape(1, T, a.nh * a.hd),
-                k.transpose(1, 2).reshape(1, T, a.nkv * a.hd),
-                a.v_proj(h),
-            )
-            pk, pv = past[2 * layer], past[2 * layer + 1]
-            if self.attention == "fused":
-                y, pk, pv = GroupQueryAttention.apply(  # type: ignore[no-untyped-call]
-                    *qkv, pk, pv, *lengths, bias[None, None], a.nh, a.nkv
+        if self.attention == "fused":
+            only = [(None, positions, lengths, bias)]
+            for layer in range(cfg.n_layer):
+                x, kv = self.packed_layer(layer, x, only, past[2 * layer : 2 * layer + 2])
+                present += kv
+        else:
+            blocks: list[Any] = list(self.blocks)
+            for layer, blk in enumerate(blocks):
+                a = blk.attn
+                h = blk.attn_norm(x)
+                q = apply_rope(a.q_proj(h).view(1, T, a.nh, a.hd).transpose(1, 2), *rope)
+                k = apply_rope(a.k_proj(h).view(1, T, a.nkv, a.hd).transpose(1, 2), *rope)
+                q = q.transpose(1, 2).reshape(1, T, a.nh * a.hd)
+                k = k.transpose(1, 2).reshape(1, T, a.nkv * a.hd)
+                pk, pv = past[2 * layer], past[2 * layer + 1]
+                y, pk, pv = plain_attention(
+                    q, k, a.v_proj(h), pk, pv, past_length, bias, a.nh, a.nkv
                 )
-            else:
-                y, pk, pv = plain_attention(*qkv, pk, pv, past_length, bias, a.nh, a.nkv)
-            present += [pk, pv]
-            x = x + a.o_proj(y)
-            x = x + blk.mlp(blk.mlp_norm(x))
+                present += [pk, pv]
+                x = x + a.o_proj(y)
+                x = x + blk.mlp(blk.mlp_norm(x))
         y = self.norm(x[0].index_select(0, logit_rows))  # (K, C)
         logits = (y @ self.embed_t)[:, : cfg.vocab_size] if self.head is None else self.head(y)
         return (logits.float(), *present)
@@ -261,6 +322,113 @@ class GroupQueryAttention(torch.autograd.Function):
         return y, present_k, present_v
 
 
+def _rotated_attention(
+    qkv: torch.Tensor,  # (1, T, (nh + 2 nkv) hd), before RoPE
+    pk: torch.Tensor,
+    pv: torch.Tensor,
+    lens: tuple[torch.Tensor, torch.Tensor],
+    rope: tuple[torch.Tensor, torch.Tensor],  # cos, sin (1, 1, T, hd) at the chunk's positions
+    bias: torch.Tensor,  # (T, total)
+    nh: int,
+    nkv: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The fused node on packed q, k and v with RoPE applied before it (head sizes the
+    node cannot rotate)."""
+    T, hd = qkv.shape[1], qkv.shape[2] // (nh + 2 * nkv)  # not the buffer's: it goes
+    q, k, v = torch.split(qkv, [nh * hd, nkv * hd, nkv * hd], dim=-1)  # only to the node
+    q = apply_rope(q.view(1, T, nh, hd).transpose(1, 2), *rope).transpose(1, 2)
+    k = apply_rope(k.view(1, T, nkv, hd).transpose(1, 2), *rope).transpose(1, 2)
+    return GroupQueryAttention.apply(  # type: ignore[no-untyped-call,no-any-return]
+        q.reshape(1, T, nh * hd),
+        k.reshape(1, T, nkv * hd),
+        v,
+        pk,
+        pv,
+        *lens,
+        bias[None, None],
+        nh,
+        nkv,
+    )
+
+
+def _packed_linear(*parts: nn.Linear) -> nn.Linear:
+    """One linear layer whose outputs are ``parts``' outputs end to end."""
+    w = torch.cat([p.weight.detach() for p in parts])
+    biased = any(p.bias is not None for p in parts)  # Qwen2's q, k, v
+    out = nn.Linear(w.shape[1], w.shape[0], bias=biased, device=w.device, dtype=w.dtype)
+    out.weight = nn.Parameter(w.clone(), requires_grad=False)
+    if biased:
+        b = [p.bias.detach() if p.bias is not None else w.new_zeros(p.out_features) for p in parts]
+        out.bias = nn.Parameter(torch.cat(b).clone(), requires_grad=False)
+    return out
+
+
+class PackedAttention(torch.autograd.Function):
+    """:class:`GroupQueryAttention` on q, k and v packed in one tensor, rotated inside
+    the node (``do_rotary`` with the graph's cos / sin tables at ``position_ids``)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        qkv: torch.Tensor,  # (1, T, (nh + 2 n_kv) hd), before RoPE
+        past_k: torch.Tensor,  # (1, n_kv, C, hd)
+        past_v: torch.Tensor,
+        seqlens_k: torch.Tensor,  # (1,) int32: total - 1
+        total: torch.Tensor,  # () int32
+        cos: torch.Tensor,  # (positions, hd / 2)
+        sin: torch.Tensor,
+        position_ids: torch.Tensor,  # (1, T) int64
+        bias: torch.Tensor,  # (1, 1, T, total)
+        n_head: int,
+        n_kv: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        T, hd = qkv.shape[1], past_k.shape[-1]
+        q, k, v = torch.split(qkv, [n_head * hd, n_kv * hd, n_kv * hd], dim=-1)
+        c = torch.cat([cos, cos], -1)[position_ids[0]][None, None]  # (1, 1, T, hd)
+        s = torch.cat([sin, sin], -1)[position_ids[0]][None, None]
+        q = apply_rope(q.view(1, T, n_head, hd).transpose(1, 2), c, s)
+        k = apply_rope(k.view(1, T, n_kv, hd).transpose(1, 2), c, s)
+        q = q.transpose(1, 2).reshape(1, T, n_head * hd)
+        k = k.transpose(1, 2).reshape(1, T, n_kv * hd)
+        return GroupQueryAttention.forward(
+            ctx, q, k, v, past_k, past_v, seqlens_k, total, bias, n_head, n_kv
+        )
+
+    @staticmethod
+    def symbolic(
+        g: Any,
+        qkv: Any,
+        past_k: Any,
+        past_v: Any,
+        seqlens_k: Any,
+        total: Any,
+        cos: Any,
+        sin: Any,
+        position_ids: Any,
+        bias: Any,
+        n_head: int,
+        n_kv: int,
+    ) -> Any:
+        none = g.op("prim::Constant")  # key and value: packed into the query
+        none.setType(torch._C.OptionalType.ofTensor())
+        y, present_k, present_v = g.op(
+            "com.microsoft::GroupQueryAttention",
+            *(qkv, none, none, past_k, past_v, seqlens_k, total),
+            *(cos, sin, position_ids, bias),
+            num_heads_i=n_head,
+            kv_num_heads_i=n_kv,
+            causal_i=0,  # the pattern is all in `bias`
+            do_rotary_i=1,
+            rotary_interleaved_i=0,  # rotate_half, as the Llama
+            outputs=3,
+        )
+        hd = past_k.type().varyingSizes()[-1]
+        y.setType(qkv.type().with_sizes([1, None, None if hd is None else n_head * hd]))
+        present_k.setType(past_k.type())
+        present_v.setType(past_v.type())
+        return y, present_k, present_v
+
+
 def cache_buffer_shape(cfg: LlamaConfig, capacity: int) -> tuple[int, int, int, int]:
     return (1, cfg.n_kv_head, capacity, cfg.head_dim)
 
@@ -361,28 +529,33 @@ class BatchGraph(StepGraph):
             lens = (total.to(torch.int32) - 1).reshape(1), total.to(torch.int32)
             spans.append((at, S, lens, bias))
         present: list[list[torch.Tensor]] = [[] for _ in range(B)]
-        for layer, blk in enumerate(self.blocks):
-            a: Any = blk.attn
-            h = blk.attn_norm(x)  # type: ignore[operator]
-            q = apply_rope(a.q_proj(h).view(1, N, a.nh, a.hd).transpose(1, 2), *rope)
-            k = apply_rope(a.k_proj(h).view(1, N, a.nkv, a.hd).transpose(1, 2), *rope)
-            q = q.transpose(1, 2).reshape(1, N, a.nh * a.hd)
-            k = k.transpose(1, 2).reshape(1, N, a.nkv * a.hd)
-            v = a.v_proj(h)
-            ys = []
-            for b, (at, S, lens, bias) in enumerate(spans):
-                pk, pv = past[2 * (b * L + layer)], past[2 * (b * L + layer) + 1]
-                qkv = q.index_select(1, at), k.index_select(1, at), v.index_select(1, at)
-                if self.attention == "fused":
-                    y, pk, pv = GroupQueryAttention.apply(  # type: ignore[no-untyped-call]
-                        *qkv, pk, pv, *lens, bias[None, None], a.nh, a.nkv
-                    )
-                else:
+        if self.attention == "fused":
+            rows = [(at, positions.index_select(0, at), lens, bias) for at, _, lens, bias in spans]
+            for layer in range(L):
+                bufs = tuple(
+                    t for b in range(B) for t in past[2 * (b * L + layer) : 2 * (b * L + layer) + 2]
+                )
+                x, kv = self.packed_layer(layer, x, rows, bufs)
+                for b in range(B):
+                    present[b] += kv[2 * b : 2 * b + 2]
+        else:
+            for layer, blk in enumerate(self.blocks):
+                a: Any = blk.attn
+                h = blk.attn_norm(x)  # type: ignore[operator]
+                q = apply_rope(a.q_proj(h).view(1, N, a.nh, a.hd).transpose(1, 2), *rope)
+                k = apply_rope(a.k_proj(h).view(1, N, a.nkv, a.hd).transpose(1, 2), *rope)
+                q = q.transpose(1, 2).reshape(1, N, a.nh * a.hd)
+                k = k.transpose(1, 2).reshape(1, N, a.nkv * a.hd)
+                v = a.v_proj(h)
+                ys = []
+                for b, (at, S, _, bias) in enumerate(spans):
+                    pk, pv = past[2 * (b * L + layer)], past[2 * (b * L + layer) + 1]
+                    qkv = q.index_select(1, at), k.index_select(1, at), v.index_select(1, at)
                     y, pk, pv = plain_attention(*qkv, pk, pv, S, bias, a.nh, a.nkv)
-                ys.append(y)
-                present[b] += [pk, pv]
-            x = x + a.o_proj(torch.cat(ys, 1))
-            x = x + blk.mlp(blk.mlp_norm(x))  # type: ignore[operator]
+                    ys.append(y)
+                    present[b] += [pk, pv]
+                x = x + a.o_proj(torch.cat(ys, 1))
+                x = x + blk.mlp(blk.mlp_norm(x))  # type: ignore[operator]
         y = self.norm(x[0].index_select(0, logit_rows))
         logits = (y @ self.embed_t)[:, : cfg.vocab_size] if self.head is None else self.head(y)
         return (logits.float(), *(t for row in present for t in row))

@@ -86,6 +86,48 @@ def test_the_manifest_reports_the_parity_of_every_format(tiny_dir: Path) -> None
     assert parity["fp16"]["token_agreement"] is None
 
 
+def test_a_head_size_the_fused_node_rotates_matches_pytorch(tmp_path: Path) -> None:
+    """Format v6 with RoPE inside the fused node (head sizes that are multiples of 16,
+    as SmolLM2's 64): q, k and v packed into one product, no explicit rotation, and the
+    one-reply and batched graphs compute what PyTorch does."""
+    import onnx
+
+    from export.build import export_batch_onnx, export_onnx
+    from model.batch import BatchedBackend, BatchRunner, StepLoop
+    from model.nn.llama import LlamaConfig
+    from model.runtime import OrtBackend, RuntimeConfig
+
+    config = LlamaConfig(
+        vocab_size=300, n_layer=2, n_embd=64, n_head=4, n_kv_head=2, ffn_hidden=96, max_seq_len=128
+    )
+    model = with_mask_row(tiny_model(seed=3, config=config))
+    path = export_onnx(model, tmp_path / "m.onnx")
+    graph = onnx.load(str(path)).graph
+    fused = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
+    rotary = [a.i for n in fused for a in n.attribute if a.name == "do_rotary"]
+    assert len(fused) == config.n_layer and rotary == [1] * config.n_layer
+    assert not [n for n in graph.node if n.op_type in ("Neg", "Sin", "Cos")]  # no RoPE outside
+    assert all(n.input[1] == "" and n.input[2] == "" for n in fused)  # q, k, v packed
+    products = [n for n in graph.node if n.op_type == "MatMul"]
+    assert len(products) == 4 * config.n_layer + 1  # qkv, o, gate+up, down a layer; the head
+    ref = torch_backend(model)
+    one = OrtBackend(path, RuntimeConfig(device="cpu", max_len=128))
+    prefill, step, block, top1 = logit_diffs(ref, one, PROMPT, 300)
+    assert max(prefill, step, block) < 1e-5 and top1 == 1.0
+    # positions far from zero: the node's tables are read at `positions`, not at 0
+    ids = np.array([*PROMPT] * 8, np.int64)
+    a = ref.step(ref.new_cache(), ids, "causal", True)
+    b = one.step(one.new_cache(), ids, "causal", True)
+    np.testing.assert_allclose(b, a, atol=1e-5)
+    runner = BatchRunner(one, export_batch_onnx(model, tmp_path / "b.onnx", 2))
+    loop = StepLoop(runner)
+    try:
+        prefill, step, block, top1 = logit_diffs(ref, BatchedBackend(loop), PROMPT, 300)
+    finally:
+        loop.close()
+    assert max(prefill, step, block) < 1e-5 and top1 == 1.0
+
+
 @pytest.mark.parametrize("fmt", ["llada", "dream"])
 def test_llada_and_dream_checkpoints_export_to_the_same_step_graph(
     tmp_path: Path, fmt: str
