@@ -195,7 +195,7 @@ def shared_backend(
         if batching.rows is not None:
             raise FileNotFoundError(
                 f"{model_dir} has no batched {variant} graph: rebuild it with "
-                "`quicksilver export` (format v5), or serve with --reply-batch 1"
+                "`quicksilver export`, or serve with --reply-batch 1"
             )
         return None
     path, rows = found
