@@ -66,12 +66,12 @@ log = logging.getLogger("quicksilver")
 OPSET = 17
 Int8Method = Literal["blockwise", "dynamic"]
 INT8_METHODS: tuple[Int8Method, ...] = ("blockwise", "dynamic")
-# Weights (and activations) per scale along K. 128 since format v6: a one-token pass
-# 0.87x and a 64-token prefill 0.80x of blocks of 32, and under the served schedule
-# (blocks of one) the held-out replies keep their bars (clean ends 1.000, NLL 0.906
-# against 0.926; docs/results/2026-12-packed-graph.md). Under blocks of 16 it ended
-# fewer replies cleanly (0.925 against 0.95: docs/results/2026-12-int8-alternatives.md)
-INT8_BLOCK = 128
+# Weights (and activations) per scale along K. Larger blocks run faster (128 on the v6
+# graph: a one-token pass 0.87x, a 64-token prefill 0.80x) and keep the held-out bars
+# under blocks of one, but the int8 kernel then rounds a row of a several-row product
+# differently from the same row alone (1e-7), and a reply must get the same logits
+# whichever replies share its pass (docs/results/2026-12-packed-graph.md)
+INT8_BLOCK = 32
 
 
 @dataclass(frozen=True)
