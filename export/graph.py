@@ -27,7 +27,9 @@ outputs
 Attention comes in two forms with the same inputs and outputs (``StepGraph(attention=)``):
 
 - ``"fused"`` (the CPU files, fp32 and int8): ONNX Runtime's ``GroupQueryAttention``
-  (com.microsoft), which reads the buffers in place; before it (format v3) the graph
+  (com.microsoft), which reads the buffers in place and, since format v6, takes q, k and
+  v packed from one weight product and applies RoPE itself (:meth:`StepGraph.packed_layer`);
+  before it (format v3) the graph
   took the cache as one tensor and split and concatenated it every step, a quarter of a
   block pass and 43% of an AR step at 1900 cached positions (docs/export.md). Its CUDA
   kernel, though, is causal only and refuses an ``attention_bias``, so a block pass
