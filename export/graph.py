@@ -87,6 +87,9 @@ def dynamic_axes(n_layer: int) -> dict[str, dict[int, str]]:
 
 
 class StepGraph(nn.Module):
+    rope_cos: torch.Tensor  # the fused graphs' RoPE tables (buffers)
+    rope_sin: torch.Tensor
+
     def __init__(self, model: Llama, attention: Attention = "fused") -> None:
         super().__init__()
         cfg = model.config
@@ -175,7 +178,6 @@ class StepGraph(nn.Module):
         cfg = self.cfg
         T = input_ids.shape[0]
         x = self.embed_t.index_select(1, input_ids).t()[None]  # (1, T, C)
-        rope = rope_cos_sin(positions[None], cfg.head_dim, cfg.rope_theta, x.dtype)  # (1,1,T,hd)
         total = past_length + T
         # fused: the first S+T entries; plain: the whole capacity C, past S+T masked
         span = total if self.attention == "fused" else past[0].shape[2]
@@ -193,6 +195,7 @@ class StepGraph(nn.Module):
                 x, kv = self.packed_layer(layer, x, only, past[2 * layer : 2 * layer + 2])
                 present += kv
         else:
+            rope = rope_cos_sin(positions[None], cfg.head_dim, cfg.rope_theta, x.dtype)
             blocks: list[Any] = list(self.blocks)
             for layer, blk in enumerate(blocks):
                 a = blk.attn
@@ -324,32 +327,37 @@ class GroupQueryAttention(torch.autograd.Function):
         return y, present_k, present_v
 
 
-def _rotated_attention(
+def _split_rotated(
     qkv: torch.Tensor,  # (1, T, (nh + 2 nkv) hd), before RoPE
+    rope: tuple[torch.Tensor, torch.Tensor],  # cos, sin (1, 1, T, hd) at the chunk's positions
+    nh: int,
+    nkv: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v of a packed product, q and k rotated (each (1, T, heads hd)): what the
+    fused node does with ``do_rotary``. The head size comes from ``rope``, never from a
+    cache buffer (the buffers go only to the node)."""
+    T, hd = qkv.shape[1], rope[0].shape[-1]
+    q, k, v = torch.split(qkv, [nh * hd, nkv * hd, nkv * hd], dim=-1)
+    q = apply_rope(q.view(1, T, nh, hd).transpose(1, 2), *rope).transpose(1, 2)
+    k = apply_rope(k.view(1, T, nkv, hd).transpose(1, 2), *rope).transpose(1, 2)
+    return q.reshape(1, T, nh * hd), k.reshape(1, T, nkv * hd), v
+
+
+def _rotated_attention(
+    qkv: torch.Tensor,
     pk: torch.Tensor,
     pv: torch.Tensor,
     lens: tuple[torch.Tensor, torch.Tensor],
-    rope: tuple[torch.Tensor, torch.Tensor],  # cos, sin (1, 1, T, hd) at the chunk's positions
+    rope: tuple[torch.Tensor, torch.Tensor],
     bias: torch.Tensor,  # (T, total)
     nh: int,
     nkv: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The fused node on packed q, k and v with RoPE applied before it (head sizes the
     node cannot rotate)."""
-    T, hd = qkv.shape[1], qkv.shape[2] // (nh + 2 * nkv)  # not the buffer's: it goes
-    q, k, v = torch.split(qkv, [nh * hd, nkv * hd, nkv * hd], dim=-1)  # only to the node
-    q = apply_rope(q.view(1, T, nh, hd).transpose(1, 2), *rope).transpose(1, 2)
-    k = apply_rope(k.view(1, T, nkv, hd).transpose(1, 2), *rope).transpose(1, 2)
+    q, k, v = _split_rotated(qkv, rope, nh, nkv)
     return GroupQueryAttention.apply(  # type: ignore[no-untyped-call,no-any-return]
-        q.reshape(1, T, nh * hd),
-        k.reshape(1, T, nkv * hd),
-        v,
-        pk,
-        pv,
-        *lens,
-        bias[None, None],
-        nh,
-        nkv,
+        q, k, v, pk, pv, *lens, bias[None, None], nh, nkv
     )
 
 
@@ -384,14 +392,9 @@ class PackedAttention(torch.autograd.Function):
         n_head: int,
         n_kv: int,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        T, hd = qkv.shape[1], past_k.shape[-1]
-        q, k, v = torch.split(qkv, [n_head * hd, n_kv * hd, n_kv * hd], dim=-1)
-        c = torch.cat([cos, cos], -1)[position_ids[0]][None, None]  # (1, 1, T, hd)
-        s = torch.cat([sin, sin], -1)[position_ids[0]][None, None]
-        q = apply_rope(q.view(1, T, n_head, hd).transpose(1, 2), c, s)
-        k = apply_rope(k.view(1, T, n_kv, hd).transpose(1, 2), c, s)
-        q = q.transpose(1, 2).reshape(1, T, n_head * hd)
-        k = k.transpose(1, 2).reshape(1, T, n_kv * hd)
+        at = position_ids[0]
+        rope = torch.cat([cos, cos], -1)[at][None, None], torch.cat([sin, sin], -1)[at][None, None]
+        q, k, v = _split_rotated(qkv, rope, n_head, n_kv)
         return GroupQueryAttention.forward(
             ctx, q, k, v, past_k, past_v, seqlens_k, total, bias, n_head, n_kv
         )
@@ -515,7 +518,6 @@ class BatchGraph(StepGraph):
         cfg, B, L = self.cfg, self.rows, self.cfg.n_layer
         N = input_ids.shape[0]
         x = self.embed_t.index_select(1, input_ids).t()[None]  # (1, N, C)
-        rope = rope_cos_sin(positions[None], cfg.head_dim, cfg.rope_theta, x.dtype)
         ends = torch.cumsum(lengths, 0)
         spans = []  # per row: its token indices, and the fused node's lengths and mask
         for b in range(B):
@@ -541,6 +543,7 @@ class BatchGraph(StepGraph):
                 for b in range(B):
                     present[b] += kv[2 * b : 2 * b + 2]
         else:
+            rope = rope_cos_sin(positions[None], cfg.head_dim, cfg.rope_theta, x.dtype)
             for layer, blk in enumerate(self.blocks):
                 a: Any = blk.attn
                 h = blk.attn_norm(x)  # type: ignore[operator]
