@@ -127,7 +127,7 @@ def run_level(gen: DiffusionGenerator, n: int, opts: RepliesOptions) -> dict[str
                 if q is None:
                     full_until.append(time.perf_counter())
                     return
-            gen.prefixes.evict_oldest()  # every reply a fresh session's, as the harness's
+            gen.prefixes.forget_conversation()  # every reply a new session's (heads kept, as serve)
             r = _answer(gen, q, opts, alone)
             with lock:
                 done.append(r)

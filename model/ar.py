@@ -16,7 +16,7 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 
 from model.backend import StepBackend
-from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt
+from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt, first_message_length
 from model.engine import ChatMessage, GenerationStats
 from model.generate import greedy
 from model.openings import reply_openings
@@ -88,7 +88,7 @@ class ARGenerator:
         try:
             stats = yield from decoded(tokens, push)
         finally:  # the cache holds prompt + the reply tokens fed: the next turn's start
-            self.prefixes.put([*prompt, *said], prefix.cache)
+            self.prefixes.put([*prompt, *said], prefix.cache, first_message_length(tok, prompt))
         if stats.stopped_by != "cancel" and (rest := decoder.flush()):
             yield rest
         return stats

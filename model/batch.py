@@ -169,10 +169,12 @@ class BatchRunner:
         io.bind_cpu_input("lengths", np.array(lengths, np.int64))
         io.bind_cpu_input("past_lengths", np.array(pasts, np.int64))
         io.bind_cpu_input("blocks", np.array(blocks))
-        io.bind_cpu_input("logit_rows", np.concatenate(rows).astype(np.int64))
-        io.bind_output("logits")  # afresh: sized for this pass's rows
+        picked = np.concatenate(rows).astype(np.int64)
+        io.bind_cpu_input("logit_rows", picked)
+        logits = self.single.bind_logits(io, len(picked))
         self.session.run_with_iobinding(io)
-        logits: Logits = io.get_outputs()[0].numpy()
+        if logits is None:
+            logits = io.get_outputs()[0].numpy()
         del held
         out, at = {}, 0
         for b in sorted(at_row):  # logits come in row order
@@ -448,20 +450,26 @@ class StepLoop:
 
     def _run(self) -> None:
         while (taken := self._take()) is not None:
-            try:
-                results = self.runner.run(taken)
-            except Exception as exc:  # each reply in the pass gets it; the loop goes on
-                for r in taken:
-                    r.done.set_exception(exc)
-                continue
-            self.passes += 1
-            self.rows_run += len(taken)
-            with self._cond:
-                self._expected = {r.thread for r in taken}
-            if self.on_pass is not None:
-                self.on_pass(taken)
-            for r, logits in zip(taken, results, strict=True):
-                r.done.set_result(logits)
+            self._pass(taken)
+            # nothing of the pass held while the loop waits for the next: a reply's
+            # cache is freed (its positions back in the pool) as soon as it is let go
+            del taken
+
+    def _pass(self, taken: list[Request]) -> None:
+        try:
+            results = self.runner.run(taken)
+        except Exception as exc:  # each reply in the pass gets it; the loop goes on
+            for r in taken:
+                r.done.set_exception(exc)
+            return
+        self.passes += 1
+        self.rows_run += len(taken)
+        with self._cond:
+            self._expected = {r.thread for r in taken}
+        if self.on_pass is not None:
+            self.on_pass(taken)
+        for r, logits in zip(taken, results, strict=True):
+            r.done.set_result(logits)
 
 
 class BatchedBackend:

@@ -31,6 +31,18 @@ def encode_message(tok: Tokenizer, message: ChatMessage) -> list[int]:
     return [tok.im_start_id, *body, tok.im_end_id, *tok.encode_plain("\n")]
 
 
+def first_message_length(tok: Tokenizer, ids: Sequence[int]) -> int:
+    """Tokens of the first message of an encoded prompt (:func:`encode_chat`): the
+    system prompt and tools every conversation of a session kind starts with; 0 when
+    the prompt holds no whole message."""
+    try:
+        end = list(ids).index(tok.im_end_id)
+    except ValueError:
+        return 0
+    n = end + 1 + len(tok.encode_plain("\n"))
+    return n if n <= len(ids) else 0
+
+
 def encode_chat(
     tok: Tokenizer, messages: Sequence[ChatMessage], add_generation_prompt: bool = True
 ) -> list[int]:

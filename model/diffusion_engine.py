@@ -31,7 +31,7 @@ from model.actions import (
     shape_names,
 )
 from model.backend import Prefix, StepBackend, last_row
-from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt
+from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt, first_message_length
 from model.confirm import Confirmation, tool_named
 from model.engine import ChatMessage, GenerationStats
 from model.modeldir import adapter_calls_tools
@@ -216,7 +216,7 @@ class DiffusionGenerator:
             stats = yield from text
         finally:
             if prefix is not None:
-                self.prefixes.put(prompt, prefix.cache)
+                self.prefixes.put(prompt, prefix.cache, first_message_length(tok, prompt))
         return dataclasses.replace(stats, forward_passes=stats.forward_passes + passes)
 
     def _act(

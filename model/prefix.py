@@ -23,6 +23,9 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 # A shared prefix shorter than this is prefilled rather than copied (a copy moves every
 # layer's keys and values; a short prefill costs about one pass)
 MIN_COPIED = 32
+# Shared prompt heads kept apart from the conversations (system prompts with and
+# without tools, a client's own instructions)
+HEADS = 4
 
 
 class PrefixCache:
@@ -36,42 +39,67 @@ class PrefixCache:
     cache to its conversation: a session's first turn prefills only its own words.
     Without copies, a prefix that several cached prompts share is not worth taking a
     session's cache for: that prompt starts from a fresh cache instead.
+
+    The prompt's first message (the system prompt and tools, which the engine names at
+    :meth:`put`) is also kept apart as a *head* (at most ``heads``, least recently used
+    out) that no reply ever writes to: it outlives the conversations it came from, so a
+    new session's first turn does not prefill it again when the conversations have been
+    let go (many sessions starting at once, or memory wanted by live replies).
     """
 
-    def __init__(self, backend: StepBackend, capacity: int) -> None:
+    def __init__(self, backend: StepBackend, capacity: int, heads: int = HEADS) -> None:
         self.backend = backend
         self.capacity = capacity
+        self.max_heads = heads if getattr(backend, "copy_prefix", None) is not None else 0
         self._entries: OrderedDict[int, tuple[np.ndarray, Any]] = OrderedDict()
+        self._heads: OrderedDict[int, tuple[np.ndarray, Any]] = OrderedDict()
         self._next_key = 0
-        self._lock = threading.Lock()
+        # re-entrant: a copy made under it may ask the pool for memory, and the pool
+        # lets kept caches go (evict_oldest) in the same thread
+        self._lock = threading.RLock()
 
     def __len__(self) -> int:
+        """Conversations kept (heads not counted)."""
         return len(self._entries)
+
+    @property
+    def heads(self) -> int:
+        return len(self._heads)
 
     def take(self, prompt: Sequence[int]) -> Prefix:
         ids = np.asarray(prompt, dtype=np.int64)
         copy = getattr(self.backend, "copy_prefix", None)
         with self._lock:
-            key, n = self._longest(ids)
-            if key is None:
-                return Prefix(self.backend.new_cache(), 0)
-            toks, cache = self._entries[key]
-            if copy is not None and n < toks.size and n >= MIN_COPIED:
+            key, n = self._longest(self._entries, ids)
+            head, h = self._longest(self._heads, ids)
+            whole = key is not None and n == self._entries[key][0].size
+            if whole and n >= h:  # this conversation's next turn: its own cache
+                _, cache = self._entries.pop(key)  # type: ignore[arg-type]
+                return Prefix(cache, n)
+            if copy is not None and max(n, h) >= MIN_COPIED:
+                if h >= n:  # a head: copied, kept
+                    self._heads.move_to_end(head)  # type: ignore[arg-type]
+                    return Prefix(copy(self._heads[head][1], h), h)  # type: ignore[index]
                 # another conversation's (the system prompt every session starts with):
                 # its first n positions copied, the conversation's cache left to it
-                return Prefix(copy(cache, n), n)
-            if not self._shared(key, n):
+                return Prefix(copy(self._entries[key][1], n), n)  # type: ignore[index]
+            if key is not None and not self._shared(key, n):
                 _, cache = self._entries.pop(key)
                 return Prefix(cache, n)
         return Prefix(self.backend.new_cache(), 0)
 
-    def put(self, prompt: Sequence[int], cache: Any) -> None:
-        """Keep ``cache`` for ``prompt``: truncated to what it holds of the prompt."""
+    def put(self, prompt: Sequence[int], cache: Any, head: int = 0) -> None:
+        """Keep ``cache`` for ``prompt``: truncated to what it holds of the prompt. Its
+        first ``head`` positions (the prompt's first message: the system prompt and
+        tools, :func:`model.chat.first_message_length`) are also kept as a head, unless
+        a head holds them already or they are too short to copy."""
         n = min(len(prompt), self.backend.cache_length(cache))
         self.backend.truncate(cache, n)
         if n == 0 or self.capacity <= 0:
             return
         with self._lock:
+            if MIN_COPIED <= head <= n:
+                self._pin(np.asarray(prompt[:head], dtype=np.int64), cache)
             self._entries[self._next_key] = (np.asarray(prompt[:n], dtype=np.int64), cache)
             self._next_key += 1
             while len(self._entries) > self.capacity:
@@ -79,17 +107,45 @@ class PrefixCache:
 
     def evict_oldest(self) -> bool:
         """Forget the least recently kept cache (its memory is wanted by a live reply,
-        ``model/batch.py``'s pool); False when none is kept."""
+        ``model/batch.py``'s pool): a conversation's, then, when none is left, a head's;
+        False when nothing is kept."""
+        with self._lock:
+            for kept in (self._entries, self._heads):
+                if kept:
+                    kept.popitem(last=False)
+                    return True
+            return False
+
+    def forget_conversation(self) -> bool:
+        """Forget the least recently kept conversation (heads stay); False when none
+        is kept. ``quicksilver bench replies`` makes every reply a new session's so."""
         with self._lock:
             if not self._entries:
                 return False
             self._entries.popitem(last=False)
             return True
 
-    def _longest(self, ids: np.ndarray) -> tuple[int | None, int]:
+    def _pin(self, toks: np.ndarray, source: Any) -> None:
+        """Keep a copy of ``source``'s first ``len(toks)`` positions as a head (the
+        most recently used when one holds them already)."""
+        if self.max_heads <= 0:
+            return
+        for key, (held, _) in self._heads.items():
+            if np.array_equal(held, toks):
+                self._heads.move_to_end(key)
+                return
+        self._heads[self._next_key] = (toks, self.backend.copy_prefix(source, toks.size))  # type: ignore[attr-defined]
+        self._next_key += 1
+        while len(self._heads) > self.max_heads:
+            self._heads.popitem(last=False)
+
+    @staticmethod
+    def _longest(
+        kept: OrderedDict[int, tuple[np.ndarray, Any]], ids: np.ndarray
+    ) -> tuple[int | None, int]:
         best, n = None, 0
-        for key, (toks, _) in self._entries.items():
-            if (m := common_prefix(toks, ids)) > n:
+        for key, (toks, _) in kept.items():  # oldest first: a tie goes to the newest
+            if (m := common_prefix(toks, ids)) >= n and m:
                 best, n = key, m
         return best, n
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from model.batch import BatchedBackend, CachePool, StepLoop
 from model.prefix import MIN_COPIED, PrefixCache
+from model.runtime import OrtBackend
 
 from .conftest import TINY, ort_backend
 from .test_batch import runner_of
@@ -62,5 +63,69 @@ def test_a_copy_counts_against_the_cache_pool(tiny_dir: Path) -> None:
         held = pool.held
         warm = kept.take([*SYSTEM, 6])
         assert warm.length == len(SYSTEM) and pool.held > held
+    finally:
+        loop.close()
+
+
+def _conversation(backend: OrtBackend, kept: PrefixCache, prompt: list[int], head: int = 0) -> None:
+    cache = backend.new_cache()
+    backend.step(cache, np.array(prompt), "causal", commit=True)
+    kept.put(prompt, cache, head)
+
+
+def test_the_system_prompt_outlives_the_conversations_it_came_from(tiny_dir: Path) -> None:
+    backend = ort_backend(tiny_dir)
+    kept = PrefixCache(backend, capacity=4)
+    _conversation(backend, kept, [*SYSTEM, 5, 6, 7], head=len(SYSTEM))
+    _conversation(backend, kept, [*SYSTEM, 8], head=len(SYSTEM))  # the same head: one kept
+    assert kept.heads == 1 and len(kept) == 2
+    while kept.forget_conversation():  # every conversation let go: the head stays
+        pass
+    third = [*SYSTEM, 11, 12, 13]
+    warm = kept.take(third)
+    assert warm.length == len(SYSTEM) and kept.heads == 1
+    rest = np.array(third[len(SYSTEM) :])
+    got = backend.step(warm.cache, rest, "causal", commit=True, rows=[len(rest) - 1])
+    cold = backend.new_cache()
+    want = backend.step(cold, np.array(third), "causal", commit=True, rows=[len(third) - 1])
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    # a reply extends its copy, never the head: the next session gets the same prefix
+    again = [*SYSTEM, 14]
+    got = backend.step(kept.take(again).cache, np.array([14]), "causal", True, rows=[0])
+    want = backend.step(backend.new_cache(), np.array(again), "causal", True, rows=[len(again) - 1])
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    # a conversation's own next turn still takes its own cache, not the head
+    _conversation(backend, kept, [*SYSTEM, 15, 16], head=len(SYSTEM))
+    assert kept.take([*SYSTEM, 15, 16, 17]).length == len(SYSTEM) + 2 and len(kept) == 0
+
+
+def test_memory_wanted_lets_conversations_go_before_heads(tiny_dir: Path) -> None:
+    backend = ort_backend(tiny_dir)
+    kept = PrefixCache(backend, capacity=4, heads=2)
+    other = [int(i) for i in np.random.default_rng(4).integers(3, TINY.vocab_size, MIN_COPIED)]
+    for head in (SYSTEM, other, [*SYSTEM[:-1], 3]):  # three heads pinned: two kept
+        _conversation(backend, kept, [*head, 5], head=len(head))
+    assert kept.heads == 2 and len(kept) == 3
+    order = []
+    while kept.evict_oldest():
+        order.append((len(kept), kept.heads))
+    assert order == [(2, 2), (1, 2), (0, 2), (0, 1), (0, 0)]
+    assert kept.take([*SYSTEM, 7]).length == 0  # nothing kept: a full prefill
+
+
+def test_a_copy_the_pool_has_no_room_for_lets_a_kept_conversation_go(tiny_dir: Path) -> None:
+    """The copy asks the pool for room while the cache's lock is held; the pool frees
+    it by letting the oldest kept conversation go, in the same thread."""
+    loop = StepLoop(runner_of(tiny_dir))
+    try:
+        shared = BatchedBackend(loop, CachePool(budget=2 * 128))
+        kept = PrefixCache(shared, capacity=4)
+        assert shared.pool is not None
+        shared.pool.evict = kept.evict_oldest
+        _conversation(shared, kept, [*SYSTEM, 5])  # type: ignore[arg-type]
+        _conversation(shared, kept, [*SYSTEM, 6])  # type: ignore[arg-type]
+        assert len(kept) == 2 and shared.pool.held == 2 * 128
+        warm = kept.take([*SYSTEM, 7])
+        assert warm.length == len(SYSTEM) and len(kept) == 1
     finally:
         loop.close()
