@@ -223,6 +223,18 @@ class OrtBackend:
                 binding.bind_output(f"present_{kv}_{layer}", *args)
         return binding
 
+    def bind_logits(self, io: Any, rows: int) -> Logits | None:
+        """Bind the pass's logits output: on the CPU to a new array the pass writes
+        straight into, which is returned (reading them back through ``get_outputs``
+        wraps every one of the graph's outputs, 61 in the served model: ~0.2 ms a pass);
+        elsewhere afresh, for ``get_outputs`` (returns None)."""
+        if self.device != "cpu":
+            io.bind_output("logits")  # ONNX Runtime sizes it for the pass's rows
+            return None
+        logits = np.empty((rows, self.vocab_size), np.float32)
+        io.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
+        return logits
+
     def new_cache(self) -> OrtCache:
         return OrtCache(self)
 
@@ -257,9 +269,10 @@ class OrtBackend:
         io.bind_cpu_input("block", np.array(attend == "block"))
         rows_ = np.arange(T) if rows is None else np.asarray(rows, np.int64)
         io.bind_cpu_input("logit_rows", rows_)
-        io.bind_output("logits")  # afresh: ONNX Runtime sizes it for this step's rows
+        logits = self.bind_logits(io, len(rows_))
         self.session.run_with_iobinding(io)
-        logits: Logits = io.get_outputs()[0].numpy()
+        if logits is None:
+            logits = io.get_outputs()[0].numpy()
         if commit:
             cache.length = P + T  # the chunk is already in place at P..P+T-1
         return logits
