@@ -117,12 +117,9 @@ class StepGraph(nn.Module):
             self.gate_up = nn.ModuleList(
                 _packed_linear(b.mlp.gate_proj, b.mlp.up_proj) for b in layers
             )
-            cos, sin = rope_cos_sin(
-                torch.arange(cfg.max_seq_len)[None], cfg.head_dim, cfg.rope_theta, torch.float32
-            )
-            half = cfg.head_dim // 2  # the fused node's tables: (positions, hd / 2)
-            self.register_buffer("rope_cos", cos[0, 0, :, :half].to(model.dtype), persistent=False)
-            self.register_buffer("rope_sin", sin[0, 0, :, :half].to(model.dtype), persistent=False)
+            cos, sin = rope_tables(cfg)
+            self.register_buffer("rope_cos", cos.to(model.dtype), persistent=False)
+            self.register_buffer("rope_sin", sin.to(model.dtype), persistent=False)
 
     def packed_layer(
         self,
@@ -359,6 +356,19 @@ def _rotated_attention(
     return GroupQueryAttention.apply(  # type: ignore[no-untyped-call,no-any-return]
         q, k, v, pk, pv, *lens, bias[None, None], nh, nkv
     )
+
+
+def rope_tables(cfg: LlamaConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fused node's cos / sin tables ``(max_seq_len, hd / 2)``, fp32, computed in
+    float64 and rounded once. In fp32 an angle at position 8191 carries ~5e-4 rad of
+    rounding, and which vector path PyTorch took decided it: two exports of the same
+    code differed by 1.5e-4 in one table, enough to move int8 prefills' top tokens."""
+    pos = torch.arange(cfg.max_seq_len, dtype=torch.float64)
+    inv_freq = cfg.rope_theta ** -(
+        torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim
+    )
+    angle = pos[:, None] * inv_freq  # (positions, hd / 2)
+    return angle.cos().float(), angle.sin().float()
 
 
 def _packed_linear(*parts: nn.Linear) -> nn.Linear:

@@ -14,13 +14,14 @@ import torch
 
 import model.diffusion_engine as diffusion_engine
 from export.build import BuildOptions, Source, build_atomic
+from export.graph import rope_tables
 from export.parity import greedy_agreement, logit_diffs
 from model.assemble import Batching, load_onnx_diffusion_generator, with_block_size
 from model.diffusion_engine import DiffusionGenerator, DiffusionOptions, smollm2_diffusion_config
 from model.engine import ChatMessage, GenerationStats, drain
 from model.modeldir import load_tokenizer
 from model.nn.diffusion import with_mask_row
-from model.nn.llama import Llama
+from model.nn.llama import Llama, LlamaConfig
 from tests.export.conftest import ort_backend, tiny_tokenizer_data, torch_backend
 from tests.model.conftest import TINY, tiny_model
 
@@ -84,6 +85,21 @@ def test_the_manifest_reports_the_parity_of_every_format(tiny_dir: Path) -> None
     assert 1e-4 < parity["int8"]["prefill_max_abs"] < 0.03
     assert parity["fp16"]["prefill_max_abs"] < 2e-3  # logits only: no replies on a CPU
     assert parity["fp16"]["token_agreement"] is None
+
+
+def test_the_fused_rope_tables_are_the_angles_rounded_once() -> None:
+    """Every entry of SmolLM2's tables, to its last position, is the float64 cos / sin
+    rounded to fp32 (within half an ulp): no path-dependent fp32 rounding, so two
+    exports of the same weights write the same file. The fp32 recipe was 1.5e-4 off."""
+    cfg = LlamaConfig()
+    cos, sin = rope_tables(cfg)
+    angle = np.arange(cfg.max_seq_len, dtype=np.float64)[:, None] * cfg.rope_theta ** -(
+        np.arange(0, cfg.head_dim, 2, dtype=np.float64) / cfg.head_dim
+    )
+    for got, want in ((cos, np.cos(angle)), (sin, np.sin(angle))):
+        assert got.dtype == torch.float32 and got.shape == (cfg.max_seq_len, cfg.head_dim // 2)
+        ulp = np.spacing(np.abs(want).astype(np.float32))
+        assert np.all(np.abs(got.numpy().astype(np.float64) - want) <= ulp / 2 + 1e-12)
 
 
 def test_a_head_size_the_fused_node_rotates_matches_pytorch(tmp_path: Path) -> None:
