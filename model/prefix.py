@@ -134,7 +134,11 @@ class PrefixCache:
             if np.array_equal(held, toks):
                 self._heads.move_to_end(key)
                 return
-        self._heads[self._next_key] = (toks, self.backend.copy_prefix(source, toks.size))  # type: ignore[attr-defined]
+        try:
+            copy = self.backend.copy_prefix(source, toks.size)  # type: ignore[attr-defined]
+        except RuntimeError:  # no room in the pool (model.batch.PoolFullError): not kept
+            return
+        self._heads[self._next_key] = (toks, copy)
         self._next_key += 1
         while len(self._heads) > self.max_heads:
             self._heads.popitem(last=False)

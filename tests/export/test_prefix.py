@@ -129,3 +129,16 @@ def test_a_copy_the_pool_has_no_room_for_lets_a_kept_conversation_go(tiny_dir: P
         assert warm.length == len(SYSTEM) and len(kept) == 1
     finally:
         loop.close()
+
+
+def test_a_head_the_pool_has_no_room_for_is_not_kept_and_the_reply_ends_well(
+    tiny_dir: Path,
+) -> None:
+    loop = StepLoop(runner_of(tiny_dir))
+    try:
+        shared = BatchedBackend(loop, CachePool(budget=128))  # one conversation's room
+        kept = PrefixCache(shared, capacity=4)
+        _conversation(shared, kept, [*SYSTEM, 5], head=len(SYSTEM))  # type: ignore[arg-type]
+        assert kept.heads == 0 and len(kept) == 1  # kept; its head had no room
+    finally:
+        loop.close()
