@@ -26,6 +26,7 @@ MIN_COPIED = 32
 # Shared prompt heads kept apart from the conversations (system prompts with and
 # without tools, a client's own instructions)
 HEADS = 4
+SEEN = 64  # first messages remembered (as hashes) until they come again
 
 
 class PrefixCache:
@@ -41,10 +42,11 @@ class PrefixCache:
     session's cache for: that prompt starts from a fresh cache instead.
 
     The prompt's first message (the system prompt and tools, which the engine names at
-    :meth:`put`) is also kept apart as a *head* (at most ``heads``, least recently used
-    out) that no reply ever writes to: it outlives the conversations it came from, so a
-    new session's first turn does not prefill it again when the conversations have been
-    let go (many sessions starting at once, or memory wanted by live replies).
+    :meth:`put`), once a second conversation has started with it, is also kept apart as
+    a *head* (at most ``heads``, least recently used out) that no reply ever writes to:
+    it outlives the conversations it came from, so a new session's first turn does not
+    prefill it again when the conversations have been let go (many sessions starting at
+    once, or memory wanted by live replies).
     """
 
     def __init__(self, backend: StepBackend, capacity: int, heads: int = HEADS) -> None:
@@ -53,6 +55,7 @@ class PrefixCache:
         self.max_heads = heads if getattr(backend, "copy_prefix", None) is not None else 0
         self._entries: OrderedDict[int, tuple[np.ndarray, Any]] = OrderedDict()
         self._heads: OrderedDict[int, tuple[np.ndarray, Any]] = OrderedDict()
+        self._seen: OrderedDict[int, None] = OrderedDict()  # first messages put once
         self._next_key = 0
         # re-entrant: a copy made under it may ask the pool for memory, and the pool
         # lets kept caches go (evict_oldest) in the same thread
@@ -134,6 +137,14 @@ class PrefixCache:
             if np.array_equal(held, toks):
                 self._heads.move_to_end(key)
                 return
+        # kept from its second conversation on: a client's one-off instructions (a
+        # Realtime session's own) never push the shared system prompts out
+        seen = hash(toks.tobytes())
+        if seen not in self._seen:
+            self._seen[seen] = None
+            while len(self._seen) > SEEN:
+                self._seen.popitem(last=False)
+            return
         try:
             copy = self.backend.copy_prefix(source, toks.size)  # type: ignore[attr-defined]
         except RuntimeError:  # no room in the pool (model.batch.PoolFullError): not kept

@@ -105,11 +105,12 @@ def test_memory_wanted_lets_conversations_go_before_heads(tiny_dir: Path) -> Non
     other = [int(i) for i in np.random.default_rng(4).integers(3, TINY.vocab_size, MIN_COPIED)]
     for head in (SYSTEM, other, [*SYSTEM[:-1], 3]):  # three heads pinned: two kept
         _conversation(backend, kept, [*head, 5], head=len(head))
-    assert kept.heads == 2 and len(kept) == 3
+        _conversation(backend, kept, [*head, 6], head=len(head))
+    assert kept.heads == 2 and len(kept) == 4
     order = []
     while kept.evict_oldest():
         order.append((len(kept), kept.heads))
-    assert order == [(2, 2), (1, 2), (0, 2), (0, 1), (0, 0)]
+    assert order == [(3, 2), (2, 2), (1, 2), (0, 2), (0, 1), (0, 0)]
     assert kept.take([*SYSTEM, 7]).length == 0  # nothing kept: a full prefill
 
 
@@ -136,9 +137,25 @@ def test_a_head_the_pool_has_no_room_for_is_not_kept_and_the_reply_ends_well(
 ) -> None:
     loop = StepLoop(runner_of(tiny_dir))
     try:
-        shared = BatchedBackend(loop, CachePool(budget=128))  # one conversation's room
+        shared = BatchedBackend(loop, CachePool(budget=2 * 128))  # two conversations' room
         kept = PrefixCache(shared, capacity=4)
         _conversation(shared, kept, [*SYSTEM, 5], head=len(SYSTEM))  # type: ignore[arg-type]
-        assert kept.heads == 0 and len(kept) == 1  # kept; its head had no room
+        _conversation(shared, kept, [*SYSTEM, 6], head=len(SYSTEM))  # type: ignore[arg-type]
+        assert kept.heads == 0 and len(kept) == 2  # both kept; the head had no room
     finally:
         loop.close()
+
+
+def test_a_first_message_put_once_is_not_kept_as_a_head(tiny_dir: Path) -> None:
+    """A client's own instructions, one session long, never take a head's room."""
+    backend = ort_backend(tiny_dir)
+    kept = PrefixCache(backend, capacity=4, heads=1)
+    _conversation(backend, kept, [*SYSTEM, 5], head=len(SYSTEM))
+    _conversation(backend, kept, [*SYSTEM, 6], head=len(SYSTEM))
+    assert kept.heads == 1
+    one_off = [int(i) for i in np.random.default_rng(5).integers(3, TINY.vocab_size, MIN_COPIED)]
+    _conversation(backend, kept, [*one_off, 5], head=len(one_off))
+    while kept.forget_conversation():
+        pass
+    assert kept.heads == 1 and kept.take([*SYSTEM, 7]).length == len(SYSTEM)
+    assert kept.take([*one_off, 7]).length == 0
