@@ -171,10 +171,7 @@ class BatchRunner:
         io.bind_cpu_input("blocks", np.array(blocks))
         picked = np.concatenate(rows).astype(np.int64)
         io.bind_cpu_input("logit_rows", picked)
-        logits = self.single.bind_logits(io, len(picked))
-        self.session.run_with_iobinding(io)
-        if logits is None:
-            logits = io.get_outputs()[0].numpy()
+        logits = self.single.run_bound(self.session, io, len(picked))
         del held
         out, at = {}, 0
         for b in sorted(at_row):  # logits come in row order

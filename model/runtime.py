@@ -223,16 +223,19 @@ class OrtBackend:
                 binding.bind_output(f"present_{kv}_{layer}", *args)
         return binding
 
-    def bind_logits(self, io: Any, rows: int) -> Logits | None:
-        """Bind the pass's logits output: on the CPU to a new array the pass writes
-        straight into, which is returned (reading them back through ``get_outputs``
-        wraps every one of the graph's outputs, 61 in the served model: ~0.2 ms a pass);
-        elsewhere afresh, for ``get_outputs`` (returns None)."""
+    def run_bound(self, session: ort.InferenceSession, io: Any, rows: int) -> Logits:
+        """Run ``session`` on ``io`` (this graph's or its batched twin's binding) and
+        return the pass's ``rows`` logits. On the CPU they are bound to a new array the
+        pass writes straight into (reading them back through ``get_outputs`` wraps every
+        one of the graph's outputs, 61 in the served model: ~0.2 ms a pass); elsewhere
+        ONNX Runtime sizes them and they are read back."""
         if self.device != "cpu":
-            io.bind_output("logits")  # ONNX Runtime sizes it for the pass's rows
-            return None
+            io.bind_output("logits")
+            session.run_with_iobinding(io)
+            return io.get_outputs()[0].numpy()  # type: ignore[no-any-return]
         logits = np.empty((rows, self.vocab_size), np.float32)
         io.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
+        session.run_with_iobinding(io)
         return logits
 
     def new_cache(self) -> OrtCache:
@@ -269,10 +272,7 @@ class OrtBackend:
         io.bind_cpu_input("block", np.array(attend == "block"))
         rows_ = np.arange(T) if rows is None else np.asarray(rows, np.int64)
         io.bind_cpu_input("logit_rows", rows_)
-        logits = self.bind_logits(io, len(rows_))
-        self.session.run_with_iobinding(io)
-        if logits is None:
-            logits = io.get_outputs()[0].numpy()
+        logits = self.run_bound(self.session, io, len(rows_))
         if commit:
             cache.length = P + T  # the chunk is already in place at P..P+T-1
         return logits
