@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -52,7 +52,9 @@ class PrefixCache:
     def __init__(self, backend: StepBackend, capacity: int, heads: int = HEADS) -> None:
         self.backend = backend
         self.capacity = capacity
-        self.max_heads = heads if getattr(backend, "copy_prefix", None) is not None else 0
+        # a backend that copies a cache's first positions into a new one, or None
+        self._copy: Callable[[Any, int], Any] | None = getattr(backend, "copy_prefix", None)
+        self.max_heads = heads if self._copy is not None else 0
         self._entries: OrderedDict[int, tuple[np.ndarray, Any]] = OrderedDict()
         self._heads: OrderedDict[int, tuple[np.ndarray, Any]] = OrderedDict()
         self._seen: OrderedDict[int, None] = OrderedDict()  # first messages put once
@@ -71,7 +73,7 @@ class PrefixCache:
 
     def take(self, prompt: Sequence[int]) -> Prefix:
         ids = np.asarray(prompt, dtype=np.int64)
-        copy = getattr(self.backend, "copy_prefix", None)
+        copy = self._copy
         with self._lock:
             key, n = self._longest(self._entries, ids)
             head, h = self._longest(self._heads, ids)
@@ -113,25 +115,18 @@ class PrefixCache:
         ``model/batch.py``'s pool): a conversation's, then, when none is left, a head's;
         False when nothing is kept."""
         with self._lock:
-            for kept in (self._entries, self._heads):
-                if kept:
-                    kept.popitem(last=False)
-                    return True
-            return False
+            return _drop_oldest(self._entries) or _drop_oldest(self._heads)
 
     def forget_conversation(self) -> bool:
         """Forget the least recently kept conversation (heads stay); False when none
         is kept. ``quicksilver bench replies`` makes every reply a new session's so."""
         with self._lock:
-            if not self._entries:
-                return False
-            self._entries.popitem(last=False)
-            return True
+            return _drop_oldest(self._entries)
 
     def _pin(self, toks: np.ndarray, source: Any) -> None:
         """Keep a copy of ``source``'s first ``len(toks)`` positions as a head (the
         most recently used when one holds them already)."""
-        if self.max_heads <= 0:
+        if self._copy is None or self.max_heads <= 0:
             return
         for key, (held, _) in self._heads.items():
             if np.array_equal(held, toks):
@@ -146,7 +141,7 @@ class PrefixCache:
                 self._seen.popitem(last=False)
             return
         try:
-            copy = self.backend.copy_prefix(source, toks.size)  # type: ignore[attr-defined]
+            copy = self._copy(source, toks.size)
         except RuntimeError:  # no room in the pool (model.batch.PoolFullError): not kept
             return
         self._heads[self._next_key] = (toks, copy)
@@ -173,3 +168,11 @@ class PrefixCache:
         return any(
             common_prefix(other, toks) >= n for k, (other, _) in self._entries.items() if k != key
         )
+
+
+def _drop_oldest(kept: OrderedDict[int, Any]) -> bool:
+    """Drop the least recently used of ``kept``; False when it is empty."""
+    if not kept:
+        return False
+    kept.popitem(last=False)
+    return True
