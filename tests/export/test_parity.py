@@ -90,7 +90,7 @@ def test_the_manifest_reports_the_parity_of_every_format(tiny_dir: Path) -> None
 def test_the_fused_rope_tables_are_the_angles_rounded_once() -> None:
     """Every entry of SmolLM2's tables, to its last position, is the float64 cos / sin
     rounded to fp32 (within half an ulp): no path-dependent fp32 rounding, so two
-    exports of the same weights write the same file. The fp32 recipe was 1.5e-4 off."""
+    exports of the same weights write the same file. The fp32 recipe was 4.6e-4 off."""
     cfg = LlamaConfig()
     cos, sin = rope_tables(cfg)
     angle = np.arange(cfg.max_seq_len, dtype=np.float64)[:, None] * cfg.rope_theta ** -(
