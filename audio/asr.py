@@ -2,9 +2,10 @@
 
 The endpointer decides where a turn starts and ends, so Whisper's own VAD filter is
 off, and so are the features that cost latency without helping one short turn:
-beam search (``beam_size=1``), conditioning on previous text, timestamps, and the
-temperature fallback (a re-decode at higher temperature doubles the time of the turns
-it triggers on; a short command rarely needs it).
+conditioning on previous text, timestamps, and the temperature fallback (a re-decode
+at higher temperature doubles the time of the turns it triggers on; a short command
+rarely needs it). Beam search stays on (a beam of 5: fewer word errors for a few
+decoder passes, ``AsrOptions.beam_size``).
 
 A window sized to the turn (``AsrOptions.window``; the study is
 docs/results/2026-12-asr-window.md). faster-whisper's ``transcribe`` hands the encoder
@@ -58,6 +59,7 @@ LOG_PROB_THRESHOLD = -1.0
 # faster-whisper's default for "too repetitive": the text's UTF-8 bytes over their zlib
 # size. The 6,887 user lines in data/ are at most 1.3; a loop passes 2.4 once long enough.
 COMPRESSION_RATIO_THRESHOLD = 2.4
+BEAM_SIZE = 5
 MAX_PROMPT_TOKENS = 223  # Whisper's previous text: at most half its 448-token context
 
 
@@ -92,6 +94,10 @@ class AsrOptions:
     # faster-whisper's initial_prompt): the assistant's vocabulary makes command words
     # likelier (None: no prompt)
     prompt: str | None = None
+    # Hypotheses Whisper's decoder keeps (1: greedy). A beam costs decoder passes, not
+    # encoder ones: on the spoken eval's turns tiny.en's beam of 5 makes 21% fewer word
+    # errors than greedy for ~12 ms a turn (docs/audio.md, "Beam search")
+    beam_size: int = BEAM_SIZE
 
 
 @dataclass(frozen=True)
@@ -148,7 +154,7 @@ class Transcriber:
         segments, info = self.model.transcribe(
             x,
             language=self.language,
-            beam_size=1,
+            beam_size=self.options.beam_size,
             temperature=0.0,
             condition_on_previous_text=False,
             without_timestamps=True,
@@ -189,7 +195,7 @@ class Transcriber:
         result = self.model.model.generate(
             ctranslate2.StorageView.from_array(window),
             [self._prompt],
-            beam_size=1,
+            beam_size=o.beam_size,
             # CTranslate2 stops Whisper after max_length // 2 new tokens (Whisper's
             # sample_len: half the text context), and at max_length with the prompt
             max_length=max(2 * budget, len(self._prompt) + budget),

@@ -591,6 +591,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--asr", default="auto", help="--spoken: the started server's --asr (tiny.en, base, auto)"
     )
     parser.add_argument(
+        "--asr-beam", type=int, default=None, metavar="N",
+        help="--spoken: the started server's --asr-beam (default: its own)",
+    )  # fmt: skip
+    parser.add_argument(
         "--engine", default=None, help="--spoken: the started server's --engine (default: its own)"
     )
     parser.add_argument("--cache-dir", type=Path, default=None, help="--spoken: the server's")
@@ -643,6 +647,7 @@ def _run(args: argparse.Namespace, opts: SpokenOptions) -> dict[str, Any]:
         server = None
         if args.url is None:
             extra = ["--asr", args.asr] + (["--engine", args.engine] if args.engine else [])
+            extra += ["--asr-beam", str(args.asr_beam)] if args.asr_beam else []
             extra += ["--cache-dir", str(args.cache_dir)] if args.cache_dir else []
             log = Path(tmp) / "serve.log"
             _log(f"spoken: starting quicksilver serve {' '.join(extra)}")
@@ -657,6 +662,7 @@ def _run(args: argparse.Namespace, opts: SpokenOptions) -> dict[str, Any]:
     about = {"url": url, "started": server is not None, **served}
     if server is not None:
         about["asr_option"] = args.asr
+        about["asr_beam_option"] = args.asr_beam
     return report(rows, opts, about)
 
 
@@ -678,11 +684,12 @@ def asr_compare(
     cache_dir: Path | None,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Word errors per voice and noise of each ``MODEL:WINDOW[:prompt]``
+    """Word errors per voice and noise of each ``MODEL:WINDOW[:prompt][:beamN]``
     (``tiny.en:sized``, ``base:full``, ``tiny.en:sized:prompt``: with
-    :data:`COMMAND_PROMPT`) on the utterances the spoken eval makes (same lines, voices, noise,
-    seeds), and each one's transcription time per turn: the models take the turns in
-    turn, the order rotated turn by turn so that the machine's load falls on all alike.
+    :data:`COMMAND_PROMPT`, ``tiny.en:sized:beam1``: greedy; the served beam without one)
+    on the utterances the spoken eval makes (same lines, voices, noise, seeds), and each
+    one's transcription time per turn: the models take the turns in turn, the order
+    rotated turn by turn so that the machine's load falls on all alike.
     The audio is what the server would transcribe: the utterance, cut 0.05 s after
     the speech as the server cuts a turn."""
     from audio.asr import AsrOptions, load_transcriber
@@ -690,8 +697,13 @@ def asr_compare(
     asrs = {}
     for spec in models:
         name, _, rest = spec.partition(":")
-        window, _, prompted = rest.partition(":")
-        options = AsrOptions(window=window or "auto", prompt=COMMAND_PROMPT if prompted else None)  # type: ignore[arg-type]
+        window, *flags = rest.split(":")
+        beams = [int(f[4:]) for f in flags if f.startswith("beam")]
+        options = AsrOptions(
+            window=window or "auto",  # type: ignore[arg-type]
+            prompt=COMMAND_PROMPT if "prompt" in flags else None,
+            beam_size=beams[0] if beams else AsrOptions.beam_size,
+        )
         asrs[spec] = load_transcriber(name, cache_dir, options)
     errors = {spec: {} for spec in models}  # type: dict[str, dict[str, list[int]]]
     ms: dict[str, list[float]] = {spec: [] for spec in models}

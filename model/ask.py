@@ -11,7 +11,11 @@ A call's string argument that names someone may be a reference ("text her instea
 :func:`resolve` puts in the name the conversation's latest earlier call gave ("my
 sister" from ``call.start {contact: "my sister"}``), or says whom to ask about when no
 earlier call named anyone: the call is then *incomplete* (:func:`missing`), that
-parameter dropped, and the name the user answers fills it in (:func:`named`).
+parameter dropped, and the name the user answers fills it in (:func:`named`). A
+number the call needs and the request did not say (the model wrote one: "Set a timer."
+-> ``seconds: 100``; "bring the cabin to sixteen degrees" heard "... to 60 degrees",
+outside the tool's range) is dropped the same way (:func:`unsaid`) and asked for ("For
+how long?", "What temperature?"): a number is the user's, never the model's guess.
 
 Before any of that, whether to act at all (:func:`unheard`, :func:`outside`,
 :func:`claims`, :func:`asked`): a call on words the ASR was unsure of is not made
@@ -32,7 +36,8 @@ from typing import Literal
 
 from model.engine import ChatMessage
 from model.router import SURE
-from model.tools import DEFAULT_TOOLS, Tool, ToolCall, split_call
+from model.spoken import UNIT_PARAMS, slot_value, spoken_duration, spoken_numbers
+from model.tools import DEFAULT_TOOLS, Param, Tool, ToolCall, split_call
 
 Answer = Literal["yes", "no"]
 DECLINED = "Okay, I won't."  # said to a no: the call asked about is dropped
@@ -127,6 +132,11 @@ _REFERENCE = re.compile(
     re.I,
 )
 _INSTEAD = re.compile(r"\s+instead[.!?]?$", re.I)
+# A number a call needs, by parameter (others: "What level?")
+_NUMBER_QUESTIONS = {
+    **dict.fromkeys(UNIT_PARAMS, "For how long?"),
+    "temperature_c": "What temperature?",
+}
 
 
 def answer(text: str) -> Answer | None:
@@ -177,12 +187,48 @@ def resolve(call: ToolCall, tool: Tool, earlier: Sequence[ToolCall]) -> ToolCall
     return replace(call, arguments=args)
 
 
-def missing(call: ToolCall, tool: Tool) -> str | None:
-    """What to ask ("Who should I call?") when ``call`` lacks whom it is for (a
-    reference :func:`resolve` could not resolve); None when it is complete."""
+def unsaid(call: ToolCall, tool: Tool, text: str | None) -> ToolCall:
+    """``call`` without the required numbers its request (``text``; None: not known)
+    did not say: a value is said when it is a number of the request ("nineteen
+    degrees", "19"), or for a parameter named for a unit its duration ("half an hour"
+    is ``seconds: 1800``), and inside the parameter's ``minimum`` / ``maximum``. The
+    call is then incomplete and :func:`missing` asks for the number."""
+    if text is None:
+        return call
+    args = dict(call.arguments)
     for p in tool.params:
-        if p.name in _WHO and p.required and p.name not in call.arguments:
+        value = args.get(p.name)
+        if _asks_number(p) and isinstance(value, int | float) and not _said(p, value, text):
+            del args[p.name]
+    return replace(call, arguments=args)
+
+
+def _asks_number(p: Param) -> bool:
+    return p.required and p.type in ("integer", "number") and not p.enum
+
+
+def _said(p: Param, value: float, text: str) -> bool:
+    if (p.minimum is not None and value < p.minimum) or (
+        p.maximum is not None and value > p.maximum
+    ):
+        return False
+    said = spoken_numbers(text)
+    if p.name in UNIT_PARAMS and (seconds := spoken_duration(text)) is not None:
+        said.append(seconds / UNIT_PARAMS[p.name])
+    return any(abs(v - value) < 1e-6 for v in said)
+
+
+def missing(call: ToolCall, tool: Tool) -> str | None:
+    """What to ask ("Who should I call?", "For how long?") when ``call`` lacks whom
+    it is for (a reference :func:`resolve` could not resolve) or a number its request
+    did not say (:func:`unsaid`); None when it is complete."""
+    for p in tool.params:
+        if not p.required or p.name in call.arguments:
+            continue
+        if p.name in _WHO:
             return _WHO[p.name]
+        if _asks_number(p):
+            return _NUMBER_QUESTIONS.get(p.name, f"What {p.name.replace('_', ' ')}?")
     return None
 
 
@@ -296,11 +342,21 @@ def asked(call: ToolCall, tool: Tool) -> bool:
 
 
 def named(call: ToolCall, tool: Tool, text: str) -> ToolCall | None:
-    """The incomplete ``call`` (:func:`missing`) with the name the user's ``text``
-    answered to "Who should I call?" ("My sister." -> ``contact: "my sister"``; "To
-    Tom, please." -> ``"Tom"``); None when the words are no name: a yes or no, a
-    question, a reference, a new request (more than four words, or a word no name
-    has: "Set a timer."). Those drop the call, as any other words drop a question."""
+    """The incomplete ``call`` (:func:`missing`) with what the user's ``text``
+    answered: to "Who should I call?" a name ("My sister." -> ``contact: "my
+    sister"``; "To Tom, please." -> ``"Tom"``), to "For how long?" a number or duration
+    (:func:`slot_value`: "Ten minutes." -> ``seconds: 600``). None when the words are no
+    such answer: a yes or no, a question, a reference, a new request (more than four
+    words, or a word no name has: "Set a timer."), a number out of the tool's range.
+    Those drop the call, as any other words drop a question."""
+    wanted = next((p for p in tool.params if p.required and p.name not in call.arguments), None)
+    if wanted is not None and _asks_number(wanted):
+        value = slot_value(wanted, text) if len(_WORDS.findall(text.lower())) <= 6 else None
+        if value is None:
+            return None
+        number = float(value)
+        said = int(number) if number.is_integer() else number
+        return replace(call, arguments={**call.arguments, wanted.name: said})
     if answer(text) is not None or "?" in text:
         return None
     m = _NAME_ANSWER.match(_SPACES.sub(" ", text).strip())

@@ -47,7 +47,15 @@ from model.sampler import (
     spaced_ids,
     word_keys,
 )
-from model.spans import SpanPointer, UserTokens, boundary_rows, span_text, user_tokens, words
+from model.spans import (
+    SpanPointer,
+    UserTokens,
+    boundary_rows,
+    span_text,
+    user_tokens,
+    without_courtesy,
+    words,
+)
 from model.tokenizer import StreamDecoder, Tokenizer, decoded
 from model.tools import CALL_CLOSE, CALL_OPEN, Tool, ToolCall, tools_system_prompt
 
@@ -291,6 +299,7 @@ class DiffusionGenerator:
             if owner != tool:
                 continue
             value = span_text(text, spans, *self.spans.best(scores, tool, param))
+            value = without_courtesy(value)  # "call the dentist, please": the words asked
             if value and not {'"', "\\"} & set(value):
                 out[param] = value
         return out

@@ -114,7 +114,8 @@ def spoken_numbers(text: str) -> list[float]:
 
 def _quantities(words: list[str]) -> Iterator[tuple[float, int]]:
     """(quantity, unit index) for every unit word: the number before it ("two
-    minutes"), "a" / "an" ("an hour"), "half a" / "half an" ("half an hour"), plus
+    minutes"), "a" / "an" ("an hour"), "half a" / "half an" ("half an hour"), "a
+    quarter of" / "three quarters of" ("a quarter of an hour"), plus
     "and a half" after it ("a minute and a half")."""
     starts = _numbers(words)  # index after a number -> the number
     for u, w in enumerate(words):
@@ -122,6 +123,8 @@ def _quantities(words: list[str]) -> Iterator[tuple[float, int]]:
             continue
         if u in starts:
             q = starts[u]
+        elif u >= 3 and words[u - 3 : u - 1] in (["quarter", "of"], ["quarters", "of"]):
+            q = 0.75 if u >= 4 and words[u - 4] == "three" else 0.25  # "a quarter of an hour"
         elif u >= 1 and words[u - 1] in ("a", "an"):
             q = 0.5 if u >= 2 and words[u - 2] == "half" else 1.0
         else:

@@ -126,7 +126,12 @@ DEFAULT_TOOLS: tuple[Tool, ...] = (
         confirm=True,
     ),
     Tool("call.start", "Phone a contact.", (_p("contact", "string"),), confirm=True),
-    Tool("climate.set", "Set the cabin temperature.", (_p("temperature_c", "number"),)),
+    # a car's climate control sets 16-32 degrees: a number outside was misheard or made up
+    Tool(
+        "climate.set",
+        "Set the cabin temperature.",
+        (_p("temperature_c", "number", minimum=16, maximum=32),),
+    ),
     Tool(
         "reminder.create",
         "Create a reminder.",

@@ -24,7 +24,14 @@ from typing import Any, Literal, ParamSpec, TypeVar
 
 import onnxruntime as ort
 
-from audio.asr import AsrOptions, Transcriber, Window, load_transcriber, recommended_model
+from audio.asr import (
+    BEAM_SIZE,
+    AsrOptions,
+    Transcriber,
+    Window,
+    load_transcriber,
+    recommended_model,
+)
 from audio.tts import Synthesizer
 from audio.vad import SileroVad
 from model.ar import ARGenerator
@@ -167,6 +174,7 @@ class Runtime:
 class RuntimeOptions:
     asr: str = DEFAULT_ASR
     asr_window: Window = "auto"  # audio.asr.AsrOptions.window
+    asr_beam: int = BEAM_SIZE  # audio.asr.AsrOptions.beam_size
     engine: EngineName = DEFAULT_ENGINE
     cache_dir: Path | None = None
     max_reply_tokens: int = 64  # the reply budget, in tokens
@@ -207,12 +215,19 @@ def load_runtime(options: RuntimeOptions) -> Runtime:
     device = resolve_device(options.device)
     asr_name = recommended_model(device) if options.asr == "auto" else options.asr
     compute = "int8" if device == "cpu" else "float16"
-    asr_options = AsrOptions(device=device, compute_type=compute, window=options.asr_window)
+    asr_options = AsrOptions(
+        device=device, compute_type=compute, window=options.asr_window, beam_size=options.asr_beam
+    )
     asr = _timed(
         f"Whisper {asr_name} on {device}",
         lambda: load_transcriber(asr_name, options.cache_dir, asr_options),
     )
-    log.info("Whisper's window: %s (--asr-window %s)", asr.window, options.asr_window)
+    log.info(
+        "Whisper's window: %s (--asr-window %s), beam of %d",
+        asr.window,
+        options.asr_window,
+        options.asr_beam,
+    )
     tts = _timed("Piper voice en_US-joe-medium", lambda: Synthesizer(device=device))
     speech_first = options.speech_first
     if speech_first is None:

@@ -33,6 +33,7 @@ from model.ask import (
     outside,
     resolve,
     unheard,
+    unsaid,
 )
 from model.confirm import question, template, tool_named
 from model.engine import ChatMessage, GenerationStats, ReplyChunk, ReplyEnd
@@ -293,7 +294,7 @@ async def _asking(
         if not isinstance(chunk, ToolCall) or tool is None:
             yield chunk
             continue
-        call = resolve(chunk, tool, earlier)
+        call = unsaid(resolve(chunk, tool, earlier), tool, heard.text)
         if not heard.sure or outside(call, tool, heard.text):
             yield NOT_CAUGHT if not heard.sure else CANT
             yield ReplyEnd(_CUT)

@@ -19,17 +19,17 @@ pytestmark = [pytest.mark.e2e, pytest.mark.models]
 
 
 # The SIGINT server also checks --speech-first ("auto" is on here, a CPU host),
-# --turn-end (the default scores paused turns with the reply model) and --asr-window
-# ("auto" sizes tiny.en's window to the turn on a CPU).
+# --turn-end (the default scores paused turns with the reply model), --asr-window
+# ("auto" sizes tiny.en's window to the turn on a CPU) and --asr-beam (5 by default).
 SCORED, WORDS = "scored by the reply model", "silence and words only"
-OTHERS = ("--speech-first", "off", "--turn-end", "words", "--asr-window", "full")
+OTHERS = ("--speech-first", "off", "--turn-end", "words", "--asr-window", "full", "--asr-beam", "1")
 
 
 @pytest.mark.parametrize(
     ("sig", "args", "expected"),
     [
-        (signal.SIGTERM, (), ("on", SCORED, "sized")),
-        (signal.SIGINT, OTHERS, ("off", WORDS, "full")),
+        (signal.SIGTERM, (), ("on", SCORED, "sized", 5)),
+        (signal.SIGINT, OTHERS, ("off", WORDS, "full", 1)),
     ],
     ids=["SIGTERM", "SIGINT"],
 )
@@ -38,15 +38,16 @@ async def test_signal_closes_every_session_with_1001_and_exits_0(
     model_cache: Path,
     sig: signal.Signals,
     args: tuple[str, ...],
-    expected: tuple[str, str, str],
+    expected: tuple[str, str, str, int],
 ) -> None:
-    speech_first, turn_end, window = expected
+    speech_first, turn_end, window, beam = expected
     log = tmp_path_factory.mktemp("cli") / "server.log"
     srv = start_server(log, "--cache-dir", str(model_cache), *args)
     try:
         assert f"first sentence): {speech_first}" in srv.log.read_text()
         assert f"end of turn: {turn_end}" in srv.log.read_text()
         assert f"Whisper's window: {window}" in srv.log.read_text()
+        assert f"beam of {beam}" in srv.log.read_text()
         async with connect(srv.url) as a, connect(srv.url) as b:
             for ws in (a, b):
                 await ws.send(p.encode(p.Start(sample_rate=16000)))
@@ -72,3 +73,7 @@ def test_help_and_bad_engine() -> None:
         [*cmd, "serve", "--engine", "nope"], cwd=ROOT, capture_output=True, text=True
     )
     assert run.returncode == 2 and "invalid choice" in run.stderr
+    run = subprocess.run(
+        [*cmd, "serve", "--asr-beam", "0"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert run.returncode == 2 and "'0' is not a whole number of at least 1" in run.stderr

@@ -21,6 +21,7 @@ from model.ask import (
     outside,
     resolve,
     unheard,
+    unsaid,
 )
 from model.confirm import question
 from model.engine import ChatMessage
@@ -199,6 +200,68 @@ def test_no_trained_or_held_out_command_is_outside_what_the_tools_do() -> None:
     assert len({c.name for _, c in calls}) == len(TOOLS)  # every tool's commands were read
     assert len(calls) == 2880
     assert [(t, c) for t, c in calls if outside(c, TOOLS[c.name], t)] == []
+
+
+def test_no_trained_or_held_out_command_has_a_number_it_did_not_say() -> None:
+    """Every number of the project's own commands is said in their words ("a quarter of
+    an hour" is 900 seconds): :func:`unsaid` drops none."""
+    data = Path(__file__).resolve().parents[2] / "data" / "actions"
+    numbered = []
+    for name in ("train", "dev_commands", "heldout_commands", "heldout"):
+        for line in (data / f"{name}.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            call, _ = split_call(row["reply"])
+            if call is not None and call.name in ("timer.set", "climate.set"):
+                numbered.append((row["question"], call))
+    assert len(numbered) > 400
+    assert [(t, c) for t, c in numbered if unsaid(c, TOOLS[c.name], t) != c] == []
+
+
+@pytest.mark.parametrize(
+    ("text", "call", "question"),
+    [
+        ("Set a timer.", ToolCall("timer.set", {"seconds": 100}), "For how long?"),
+        ("That time I went off too early", ToolCall("timer.set", {"seconds": 100}), None),
+        # heard "sixteen" as "60": outside the cabin's range
+        ("Bring the cabin to 60 degrees.", ToolCall("climate.set", {"temperature_c": 60}), None),
+        ("Skip to the next track.", ToolCall("climate.set", {"temperature_c": 20}), None),
+    ],
+)
+def test_a_number_the_request_did_not_say_is_dropped_and_asked_for(
+    text: str, call: ToolCall, question: str | None
+) -> None:
+    tool = TOOLS[call.name]
+    incomplete = unsaid(call, tool, text)
+    assert incomplete.arguments == {}
+    expected = question or ("For how long?" if call.name == "timer.set" else "What temperature?")
+    assert missing(incomplete, tool) == expected
+    assert asked(incomplete, tool)
+    assert unsaid(call, tool, None) == call  # words not known: nothing dropped
+
+
+@pytest.mark.parametrize(
+    ("call", "text", "value"),
+    [
+        (ToolCall("timer.set", {}), "Ten minutes.", 600),
+        (ToolCall("timer.set", {}), "Half an hour, please.", 1800),
+        (ToolCall("climate.set", {}), "Nineteen.", 19),
+        (ToolCall("climate.set", {}), "Make it 21.5 degrees", 21.5),
+        (ToolCall("climate.set", {}), "60 degrees.", None),  # out of range
+        (ToolCall("timer.set", {}), "Yes.", None),
+        (ToolCall("timer.set", {}), "What is the capital of France?", None),
+        (ToolCall("timer.set", {}), "Play some jazz and set it to ten.", None),  # a request
+    ],
+)
+def test_a_number_answered_completes_the_call(
+    call: ToolCall, text: str, value: float | None
+) -> None:
+    tool = TOOLS[call.name]
+    done = named(call, tool, text)
+    if value is None:
+        assert done is None
+        return
+    assert done is not None and done.arguments == {tool.params[0].name: value}
+    assert missing(done, tool) is None
 
 
 def test_unsure_words_and_an_unsure_router_are_not_acted_on() -> None:

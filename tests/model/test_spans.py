@@ -25,6 +25,7 @@ from model.spans import (
     find_spans,
     span_text,
     user_tokens,
+    without_courtesy,
     words,
 )
 from model.tools import ToolCall
@@ -57,6 +58,16 @@ def test_a_value_is_a_run_of_the_user_s_words_without_the_punctuation_around_it(
     assert find_span(text, "love you") == (6, 8)
     assert find_span(text, "emily") == (2, 3)  # case aside, when no run is exact
     assert find_span(text, "Emily saying") is None  # not a run of the words
+
+
+def test_a_value_loses_the_courtesy_said_to_the_assistant_after_it() -> None:
+    """ "Remind me to call the dentist, please." is a reminder to call the dentist."""
+    assert without_courtesy("call the dentist, please") == "call the dentist"
+    assert without_courtesy("call mom thank you.") == "call mom"
+    assert without_courtesy("Peter please") == "Peter"
+    assert without_courtesy("please") == "please"  # nothing left: the words as they are
+    assert without_courtesy("please pick up milk") == "please pick up milk"
+    assert without_courtesy("pleased to meet you") == "pleased to meet you"
 
 
 def test_each_boundary_reads_the_token_before_it_and_the_first_token_after_it() -> None:

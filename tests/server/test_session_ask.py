@@ -30,6 +30,7 @@ from server.session import (
 from .test_session import ENDPOINT, Driver, of, sent, settings
 from .test_session_actions import AUDIO, acting
 
+TOOLS = {t.name: t for t in DEFAULT_TOOLS}
 MESSAGE = ToolCall("message.send", {"to": "my sister", "text": "I'm running late"}, passes=3)
 QUESTION = "Send 'I'm running late' to your sister?"
 SENDING = "Sending your sister your message: I'm running late."
@@ -274,6 +275,24 @@ def test_the_name_after_who_should_i_call_is_the_pending_call_s_contact() -> Non
     assert sent(out, p.Action) == [
         p.Action(yes.turn_id, f"call_{yes.turn_id}", "call.start", {"contact": "my sister"})
     ]
+
+
+def test_a_number_the_request_did_not_say_is_asked_for_and_the_answer_makes_the_call() -> None:
+    """ "Set a timer." with a made-up 100 s: the pipeline drops the number
+    (model.ask.unsaid) and asks "For how long?"; the session makes nothing; "Ten
+    minutes." completes the call, which is made at once (timer.set is not asked about)."""
+    d, _ = acting()
+    start = typed(d, "Set a timer.")
+    incomplete = ToolCall("timer.set", {}, passes=2)
+    assert missing(incomplete, TOOLS["timer.set"]) == "For how long?"
+    assert not sent(reply(d, start.turn_id, "For how long?", incomplete), p.Action)
+    answer = typed(d, "Ten minutes.")
+    assert answer.pending == incomplete
+    out = reply(d, answer.turn_id, "Timer set for ten minutes.")
+    assert sent(out, p.Action) == [
+        p.Action(answer.turn_id, f"call_{answer.turn_id}", "timer.set", {"seconds": 600})
+    ]
+    assert typed(d, "Ten minutes.").pending is None  # answered once
 
 
 def test_a_name_completes_a_tool_not_asked_about_at_once() -> None:

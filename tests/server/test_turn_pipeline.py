@@ -702,7 +702,9 @@ async def test_a_low_confidence_transcript_does_not_act(
     """Whisper's figures go to the session with the words; below the bars (a decode
     faster-whisper deems failed, or likely no speech) the call is not made and the
     user hears that they were not caught, not the model's confirmation."""
-    turn = make_turn(FakeEngine([TIMER, "Timer set for ten minutes."]), "Set a timer for ten.")
+    turn = make_turn(
+        FakeEngine([TIMER, "Timer set for ten minutes."]), "Set a timer for ten minutes."
+    )
     turn.asr.avg_logprob, turn.asr.no_speech_prob = avg_logprob, no_speech_prob
     turn.released.set()
     await turn.start(audio=QUESTION_AUDIO, tools=DEFAULT_TOOLS)
