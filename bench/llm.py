@@ -34,14 +34,14 @@ from numpy.typing import NDArray
 
 from bench.llamacpp import LLAMA_PYTHON_ENV, LlamaCppWorker, llama_cpp_python
 from export.prompts import QUESTIONS
-from model.assemble import DEFAULT_ENGINE
+from model.assemble import DEFAULT_ENGINE, load_onnx_backend
 from model.backend import Attend, Rows, StepBackend
 from model.chat import build_prompt
 from model.diffusion_engine import DiffusionOptions, served_options, smollm2_diffusion_config
 from model.engine import ChatMessage, GenerationStats, drain
 from model.generate import greedy
 from model.modeldir import default_model_dir, is_complete, load_tokenizer
-from model.runtime import OrtBackend, RuntimeConfig
+from model.runtime import RuntimeConfig
 from model.sampler import SENTENCE_BREAK, sample
 from model.schedule import NARROW, WIDE, host_schedule, sampler_for
 from model.tokenizer import Tokenizer
@@ -415,7 +415,7 @@ def run_llm_bench(options: BenchOptions) -> dict[str, Any]:
             int8_bytes_per_weight(method or "dynamic"),
         )
     }
-    served = OrtBackend(model_dir / "model.int8.onnx", RuntimeConfig(max_len=1024))
+    served = load_onnx_backend(model_dir, "int8", RuntimeConfig(max_len=1024))
     backends: dict[str, StepBackend] = {"onnx-int8": served}
     if options.torch_reference:
         backends["torch-fp32"] = _torch_backend()

@@ -57,7 +57,7 @@ from model.openai_chat import ChatServerOptions, OpenAIChatGenerator
 from model.prefix import PrefixCache
 from model.router import find_router
 from model.runtime import Device, OrtBackend, RuntimeConfig, choose_providers, grown_capacity
-from model.schedule import Schedule, host_schedule, sampler_for
+from model.schedule import Schedule, host_prompt_kernel, host_schedule, sampler_for
 from model.spans import find_spans
 
 log = logging.getLogger("quicksilver")
@@ -132,7 +132,11 @@ def load_onnx_backend(
     if name not in manifest["files"]:
         built = ", ".join(manifest["files"])
         raise FileNotFoundError(f"{model_dir} has no {variant} model ({name}); it has {built}")
-    return OrtBackend(model_dir / name, config, name=f"onnx-{variant}")
+    backend = OrtBackend(model_dir / name, config, name=f"onnx-{variant}")
+    if variant == "int8" and backend.device == "cpu":
+        kernel, _ = host_prompt_kernel(backend, model_dir)
+        log.info("prompt steps on this host: %s", kernel.why())
+    return backend
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ import onnxruntime as ort
 from numpy.typing import NDArray
 
 from model.backend import Attend, Logits, Rows, reply_rank
-from model.runtime import OrtBackend, OrtCache
+from model.runtime import OrtBackend, OrtCache, session_options
 
 _order = itertools.count()
 # Prompt tokens per prefill request, so a long prompt is several passes that other
@@ -111,11 +111,7 @@ class BatchRunner:
 
     def __init__(self, single: OrtBackend, path: Path, threads: int = 0) -> None:
         self.single = single
-        options = ort.SessionOptions()  # as the one-reply graph's (OrtBackend)
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if threads:
-            options.intra_op_num_threads = threads
-        options.add_session_config_entry("session.force_spinning_stop", "1")
+        options = session_options(threads)  # as the one-reply graph's (OrtBackend)
         self.session = ort.InferenceSession(str(path), options, providers=single.providers)
         names = [i.name for i in self.session.get_inputs()]
         n_layer = single.dims[0]
@@ -137,8 +133,16 @@ class BatchRunner:
 
     def run(self, requests: Sequence[Request]) -> list[Logits]:
         if len(requests) == 1:
-            r = requests[0]
-            return [self.single.step(r.cache, r.ids, r.attend, r.commit, r.rows)]
+            return [self._one(requests[0])]
+        # A prompt step runs alone on the one-reply backend (its prompt graph, where one
+        # is attached): its rows are quantised as they would be with no other reply
+        single = self.single
+        alone = {id(r) for r in requests if single.takes_prompt(len(r.ids), r.attend, r.commit)}
+        if alone:
+            shared = [r for r in requests if id(r) not in alone]
+            out = {id(r): self._one(r) for r in requests if id(r) in alone}
+            out.update(zip(map(id, shared), self.run(shared) if shared else [], strict=True))
+            return [out[id(r)] for r in requests]
         if len(requests) > self.rows:
             raise ValueError(f"{len(requests)} requests for a graph of {self.rows} rows")
         at_row = self._place(requests)
@@ -181,6 +185,9 @@ class BatchRunner:
             if done.commit:
                 done.cache.length += len(done.ids)
         return [out[id(q)] for q in requests]
+
+    def _one(self, r: Request) -> Logits:
+        return self.single.step(r.cache, r.ids, r.attend, r.commit, r.rows)
 
     # Each row's 2 x layers buffers stay bound from pass to pass (binding them all costs
     # ~1 ms a row): a reply keeps its row while its cache lives, and a row with no

@@ -40,6 +40,10 @@ BATCH_FILES: dict[Variant, str] = {
     "fp16": "model.fp16.batch.onnx",
 }
 BATCH_ROWS = 8
+# The prompt graph beside the int8 file, when built (``quicksilver export --prompt-graph``;
+# export/prompt_graph.py): its layer products quantised per row for ONNX Runtime's
+# integer kernel, for the steps that read a prompt
+PROMPT_FILES: dict[Variant, str] = {"int8": "model.int8.prompt.onnx"}
 MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer.json"
 # Bump when the graph's inputs or outputs or a file's format change: cached
@@ -126,6 +130,15 @@ def batch_file(model_dir: Path, variant: Variant) -> tuple[Path, int] | None:
     if name is None or entry is None or not (model_dir / name).is_file():
         return None
     return model_dir / name, int(entry["rows"])
+
+
+def prompt_file(model_dir: Path, variant: Variant) -> Path | None:
+    """The prompt graph of ``variant`` in ``model_dir``, when built."""
+    name = PROMPT_FILES.get(variant)
+    entry = read_manifest(model_dir).get("files", {}).get(name) if name else None
+    if name is None or entry is None or not (model_dir / name).is_file():
+        return None
+    return model_dir / name
 
 
 def load_tokenizer(model_dir: Path) -> Tokenizer:

@@ -15,6 +15,11 @@ Which is faster follows from this host's measured pass costs and the tokens a pa
 schedule commits: :func:`host_schedule` times both widths once (about a second) and
 keeps the choice in the model directory (``schedule.json``) under the host's processor
 and providers, beside the pass shape of ``passes.json``.
+
+The prompt kernel is chosen the same way: where the model directory has a prompt graph
+(``quicksilver export --prompt-graph``, export/prompt_graph.py), :func:`host_prompt_kernel`
+times a prompt step on it and on the int8 file once and runs prompts on the faster
+(``prompts.json``).
 """
 
 from __future__ import annotations
@@ -27,10 +32,13 @@ from pathlib import Path
 import numpy as np
 
 from model.batch import host_key, host_records, keep_host_record
+from model.modeldir import prompt_file
 from model.runtime import OrtBackend, OrtCache
 from model.sampler import SamplerSettings
 
 SCHEDULES = "schedule.json"
+PROMPTS = "prompts.json"  # in the model directory: the prompt kernel measured per host
+PROMPT_WIDTH = 32  # the prompt step both kernels are timed on (a question and its history)
 WIDE, NARROW = 16, 1  # the block widths a host chooses between
 # Reply tokens a pass (prefill, denoising steps and commits counted), the
 # served int8 graph on the 40 held-out questions, budget 64 (`quicksilver eval llm
@@ -112,3 +120,70 @@ def host_schedule(single: OrtBackend, model_dir: Path) -> tuple[Schedule, bool]:
     schedule = Schedule(choose(costs), costs)
     keep_host_record(path, key, {"block_size": schedule.block_size, "costs_ms": costs})
     return schedule, True
+
+
+@dataclass(frozen=True)
+class PromptKernel:
+    """Whether this host's prompt steps run on the prompt graph (export/prompt_graph.py:
+    int8 per row, ONNX Runtime's integer kernel), and the measured costs it was chosen
+    from: ms of a ``PROMPT_WIDTH``-token step on "blockwise" (the served file) and "rows"."""
+
+    rows: bool
+    costs_ms: dict[str, float] = field(default_factory=dict, compare=False)
+
+    def why(self) -> str:
+        if not self.costs_ms:
+            return "the int8 file (no prompt graph in the model directory)"
+        kernel = "the prompt graph, int8 per row" if self.rows else "the int8 file"
+        said = ", ".join(f"{k} {v:.1f} ms" for k, v in self.costs_ms.items())
+        return f"{kernel} ({PROMPT_WIDTH} tokens: {said})"
+
+
+def measure_prompt_costs(
+    single: OrtBackend, repeats: int = 7, cached: int = 64
+) -> dict[str, float]:
+    """Median ms of a ``PROMPT_WIDTH``-token prompt step after ``cached`` positions on
+    the int8 file and on the attached prompt graph, interleaved."""
+    rows = single.prompt_session
+    if rows is None:
+        raise ValueError("no prompt graph attached to time")
+    rng = np.random.default_rng(0)
+    cache = OrtCache(single)
+    single.step(cache, rng.integers(0, single.vocab_size, cached), "causal", commit=True)
+    times: dict[str, list[float]] = {"blockwise": [], "rows": []}
+    try:
+        for i in range(repeats + 1):
+            for name, session in (("blockwise", None), ("rows", rows)):
+                single.prompt_session = session
+                ids = rng.integers(0, single.vocab_size, PROMPT_WIDTH)
+                t0 = time.perf_counter()
+                single.step(cache, ids, "causal", commit=True, rows=[PROMPT_WIDTH - 1])
+                if i:  # the first round warms the kernels up
+                    times[name].append(time.perf_counter() - t0)
+                single.truncate(cache, cached)
+    finally:
+        single.prompt_session = rows
+    return {k: round(float(np.median(t)) * 1e3, 2) for k, t in times.items()}
+
+
+def host_prompt_kernel(single: OrtBackend, model_dir: Path) -> tuple[PromptKernel, bool]:
+    """Attach the model directory's prompt graph to ``single`` where it runs a prompt
+    step faster than the int8 file on this host: measured once (about a second) and kept
+    in ``model_dir`` (``prompts.json``). Returns the choice and whether it was measured
+    now. A directory without a prompt graph keeps the int8 file."""
+    path = prompt_file(model_dir, "int8")
+    if path is None:
+        return PromptKernel(False), False
+    single.attach_prompt_graph(path)
+    key = host_key(single.session.get_providers())
+    record = model_dir / PROMPTS
+    found = host_records(record).get(key)
+    if isinstance(found, dict) and {"blockwise", "rows"} <= set(found):
+        costs, measured = {k: float(found[k]) for k in ("blockwise", "rows")}, False
+    else:
+        costs, measured = measure_prompt_costs(single), True
+        keep_host_record(record, key, costs)
+    kernel = PromptKernel(costs["rows"] < costs["blockwise"], costs)
+    if not kernel.rows:
+        single.prompt_session = None
+    return kernel, measured

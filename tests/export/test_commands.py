@@ -82,6 +82,17 @@ def test_quicksilver_export_builds_a_model_directory(
     assert not is_complete(out, "fp16") and is_complete(out, "int8")
 
 
+def test_the_prompt_graph_is_built_when_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(export.build, "load_source", lambda adapter=None: tiny_source())
+    out = tmp_path / "model"
+    assert main(["export", "--out", str(out), "--prompt-graph", "--no-check"]) == 0
+    entry = json.loads((out / "manifest.json").read_text())["files"]["model.int8.prompt.onnx"]
+    assert entry["bytes"] == (out / "model.int8.prompt.onnx").stat().st_size
+    assert is_complete(out)
+
+
 def test_an_adapter_gets_its_own_cached_model_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
