@@ -4,8 +4,8 @@ The endpointer decides where a turn starts and ends, so Whisper's own VAD filter
 off, and so are the features that cost latency without helping one short turn:
 conditioning on previous text, timestamps, and the temperature fallback (a re-decode
 at higher temperature doubles the time of the turns it triggers on; a short command
-rarely needs it). Beam search stays on (a beam of 5: fewer word errors for a few
-decoder passes, ``AsrOptions.beam_size``).
+rarely needs it). Beam search is an option (``AsrOptions.beam_size``): fewer word
+errors for a few decoder passes, but sentences ended early now and then.
 
 A window sized to the turn (``AsrOptions.window``; the study is
 docs/results/2026-12-asr-window.md). faster-whisper's ``transcribe`` hands the encoder
@@ -59,7 +59,11 @@ LOG_PROB_THRESHOLD = -1.0
 # faster-whisper's default for "too repetitive": the text's UTF-8 bytes over their zlib
 # size. The 6,887 user lines in data/ are at most 1.3; a loop passes 2.4 once long enough.
 COMPRESSION_RATIO_THRESHOLD = 2.4
-BEAM_SIZE = 5
+# Greedy by default: a beam of 5 makes a fifth fewer word errors on the spoken eval's
+# turns for ~12 ms, but ends some sentences early (a fresh install's Piper audio of "Your
+# package will arrive on Friday afternoon." came back "Your package will arrive"), so it
+# waits for a guard against that (docs/audio.md, "Beam search")
+BEAM_SIZE = 1
 MAX_PROMPT_TOKENS = 223  # Whisper's previous text: at most half its 448-token context
 
 
@@ -95,8 +99,7 @@ class AsrOptions:
     # likelier (None: no prompt)
     prompt: str | None = None
     # Hypotheses Whisper's decoder keeps (1: greedy). A beam costs decoder passes, not
-    # encoder ones: on the spoken eval's turns tiny.en's beam of 5 makes 21% fewer word
-    # errors than greedy for ~12 ms a turn (docs/audio.md, "Beam search")
+    # encoder ones (see BEAM_SIZE)
     beam_size: int = BEAM_SIZE
 
 

@@ -101,7 +101,7 @@ def _parser() -> argparse.ArgumentParser:
         default=RuntimeOptions.asr_beam,
         metavar="N",
         help="hypotheses Whisper's decoder keeps (1: greedy; 5 makes a fifth fewer word errors "
-        "than greedy for ~12 ms a turn on a 2-core CPU, docs/audio.md)",
+        "for ~12 ms a turn on a 2-core CPU, but ends some sentences early: docs/audio.md)",
     )
     serve.add_argument("--engine", default=DEFAULT_ENGINE, choices=ENGINES, help="reply model")
     serve.add_argument("--max-reply-tokens", type=int, default=64, help="longest reply, in tokens")

@@ -302,15 +302,15 @@ def test_a_full_window_transcript_that_repeats_itself_is_deduplicated_and_untrus
 
 @models
 @needs_espeak
-def test_the_served_beam_makes_fewer_word_errors_than_greedy_in_babble() -> None:
-    """The default beam (AsrOptions.beam_size) reaches the decoder and earns its ~12 ms
-    a turn: on the spoken eval's first 16 lines in the formant voice under babble at
-    10 dB (deterministic speech and noise), fewer word errors than a greedy decode."""
+def test_a_beam_of_five_makes_fewer_word_errors_than_greedy_in_babble() -> None:
+    """``AsrOptions.beam_size`` reaches the decoder: on the spoken eval's first 16 lines
+    in the formant voice under babble at 10 dB (deterministic speech and noise), a beam
+    of 5 makes fewer word errors than the greedy decode served."""
     from bench.spoken import SpokenOptions, asr_compare, parse_noise
 
-    assert AsrOptions().beam_size > 1
+    assert AsrOptions().beam_size == 1
     opts = SpokenOptions(voices=("espeak-gb",), noise=(parse_noise("babble:10"),), limit=16)
-    result = asr_compare(["tiny.en:sized:beam1", "tiny.en:sized"], opts, None, lambda _: None)
+    result = asr_compare(["tiny.en:sized", "tiny.en:sized:beam5"], opts, None, lambda _: None)
     (greedy,), (beam,) = (list(result["errors"][m].values()) for m in result["errors"])
     assert beam[1] == greedy[1] > 100  # the same words heard
     assert beam[0] < greedy[0], (beam, greedy)

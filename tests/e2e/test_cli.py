@@ -20,16 +20,16 @@ pytestmark = [pytest.mark.e2e, pytest.mark.models]
 
 # The SIGINT server also checks --speech-first ("auto" is on here, a CPU host),
 # --turn-end (the default scores paused turns with the reply model), --asr-window
-# ("auto" sizes tiny.en's window to the turn on a CPU) and --asr-beam (5 by default).
+# ("auto" sizes tiny.en's window to the turn on a CPU) and --asr-beam (1 by default).
 SCORED, WORDS = "scored by the reply model", "silence and words only"
-OTHERS = ("--speech-first", "off", "--turn-end", "words", "--asr-window", "full", "--asr-beam", "1")
+OTHERS = ("--speech-first", "off", "--turn-end", "words", "--asr-window", "full", "--asr-beam", "5")
 
 
 @pytest.mark.parametrize(
     ("sig", "args", "expected"),
     [
-        (signal.SIGTERM, (), ("on", SCORED, "sized", 5)),
-        (signal.SIGINT, OTHERS, ("off", WORDS, "full", 1)),
+        (signal.SIGTERM, (), ("on", SCORED, "sized", 1)),
+        (signal.SIGINT, OTHERS, ("off", WORDS, "full", 5)),
     ],
     ids=["SIGTERM", "SIGINT"],
 )

@@ -10,7 +10,7 @@ import json
 from collections.abc import Iterator
 
 import pytest
-from websockets.asyncio.client import connect
+from websockets.asyncio.client import ClientConnection, connect
 
 from server import protocol as p
 from tests.chatserver import (
@@ -85,7 +85,9 @@ async def test_a_turn_acts_through_llama_cpp_s_function_calling(
 ) -> None:
     """The default tools go to llama.cpp as OpenAI tools; its streamed call (forced:
     llama-cpp-python streams no call the model chose itself) comes back as the v1
-    ``action``, validated against timer.set's schema."""
+    ``action``, validated against timer.set's schema. A number the 135M model writes
+    that the user did not say is not acted on (model.ask.unsaid): the reply asks "For
+    how long?" and the answer makes the call."""
     log = tmp_path_factory.mktemp("serve-tools") / "server.log"
     args = ("--engine", "openai-chat", "--llm-url", llama_tools.url, "--llm-model", LLAMA_MODEL)
     # the prompt of twelve tool schemas takes a while to prefill on a busy CPU
@@ -95,21 +97,30 @@ async def test_a_turn_acts_through_llama_cpp_s_function_calling(
         async with connect(srv.url) as ws, asyncio.timeout(300):
             await ws.send(p.encode(p.Start(sample_rate=16000)))
             assert isinstance(p.decode_server(await ws.recv()), p.Ready)
-            await ws.send(json.dumps({"type": "text", "text": "Set a timer for five minutes."}))
-            actions: list[p.Action] = []
-            while True:
-                frame = await ws.recv()
-                if isinstance(frame, bytes):
-                    continue
-                message = p.decode_server(frame)
-                assert not isinstance(message, p.Error), message
-                if isinstance(message, p.Action):
-                    actions.append(message)
-                elif isinstance(message, p.ReplyDone):
-                    break
+            actions, said = await _turn(ws, "Set a timer for five minutes.")
+            if not actions:  # the model's seconds were not the five minutes said
+                assert said and said[-1] == "For how long?", said
+                actions, said = await _turn(ws, "Five minutes.")
         (action,) = actions
-        assert action.name == "timer.set", action
-        seconds = action.arguments["seconds"]
-        assert isinstance(seconds, int) and seconds >= 1, action
+        assert (action.name, action.arguments) == ("timer.set", {"seconds": 300}), action
     finally:
         assert srv.stop() == 0
+
+
+async def _turn(ws: ClientConnection, text: str) -> tuple[list[p.Action], list[str]]:
+    """A typed turn: the actions and the reply's sentences, until the reply is done."""
+    await ws.send(json.dumps({"type": "text", "text": text}))
+    actions: list[p.Action] = []
+    said: list[str] = []
+    while True:
+        frame = await ws.recv()
+        if isinstance(frame, bytes):
+            continue
+        message = p.decode_server(frame)
+        assert not isinstance(message, p.Error), message
+        if isinstance(message, p.Action):
+            actions.append(message)
+        elif isinstance(message, p.ReplyText):
+            said.append(message.text)
+        elif isinstance(message, p.ReplyDone):
+            return actions, said
