@@ -60,9 +60,11 @@ LOG_PROB_THRESHOLD = -1.0
 # size. The 6,887 user lines in data/ are at most 1.3; a loop passes 2.4 once long enough.
 COMPRESSION_RATIO_THRESHOLD = 2.4
 # Greedy by default: a beam of 5 makes a fifth fewer word errors on the spoken eval's
-# turns for ~12 ms, but ends some sentences early (a fresh install's Piper audio of "Your
-# package will arrive on Friday afternoon." came back "Your package will arrive"), so it
-# waits for a guard against that (docs/audio.md, "Beam search")
+# turns, but ends some sentences early (a fresh install's Piper audio of "Your package
+# will arrive on Friday afternoon." came back "Your package will arrive"); the sized
+# window guards it with the greedy decode beside it (ended_early), which costs that
+# decode too, and through the server it acts on more lines nobody meant as commands
+# (docs/audio.md, "Beam search")
 BEAM_SIZE = 1
 MAX_PROMPT_TOKENS = 223  # Whisper's previous text: at most half its 448-token context
 
@@ -189,16 +191,31 @@ class Transcriber:
         return Transcript(text, language, len(x) / SAMPLE_RATE, d.no_speech_prob, d.avg_logprob)
 
     def decode_sized(self, x: NDArray[np.float32]) -> SizedDecode | None:
-        """The sized window's greedy decode, before its checks; None past 30 s of audio."""
+        """The sized window's decode, before its checks; None past 30 s of audio. With a
+        beam, the greedy decode runs beside it on the same encoder output, and is taken
+        where the beam's words (loops cut) are a word-prefix of greedy's: beam search
+        can end a sentence early ("Your package will arrive" for "... arrive on Friday
+        afternoon.", its shorter hypothesis scoring higher per token)."""
         window = self.sized_features(x)
         if window is None:
             return None
         o = self.options
         budget = min(int(o.budget_tokens + o.budget_tokens_per_s * len(x) / SAMPLE_RATE), 224)
+        features = ctranslate2.StorageView.from_array(window)
+        if o.beam_size == 1:
+            return self._generate(features, 1, budget)
+        encoded = self.model.model.encode(features, to_cpu=False)
+        beam = self._generate(encoded, o.beam_size, budget)
+        greedy = self._generate(encoded, 1, budget)
+        return greedy if ended_early(beam.text, greedy.text) else beam
+
+    def _generate(self, features: ctranslate2.StorageView, beam: int, budget: int) -> SizedDecode:
+        """One decode of the window's log-mel or encoder output (CTranslate2 takes
+        either) with ``beam`` hypotheses and a budget of ``budget`` tokens."""
         result = self.model.model.generate(
-            ctranslate2.StorageView.from_array(window),
+            features,
             [self._prompt],
-            beam_size=o.beam_size,
+            beam_size=beam,
             # CTranslate2 stops Whisper after max_length // 2 new tokens (Whisper's
             # sample_len: half the text context), and at max_length with the prompt
             max_length=max(2 * budget, len(self._prompt) + budget),
@@ -248,6 +265,18 @@ def resolve_window(window: Window, device: str, multilingual: bool) -> Literal["
 
 
 _WORD_KEY = re.compile(r"[^\w']+")
+
+
+def _words(text: str) -> list[str]:
+    """The words of ``text``, lowercased, without punctuation."""
+    return [k for w in text.split() if (k := _WORD_KEY.sub("", w.lower()))]
+
+
+def ended_early(beam: str, greedy: str) -> bool:
+    """The beam's text (its loop cut) is the greedy text's first words and no more:
+    "Your package will arrive" against "Your package will arrive on Friday afternoon."."""
+    said, heard = _words(cut_repetition(beam)), _words(cut_repetition(greedy))
+    return len(said) < len(heard) and heard[: len(said)] == said
 
 
 def cut_repetition(text: str, min_words: int = 3, min_copies_short: int = 4) -> str:

@@ -13,6 +13,7 @@ from audio.asr import (
     compression_ratio,
     cut_repetition,
     dedupe_sentences,
+    ended_early,
     load_transcriber,
     looks_looped,
     resolve_window,
@@ -314,3 +315,17 @@ def test_a_beam_of_five_makes_fewer_word_errors_than_greedy_in_babble() -> None:
     (greedy,), (beam,) = (list(result["errors"][m].values()) for m in result["errors"])
     assert beam[1] == greedy[1] > 100  # the same words heard
     assert beam[0] < greedy[0], (beam, greedy)
+
+
+def test_a_beam_that_ends_a_sentence_early_gives_way_to_greedy() -> None:
+    """A fresh install's Piper audio of "Your package will arrive on Friday afternoon."
+    came back from a beam of 5 as its first four words; greedy heard it whole."""
+    full = "Your package will arrive on Friday afternoon."
+    assert ended_early("Your package will arrive", full)
+    assert ended_early("your package, will", full)  # words compare without case, commas
+    assert not ended_early(full, full)
+    assert not ended_early("Your package will arrive on Friday afternoon today.", full)
+    assert not ended_early("Your parcel will arrive", full)  # other words: the beam's
+    # a greedy loop cut to its sentence is no longer text than the beam's
+    looped = "Set a timer for 10 minutes. Set a timer for 10 minutes. Set a timer"
+    assert not ended_early("Set a timer for 10 minutes.", looped)
