@@ -575,6 +575,14 @@ def cpu_name() -> str:
 # --- command line ---------------------------------------------------------------------
 
 
+def _beam(text: str) -> int:
+    """A beam width as ``serve --asr-beam`` takes it: a whole number of at least 1."""
+    value = int(text) if text.strip().lstrip("+").isdigit() else 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options ``eval actions`` takes with ``--spoken`` (cli/main.py adds them)."""
     parser.add_argument(
@@ -591,7 +599,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--asr", default="auto", help="--spoken: the started server's --asr (tiny.en, base, auto)"
     )
     parser.add_argument(
-        "--asr-beam", type=int, default=None, metavar="N",
+        "--asr-beam", type=_beam, default=None, metavar="N",
         help="--spoken: the started server's --asr-beam (default: its own)",
     )  # fmt: skip
     parser.add_argument(

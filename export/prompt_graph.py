@@ -91,9 +91,9 @@ class _Product:
 
 def build_prompt_graph(fp32: Path, int8: Path, out: Path, tok: Tokenizer) -> Path:
     """Write the prompt graph of the int8 file ``int8`` (made from ``fp32``) to ``out``."""
-    model = onnx.load(str(int8))
-    products = _products(model, onnx.load(str(fp32)))
-    maxima = _input_maxima(fp32, [p.node.input[0] for p in products], tok)
+    model, reference = onnx.load(str(int8)), onnx.load(str(fp32))  # 540 MB: loaded once
+    products = _products(model, reference)
+    maxima = _input_maxima(reference, [p.node.input[0] for p in products], tok)
     smooth: dict[int, NDArray[np.float32]] = {}
     for p in products:
         if p.kind in ("qkv", "gate_up"):
@@ -138,10 +138,12 @@ def _attr(node: onnx.NodeProto, name: str) -> int:
     return int(next(helper.get_attribute_value(a) for a in node.attribute if a.name == name))
 
 
-def _input_maxima(fp32: Path, names: list[str], tok: Tokenizer) -> dict[str, NDArray[np.float32]]:
+def _input_maxima(
+    model: onnx.ModelProto, names: list[str], tok: Tokenizer
+) -> dict[str, NDArray[np.float32]]:
     """Each product input's largest magnitude per channel over the calibration prompts,
-    through the fp32 graph (its inputs are the int8 graph's: the same export)."""
-    model = onnx.load(str(fp32))
+    through the fp32 graph ``model`` (its inputs are the int8 graph's: the same export);
+    ``model`` gains those inputs as outputs."""
     have = {o.name for o in model.graph.output}
     for name in names:
         if name not in have:

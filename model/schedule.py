@@ -174,16 +174,18 @@ def host_prompt_kernel(single: OrtBackend, model_dir: Path) -> tuple[PromptKerne
     path = prompt_file(model_dir, "int8")
     if path is None:
         return PromptKernel(False), False
-    single.attach_prompt_graph(path)
     key = host_key(single.session.get_providers())
     record = model_dir / PROMPTS
     found = host_records(record).get(key)
     if isinstance(found, dict) and {"blockwise", "rows"} <= set(found):
         costs, measured = {k: float(found[k]) for k in ("blockwise", "rows")}, False
     else:
+        single.attach_prompt_graph(path)  # loaded to be timed
         costs, measured = measure_prompt_costs(single), True
         keep_host_record(record, key, costs)
     kernel = PromptKernel(costs["rows"] < costs["blockwise"], costs)
     if not kernel.rows:
-        single.prompt_session = None
+        single.prompt_session = None  # a known loser is not loaded at all
+    elif single.prompt_session is None:
+        single.attach_prompt_graph(path)
     return kernel, measured

@@ -77,3 +77,10 @@ def test_help_and_bad_engine() -> None:
         [*cmd, "serve", "--asr-beam", "0"], cwd=ROOT, capture_output=True, text=True
     )
     assert run.returncode == 2 and "'0' is not a whole number of at least 1" in run.stderr
+    run = subprocess.run(  # the spoken eval starts its server with the same option
+        [*cmd, "eval", "actions", "--spoken", "--asr-beam", "0"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 2 and "'0' is not a whole number of at least 1" in run.stderr

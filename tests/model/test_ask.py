@@ -186,9 +186,8 @@ def test_a_call_nothing_in_the_request_ties_to_its_tool_is_outside(
     assert not outside(ToolCall("media.next"), own, "Okay, that's all for now.")
 
 
-def test_no_trained_or_held_out_command_is_outside_what_the_tools_do() -> None:
-    """The check refuses none of the project's own commands (data/actions: every
-    command it was trained and is evaluated on, with its words)."""
+def own_commands() -> list[tuple[str, ToolCall]]:
+    """Every command of data/actions (trained on and evaluated on) with its words."""
     data = Path(__file__).resolve().parents[2] / "data" / "actions"
     calls = []
     for name in ("train", "dev_commands", "heldout_commands", "heldout"):
@@ -197,6 +196,13 @@ def test_no_trained_or_held_out_command_is_outside_what_the_tools_do() -> None:
             call, _ = split_call(row["reply"])
             if call is not None:
                 calls.append((row["question"], call))
+    return calls
+
+
+def test_no_trained_or_held_out_command_is_outside_what_the_tools_do() -> None:
+    """The check refuses none of the project's own commands (data/actions: every
+    command it was trained and is evaluated on, with its words)."""
+    calls = own_commands()
     assert len({c.name for _, c in calls}) == len(TOOLS)  # every tool's commands were read
     assert len(calls) == 2880
     assert [(t, c) for t, c in calls if outside(c, TOOLS[c.name], t)] == []
@@ -205,14 +211,7 @@ def test_no_trained_or_held_out_command_is_outside_what_the_tools_do() -> None:
 def test_no_trained_or_held_out_command_has_a_number_it_did_not_say() -> None:
     """Every number of the project's own commands is said in their words ("a quarter of
     an hour" is 900 seconds): :func:`unsaid` drops none."""
-    data = Path(__file__).resolve().parents[2] / "data" / "actions"
-    numbered = []
-    for name in ("train", "dev_commands", "heldout_commands", "heldout"):
-        for line in (data / f"{name}.jsonl").read_text().splitlines():
-            row = json.loads(line)
-            call, _ = split_call(row["reply"])
-            if call is not None and call.name in ("timer.set", "climate.set"):
-                numbered.append((row["question"], call))
+    numbered = [(t, c) for t, c in own_commands() if c.name in ("timer.set", "climate.set")]
     assert len(numbered) > 400
     assert [(t, c) for t, c in numbered if unsaid(c, TOOLS[c.name], t) != c] == []
 
