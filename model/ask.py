@@ -37,7 +37,7 @@ from typing import Literal
 from model.engine import ChatMessage
 from model.router import SURE
 from model.spoken import UNIT_PARAMS, slot_value, spoken_duration, spoken_numbers
-from model.tools import DEFAULT_TOOLS, Param, Tool, ToolCall, split_call
+from model.tools import Param, Tool, ToolCall, is_default, split_call
 
 Answer = Literal["yes", "no"]
 DECLINED = "Okay, I won't."  # said to a no: the call asked about is dropped
@@ -151,6 +151,80 @@ def answer(text: str) -> Answer | None:
     if said <= _NO:
         return "no"
     return None
+
+
+def _word_set(words: str) -> frozenset[str]:
+    return frozenset(words.split())
+
+
+def statement(text: str) -> bool:
+    """The words tell rather than ask: every clause is a report of what happened ("I
+    called my mom yesterday.", "That timer went off too early.") or an opinion of
+    something ("The lights in this city are beautiful."): a subject first, then a verb
+    in the past tense, or "is"/"are" and an adjective of taste. Asked so, nothing is for
+    a tool to do; the reply is a chat reply (server/turn.py offers it no tools). A
+    clause that begins with a verb ("Text Sam that I was late."), asks ("Can you ..."),
+    wants ("I want ...", "I'd like ...") or states a need ("It's too dark in here.") is
+    not a report. None of the project's 2,880 commands (data/actions) is one
+    (tests/model/test_ask.py)."""
+    clauses = [_split_words(c) for c in _CLAUSES.split(text.lower().replace("\u2019", "'"))]
+    clauses = [c for c in clauses if c and not (len(c) == 1 and c[0] in _POLITE)]
+    return bool(clauses) and all(_tells(c) for c in clauses)
+
+
+def offered(tools: Sequence[Tool], text: str) -> tuple[Tool, ...]:
+    """The tools a turn's words may call: none of the default ones where the words tell
+    rather than ask (:func:`statement`). A session's own tools stay: "I called my mom
+    yesterday." may be just what its call log is for."""
+    if not statement(text):
+        return tuple(tools)
+    return tuple(t for t in tools if not is_default(t))
+
+
+def _split_words(clause: str) -> list[str]:
+    """A clause's words, contractions apart: "it's" -> "it", "'s"; "don't" -> "do", "n't"."""
+    out = []
+    for w in _WORDS.findall(clause):
+        cut = len(w) - 3 if w.endswith("n't") else w.find("'")
+        out += [w[:cut], w[cut:]] if cut > 0 else [w]
+    return out
+
+
+def _tells(words: list[str]) -> bool:
+    """One clause's words (lower case) are a report or an opinion (:func:`statement`)."""
+    if words[0] not in _SUBJECTS:
+        return False
+    for i, w in enumerate(words[1:6], 1):  # the clause's first verb, within a few words
+        if w in _PAST:
+            return True
+        if w in ("is", "are", "'s", "'re"):
+            return any(a in _TASTE for a in words[i + 1 : i + 4])
+        if w in _ASKING:
+            return False
+    return False
+
+
+# What a report or an opinion starts with: a pronoun or a determiner (never a verb)
+_SUBJECTS = _word_set(
+    "i we he she they it that this these those the my our his her their its someone "
+    "somebody everyone mom dad"
+)
+# Verbs in the past tense a report's subject is followed by (none is a present form)
+_PAST = _word_set(
+    "was were went did had called sent texted played turned got came said told made "
+    "left took saw heard forgot missed liked loved watched listened rang phoned "
+    "wrote bought ate drove arrived finished started stopped ended happened broke "
+    "fell woke slept met visited tried asked looked sounded seemed"
+)
+# Adjectives of taste: an opinion, not a need ("too loud", "dark" and "cold" are needs)
+_TASTE = _word_set(
+    "beautiful nice pretty great lovely amazing awesome wonderful fantastic gorgeous "
+    "good fun funny interesting perfect cute charming"
+)
+# A verb that asks or wants, before any report ("I want ...", "we need ...")
+_ASKING = _word_set(
+    "want need would will can could should shall must let like wish have am please do 'd 'll 'm 've"
+)
 
 
 def earlier_calls(history: Iterable[ChatMessage]) -> list[ToolCall]:
@@ -273,7 +347,7 @@ def outside(call: ToolCall, tool: Tool, text: str | None = None) -> bool:
     if request and any(_WORDS.findall(v) == request for v in strings):
         return True
     said = _TOOL_WORDS.get(tool.name)
-    if said is None or text is None or not _is_default(tool):
+    if said is None or text is None or not is_default(tool):
         return False
     return said.search(text.lower()) is None
 
@@ -291,12 +365,6 @@ _TOOL_WORDS = {
         r"up|down|mute)\b"
     ),
 }
-
-
-def _is_default(tool: Tool) -> bool:
-    """``tool`` is one of the default tools as defined there (``confirm`` aside): a
-    session's own tool of the same name may mean something else."""
-    return any(replace(tool, confirm=t.confirm) == t for t in DEFAULT_TOOLS)
 
 
 def claims(opening: str) -> bool | None:

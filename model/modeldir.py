@@ -123,22 +123,25 @@ def is_complete(model_dir: Path, variant: Variant = "int8") -> bool:
     )
 
 
-def batch_file(model_dir: Path, variant: Variant) -> tuple[Path, int] | None:
-    """The batched graph of ``variant`` in ``model_dir`` and its rows, when built."""
-    name = BATCH_FILES.get(variant)
+def _built(model_dir: Path, name: str | None) -> dict[str, Any] | None:
+    """The manifest's entry of the file ``name`` in ``model_dir``, when it was built."""
     entry = read_manifest(model_dir).get("files", {}).get(name) if name else None
     if name is None or entry is None or not (model_dir / name).is_file():
         return None
-    return model_dir / name, int(entry["rows"])
+    return dict(entry)
+
+
+def batch_file(model_dir: Path, variant: Variant) -> tuple[Path, int] | None:
+    """The batched graph of ``variant`` in ``model_dir`` and its rows, when built."""
+    name = BATCH_FILES.get(variant)
+    entry = _built(model_dir, name)
+    return None if entry is None or name is None else (model_dir / name, int(entry["rows"]))
 
 
 def prompt_file(model_dir: Path, variant: Variant) -> Path | None:
     """The prompt graph of ``variant`` in ``model_dir``, when built."""
     name = PROMPT_FILES.get(variant)
-    entry = read_manifest(model_dir).get("files", {}).get(name) if name else None
-    if name is None or entry is None or not (model_dir / name).is_file():
-        return None
-    return model_dir / name
+    return None if name is None or _built(model_dir, name) is None else model_dir / name
 
 
 def load_tokenizer(model_dir: Path) -> Tokenizer:

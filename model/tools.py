@@ -359,11 +359,12 @@ def tool_line(tool: Tool) -> str:
         for p in tool.params
     )
     line = f"{tool.name}({args})"
-    return line if _is_default(tool) or not tool.description else f"{line}: {tool.description}"
+    return line if is_default(tool) or not tool.description else f"{line}: {tool.description}"
 
 
-def _is_default(tool: Tool) -> bool:
-    """A default tool, asked about first or not (the prompt does not say)."""
+def is_default(tool: Tool) -> bool:
+    """A default tool as defined there, asked about first or not (``confirm`` aside): a
+    session's own tool of the same name may mean something else."""
     return any(replace(tool, confirm=t.confirm) == t for t in DEFAULT_TOOLS)
 
 

@@ -30,6 +30,7 @@ from model.ask import (
     earlier_calls,
     missing,
     named,
+    offered,
     outside,
     resolve,
     unheard,
@@ -138,6 +139,8 @@ async def _run(
     if start.audio is None and start.text is None and last is not None and last.role == "user":
         text = last.content
     heard = _Heard(text, _answer_said(start, text, trusted, sure), sure)
+    if heard.said is None:  # words that tell rather than ask get a chat reply, no call
+        start = replace(start, tools=offered(start.tools, text))
     chunks: asyncio.Queue[_Chunk | None] = asyncio.Queue()
     async with asyncio.TaskGroup() as tg:
         if start.audio is not None and not released.is_set():

@@ -18,8 +18,10 @@ from model.ask import (
     earlier_calls,
     missing,
     named,
+    offered,
     outside,
     resolve,
+    statement,
     unheard,
     unsaid,
 )
@@ -206,6 +208,51 @@ def test_no_trained_or_held_out_command_is_outside_what_the_tools_do() -> None:
     assert len({c.name for _, c in calls}) == len(TOOLS)  # every tool's commands were read
     assert len(calls) == 2880
     assert [(t, c) for t, c in calls if outside(c, TOOLS[c.name], t)] == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "I called my mom yesterday.",
+        "That timer went off too early.",
+        "The lights in this city are beautiful.",
+        "The music at the party was too loud.",
+        "My sister sent me a funny message this morning.",
+        "That\u2019s a beautiful song.",
+        "We watched a movie, it was great.",
+    ],
+)
+def test_a_report_or_an_opinion_is_a_statement(text: str) -> None:
+    assert statement(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Text Sam that I was late.",  # a verb first: the past tense is the message's
+        "I want to text Sam that I was late.",
+        "It's too dark in here.",  # a need, not an opinion
+        "I'm cold.",
+        "This song is great, play it again.",  # one clause asks
+        "Can you call my mom?",
+        "Okay, that's all for now.",
+        "Yes, please.",
+        "",
+    ],
+)
+def test_a_request_or_a_need_is_not_a_statement(text: str) -> None:
+    assert not statement(text)
+
+
+def test_no_trained_or_held_out_command_is_a_statement() -> None:
+    assert [t for t, _ in own_commands() if statement(t)] == []
+
+
+def test_a_statement_is_offered_only_the_sessions_own_tools() -> None:
+    (own,) = parse_tools([{"name": "log.call", "description": "Log a call the user made."}])
+    tools = (*DEFAULT_TOOLS, own)
+    assert offered(tools, "I called my mom yesterday.") == (own,)
+    assert offered(tools, "Call my mom.") == tools
 
 
 def test_no_trained_or_held_out_command_has_a_number_it_did_not_say() -> None:

@@ -398,6 +398,23 @@ async def test_an_untrusted_transcript_is_answered_without_tools(make_turn: Any)
         assert [s.text for s in turn.of(ReplySentence)] == ["Okay."]
 
 
+async def test_words_that_tell_rather_than_ask_are_offered_no_default_tool(
+    make_turn: Any,
+) -> None:
+    """A report or an opinion ("The lights in this city are beautiful.") gets a chat
+    reply: the default tools are not offered, so nothing can act (model.ask.statement);
+    a request is offered them as before."""
+    for text, offered in (
+        ("The lights in this city are beautiful.", ()),
+        ("Turn on the lights.", DEFAULT_TOOLS),
+    ):
+        turn = make_turn(FakeEngine(["They are."]))
+        turn.released.set()
+        await turn.start(text=text, tools=DEFAULT_TOOLS)
+        assert turn.engine.tools == [offered]
+        assert [s.text for s in turn.of(ReplySentence)] == ["They are."]
+
+
 MESSAGE = ToolCall("message.send", {"to": "my sister", "text": "I'm running late"}, passes=3)
 SISTER = ToolCall("call.start", {"contact": "my sister"})
 
