@@ -41,7 +41,7 @@ from export.graph import (
     output_names,
 )
 from export.parity import ParityReport, check_parity
-from export.prompt_graph import ALPHA, build_prompt_graph
+from export.rows_graph import ALPHA, build_rows_graphs
 from export.tensorrt import build_engine
 from model.modeldir import (
     ATTENTION,
@@ -50,7 +50,8 @@ from model.modeldir import (
     FILES,
     FORMAT_VERSION,
     MANIFEST,
-    PROMPT_FILES,
+    ROWS_BATCH_FILES,
+    ROWS_FILES,
     TOKENIZER,
     Attention,
     Variant,
@@ -94,9 +95,9 @@ class BuildOptions:
     # (model/batch.py); 0 or 1: none, every reply's steps run alone
     batch_rows: int = BATCH_ROWS
     per_channel: bool = False  # dynamic only: int8 weight scales per output channel
-    # the prompt graph beside a blockwise int8 file (export/prompt_graph.py): faster
-    # prompts on CPUs, not built by default (docs/export.md, "The prompt graph")
-    prompt_graph: bool = False
+    # the rows graphs beside the blockwise int8 files (export/rows_graph.py): int8 per
+    # row on ONNX Runtime's integer kernel, served where faster (docs/export.md)
+    rows_graphs: bool = False
 
 
 @dataclass
@@ -256,11 +257,18 @@ def build(out: Path, options: BuildOptions, source: Source | None = None) -> dic
         )
     batched = _batched(out, model, built, options)
     tok = Tokenizer(src.tokenizer)
-    prompt = None
-    if "int8" in built and options.int8_method == "blockwise" and options.prompt_graph:
-        prompt = _timed(
-            "quantising the prompt graph (int8 per row)",
-            lambda: build_prompt_graph(fp32, built["int8"], out / PROMPT_FILES["int8"], tok),
+    rows: list[Path] = []
+    if "int8" in built and options.int8_method == "blockwise" and options.rows_graphs:
+        twin = batched.get("int8")
+        rows = _timed(
+            "quantising the rows graphs (int8 per row)",
+            lambda: build_rows_graphs(
+                fp32,
+                built["int8"],
+                out / ROWS_FILES["int8"],
+                tok,
+                None if twin is None else (twin, out / ROWS_BATCH_FILES["int8"]),
+            ),
         )
     parity: dict[str, Any] = {}
     memo: dict[tuple[int, ...], list[int]] = {}  # PyTorch's replies, computed once
@@ -291,12 +299,13 @@ def build(out: Path, options: BuildOptions, source: Source | None = None) -> dic
         manifest["files"][FILES["int8"]]["quantisation"] = _int8_recipe(options)
         if "int8" in batched:
             manifest["files"][BATCH_FILES["int8"]]["quantisation"] = _int8_recipe(options)
-    if prompt is not None:
-        manifest["files"][prompt.name] = {
+    for path in rows:
+        manifest["files"][path.name] = {
             "variant": "int8",
             "attention": ATTENTION["int8"],
-            "bytes": prompt.stat().st_size,
-            "sha256": sha256(prompt),
+            **({"rows": options.batch_rows} if path.name == ROWS_BATCH_FILES["int8"] else {}),
+            "bytes": path.stat().st_size,
+            "sha256": sha256(path),
             "quantisation": {"method": "rows", "bits": 8, "smooth_alpha": ALPHA},
         }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2))

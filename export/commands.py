@@ -46,10 +46,10 @@ def register(sub: Any) -> None:
         help=f"replies per pass of the batched graph (default {BATCH_ROWS}; 0: none)",
     )
     ex.add_argument(
-        "--prompt-graph",
+        "--rows-graphs",
         action="store_true",
-        help="a prompt graph beside the blockwise int8 file: int8 per row for prompt steps, "
-        "taken where it is faster on the host (not the default: docs/export.md)",
+        help="the rows graphs beside the blockwise int8 files: int8 per row on ONNX "
+        "Runtime's integer kernel, served where the host runs them faster (docs/export.md)",
     )
     ex.add_argument("--no-check", action="store_true", help="skip the parity checks")
     ex.set_defaults(run=run_export)
@@ -69,7 +69,7 @@ def run_export(args: argparse.Namespace) -> int:
         int8_method=args.int8_method,
         per_channel=args.per_channel,
         batch_rows=args.batch_rows,
-        prompt_graph=args.prompt_graph,
+        rows_graphs=args.rows_graphs,
     )
     try:
         build_atomic(out.expanduser(), options)

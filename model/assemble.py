@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
@@ -32,6 +33,7 @@ from model.batch import (
     BatchRunner,
     CachePool,
     StepLoop,
+    host_key,
     host_shape,
 )
 from model.diffusion_engine import (
@@ -51,13 +53,20 @@ from model.modeldir import (
     is_complete,
     load_tokenizer,
     read_manifest,
+    rows_file,
     shipped_adapter,
 )
 from model.openai_chat import ChatServerOptions, OpenAIChatGenerator
 from model.prefix import PrefixCache
-from model.router import find_router
+from model.router import ADAPTER_DIRS, find_router, fitted_places
 from model.runtime import Device, OrtBackend, RuntimeConfig, choose_providers, grown_capacity
-from model.schedule import Schedule, host_prompt_kernel, host_schedule, sampler_for
+from model.schedule import (
+    Schedule,
+    host_kernel,
+    host_schedule,
+    measure_kernel_costs,
+    sampler_for,
+)
 from model.spans import find_spans
 
 log = logging.getLogger("quicksilver")
@@ -124,19 +133,70 @@ def trained_for_tools(adapter: Path | None) -> bool:
     return adapter_calls_tools(json.loads((adapter / "manifest.json").read_text()))
 
 
+Kernel = Literal["host", "blockwise", "rows"]
+
+
 def load_onnx_backend(
-    model_dir: Path, variant: Variant = "int8", config: RuntimeConfig | None = None
+    model_dir: Path,
+    variant: Variant = "int8",
+    config: RuntimeConfig | None = None,
+    kernel: Kernel = "host",
 ) -> OrtBackend:
+    """The one-reply graph of ``variant``; for int8 on a CPU, the rows graph where the
+    model directory has one and this host runs it faster (:func:`host_kernel`).
+    ``kernel`` "blockwise" or "rows" takes that one, unmeasured (the probes' fits:
+    ``quicksilver router --rows``)."""
     manifest = read_manifest(model_dir)
     name = FILES[variant]
     if name not in manifest["files"]:
         built = ", ".join(manifest["files"])
         raise FileNotFoundError(f"{model_dir} has no {variant} model ({name}); it has {built}")
+    rows = rows_file(model_dir, variant)
+    if kernel == "rows":
+        if rows is None:
+            raise FileNotFoundError(
+                f"{model_dir} has no rows graphs: build them with `quicksilver export "
+                "--rows-graphs`"
+            )
+        return OrtBackend(rows, config, name=f"onnx-{variant}", rows=True)
     backend = OrtBackend(model_dir / name, config, name=f"onnx-{variant}")
-    if variant == "int8" and backend.device == "cpu":
-        kernel, _ = host_prompt_kernel(backend, model_dir)
-        log.info("prompt steps on this host: %s", kernel.why())
-    return backend
+    if kernel == "blockwise" or variant != "int8" or backend.device != "cpu" or rows is None:
+        return backend
+    if not fitted_for_rows(model_dir):
+        log.info(
+            "int8 kernel: the blockwise files (the rows graphs need the router and span "
+            "pointers fitted on them, in %s)",
+            ", ".join(str(p) for p in fitted_places(ADAPTER_DIRS, True)),
+        )
+        return backend
+    loaded: list[OrtBackend] = []  # the rows graph, once loaded (only to be timed or served)
+
+    def twin() -> OrtBackend:
+        if not loaded:
+            loaded.append(OrtBackend(rows, config, name=f"onnx-{variant}", rows=True))
+        return loaded[0]
+
+    def measure() -> dict[str, float]:
+        kernels = {}
+        for single in (backend, twin()):
+            found = batch_file(model_dir, variant, rows=single.rows)
+            runner = None if found is None else BatchRunner(single, found[0])
+            kernels["rows" if single.rows else "blockwise"] = (single, runner)
+        return measure_kernel_costs(kernels)
+
+    chosen, measured = host_kernel(model_dir, host_key(backend.providers), measure)
+    log.info("int8 kernel on this host%s: %s", " (measured now)" if measured else "", chosen.why())
+    return twin() if chosen.rows else backend
+
+
+def fitted_for_rows(model_dir: Path, places: Sequence[Path] = ADAPTER_DIRS) -> bool:
+    """Every probe fitted for ``model_dir``'s adapter in ``places`` (router, span
+    pointers) has its twin fitted on the rows graphs: a probe reads the states it was
+    fitted on."""
+    return all(
+        find(model_dir, places) is None or find(model_dir, places, rows=True) is not None
+        for find in (find_router, find_spans)
+    )
 
 
 @dataclass(frozen=True)
@@ -192,7 +252,7 @@ def shared_backend(
     (diffusion blocks) takes the loop only where such steps share a pass on this host:
     where they run one a pass (a CPU without cheap wide passes), replies stay one at a
     time, as the voice loop measured better end to end there (docs/latency.md)."""
-    found = batch_file(model_dir, variant)
+    found = batch_file(model_dir, variant, rows=single.rows)
     if batching.rows is not None and batching.rows < 2:
         return None
     if found is None:
@@ -249,15 +309,17 @@ def load_onnx_diffusion_generator(
     variant: Variant = "int8",
     config: RuntimeConfig | None = None,
     batching: Batching | None = None,
+    kernel: Kernel = "host",
 ) -> DiffusionGenerator:
     """The served diffusion engine; with ``batching``, every reply's steps go through
-    one step loop that shares passes between them (``model/batch.py``)."""
+    one step loop that shares passes between them (``model/batch.py``). ``kernel``: as
+    :func:`load_onnx_backend`."""
     options = served_options(read_manifest(model_dir).get("source", {}).get("adapter"))
     asked = batching.block_size if batching is not None else None
     if asked is not None:
         options = with_block_size(options, asked)
     config = config or RuntimeConfig(max_len=options.cache_len)
-    single = load_onnx_backend(model_dir, variant, config)
+    single = load_onnx_backend(model_dir, variant, config, kernel)
     schedule = Schedule(asked) if asked is not None else host_schedule(single, model_dir)[0]
     log.info("diffusion replies on this host: %s", schedule.why())
     options = with_block_size(options, schedule.block_size)
@@ -268,8 +330,8 @@ def load_onnx_diffusion_generator(
     model = smollm2_diffusion_config(tok)
     gen = DiffusionGenerator(backend, tok, model, options, name="diffusion-onnx")
     give_way(backend, gen.prefixes)
-    gen.router = find_router(model_dir, vocab=backend.vocab_size)
-    gen.spans = find_spans(model_dir, vocab=backend.vocab_size)
+    gen.router = find_router(model_dir, vocab=backend.vocab_size, rows=single.rows)
+    gen.spans = find_spans(model_dir, vocab=backend.vocab_size, rows=single.rows)
     return gen
 
 

@@ -134,15 +134,6 @@ class BatchRunner:
     def run(self, requests: Sequence[Request]) -> list[Logits]:
         if len(requests) == 1:
             return [self._one(requests[0])]
-        # A prompt step runs alone on the one-reply backend (its prompt graph, where one
-        # is attached): its rows are quantised as they would be with no other reply
-        single = self.single
-        alone = {id(r) for r in requests if single.takes_prompt(len(r.ids), r.attend, r.commit)}
-        if alone:
-            shared = [r for r in requests if id(r) not in alone]
-            out = {id(r): self._one(r) for r in requests if id(r) in alone}
-            out.update(zip(map(id, shared), self.run(shared) if shared else [], strict=True))
-            return [out[id(r)] for r in requests]
         if len(requests) > self.rows:
             raise ValueError(f"{len(requests)} requests for a graph of {self.rows} rows")
         at_row = self._place(requests)

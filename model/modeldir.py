@@ -40,10 +40,12 @@ BATCH_FILES: dict[Variant, str] = {
     "fp16": "model.fp16.batch.onnx",
 }
 BATCH_ROWS = 8
-# The prompt graph beside the int8 file, when built (``quicksilver export --prompt-graph``;
-# export/prompt_graph.py): its layer products quantised per row for ONNX Runtime's
-# integer kernel, for the steps that read a prompt
-PROMPT_FILES: dict[Variant, str] = {"int8": "model.int8.prompt.onnx"}
+# The rows graphs beside the int8 files, when built (``quicksilver export --rows-graphs``;
+# export/rows_graph.py): the one-reply and the batched graph with their layer products
+# quantised per row for ONNX Runtime's integer kernel; a host serves them or the
+# blockwise files, whichever it runs faster (model/schedule.py, host_kernel)
+ROWS_FILES: dict[Variant, str] = {"int8": "model.int8.rows.onnx"}
+ROWS_BATCH_FILES: dict[Variant, str] = {"int8": "model.int8.rows.batch.onnx"}
 MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer.json"
 # Bump when the graph's inputs or outputs or a file's format change: cached
@@ -131,16 +133,17 @@ def _built(model_dir: Path, name: str | None) -> dict[str, Any] | None:
     return dict(entry)
 
 
-def batch_file(model_dir: Path, variant: Variant) -> tuple[Path, int] | None:
-    """The batched graph of ``variant`` in ``model_dir`` and its rows, when built."""
-    name = BATCH_FILES.get(variant)
+def batch_file(model_dir: Path, variant: Variant, rows: bool = False) -> tuple[Path, int] | None:
+    """The batched graph of ``variant`` in ``model_dir`` and its rows, when built;
+    ``rows``: the rows graphs' (:data:`ROWS_BATCH_FILES`)."""
+    name = (ROWS_BATCH_FILES if rows else BATCH_FILES).get(variant)
     entry = _built(model_dir, name)
     return None if entry is None or name is None else (model_dir / name, int(entry["rows"]))
 
 
-def prompt_file(model_dir: Path, variant: Variant) -> Path | None:
-    """The prompt graph of ``variant`` in ``model_dir``, when built."""
-    name = PROMPT_FILES.get(variant)
+def rows_file(model_dir: Path, variant: Variant) -> Path | None:
+    """The one-reply rows graph of ``variant`` in ``model_dir``, when built."""
+    name = ROWS_FILES.get(variant)
     return None if name is None or _built(model_dir, name) is None else model_dir / name
 
 

@@ -52,6 +52,16 @@ SPEAK, ACT = "(speak)", "(act)"
 SURE = 3.0  # log-odds: the act classifier decides above probability 0.95 either way
 # where a model directory's router is looked for: beside the shipped adapters
 ADAPTER_DIRS = (SHIPPED_ADAPTER, CHAT_ADAPTER)
+# the files fitted on the rows graphs' states (export/rows_graph.py), in each place
+ROWS_DIR = "rows"
+
+
+def fitted_places(places: Sequence[Path], rows: bool) -> list[Path]:
+    """Where fitted files are looked for: ``places``, or their :data:`ROWS_DIR` for a
+    model served on the rows graphs (their prompt states differ a little from the
+    blockwise files', enough to move a few near-tie calls: a probe is fitted on the
+    states it reads)."""
+    return [p / ROWS_DIR for p in places] if rows else list(places)
 
 
 _WORD = re.compile(r"[a-z']+")
@@ -257,9 +267,14 @@ def find_fitted(
 
 
 def find_router(
-    model_dir: Path, places: Sequence[Path] = ADAPTER_DIRS, vocab: int | None = None
+    model_dir: Path,
+    places: Sequence[Path] = ADAPTER_DIRS,
+    vocab: int | None = None,
+    rows: bool = False,
 ) -> ToolRouter | None:
     """The router fitted for the adapter merged into ``model_dir``: the first
     ``router.npz`` in ``places`` that names that adapter's weights; None when there is
-    none (the model then names the tool itself). ``vocab``: the logits' width, checked."""
+    none (the model then names the tool itself). ``vocab``: the logits' width, checked;
+    ``rows``: the one fitted on the rows graphs (:func:`fitted_places`)."""
+    places = fitted_places(places, rows)
     return find_fitted(model_dir, ROUTER_FILE, ToolRouter.load, places, vocab)

@@ -118,7 +118,6 @@ class OrtCache:
         self._backend = backend
         self.buffers: ort.OrtValue = backend.to_device(self._empty(0))
         self.binding: Any = None
-        self.prompt_binding: Any = None  # the prompt graph's, bound when first used
         self.length = 0
 
     @property
@@ -153,7 +152,6 @@ class OrtCache:
             buffers[..., :n, :] = source.buffers.numpy()[..., :n, :]
         self.buffers = self._backend.to_device(buffers)
         self.binding = self._backend.bind(self.buffers)
-        self.prompt_binding = None
 
     def _empty(self, capacity: int) -> NDArray[Any]:
         L, n_kv, hd = self._backend.dims
@@ -163,9 +161,6 @@ class OrtCache:
 
 
 FORCE_SPINNING_STOP = "session.force_spinning_stop"
-# A causal, committed step of at least this many tokens reads a prompt (or a chunk of
-# one): with a prompt graph attached it runs there. Decoding steps are narrower.
-PROMPT_MIN = 8
 
 
 def session_options(threads: int) -> ort.SessionOptions:
@@ -186,17 +181,22 @@ class OrtBackend:
     """One exported step graph (``export/graph.py``) in an ONNX Runtime session."""
 
     def __init__(
-        self, path: str | Path, config: RuntimeConfig | None = None, name: str = "onnx"
+        self,
+        path: str | Path,
+        config: RuntimeConfig | None = None,
+        name: str = "onnx",
+        rows: bool = False,
     ) -> None:
         config = config or RuntimeConfig()
         self.path = Path(path)
+        # a rows graph (export/rows_graph.py): its batched twin and fitted probes are
+        # the rows ones (model/assemble.py)
+        self.rows = rows
         self.session = ort.InferenceSession(
             str(self.path),
             session_options(config.threads),
             providers=choose_providers(config.device),
         )
-        # the prompt graph (export/prompt_graph.py), when attached: prompt steps run on it
-        self.prompt_session: ort.InferenceSession | None = None
         inputs = {i.name: i for i in self.session.get_inputs()}
         if "past_key_0" not in inputs:
             raise ValueError(
@@ -223,29 +223,13 @@ class OrtBackend:
         """``array`` as an OrtValue on the cache device (on the CPU: the same memory)."""
         return ort.OrtValue.ortvalue_from_numpy(array, self.device, 0)
 
-    def attach_prompt_graph(self, path: Path) -> None:
-        """Run prompt steps (:meth:`takes_prompt`) on the graph at ``path``, the same
-        model with its products quantised per row (export/prompt_graph.py); the caches
-        are shared, each bound to both graphs."""
-        inputs = {i.name for i in self.session.get_inputs()}
-        session = ort.InferenceSession(
-            str(path), session_options(self.threads), providers=self.providers
-        )
-        if {i.name for i in session.get_inputs()} != inputs:
-            raise ValueError(f"{path} is not a prompt graph of {self.path}")
-        self.prompt_session = session
-
-    def takes_prompt(self, n: int, attend: Attend, commit: bool) -> bool:
-        """A step of ``n`` tokens reads a prompt, and the prompt graph runs it."""
-        return self.prompt_session is not None and attend == "causal" and commit and n >= PROMPT_MIN
-
-    def bind(self, buffers: ort.OrtValue, session: ort.InferenceSession | None = None) -> Any:
-        """An IO binding of ``session`` (this graph's by default) with each layer's past
-        and present on the same memory."""
+    def bind(self, buffers: ort.OrtValue) -> Any:
+        """An IO binding of this graph with each layer's past and present on the same
+        memory."""
         L, n_kv, hd = self.dims
         shape = [1, n_kv, buffers.shape()[4], hd]
         layer_bytes = int(np.prod(shape)) * self.dtype.itemsize
-        binding = (session or self.session).io_binding()
+        binding = self.session.io_binding()
         binding.bind_output("logits")  # first: its index in get_outputs() stays 0
         for layer in range(L):
             for j, kv in enumerate(("key", "value")):
@@ -297,19 +281,14 @@ class OrtBackend:
     ) -> Logits:
         P, T = cache.length, len(ids)
         cache.room_for(T)
-        session, io = self.session, cache.binding
-        if self.prompt_session is not None and self.takes_prompt(T, attend, commit):
-            session = self.prompt_session
-            if cache.prompt_binding is None:
-                cache.prompt_binding = self.bind(cache.buffers, session)
-            io = cache.prompt_binding
+        io = cache.binding
         io.bind_cpu_input("input_ids", np.ascontiguousarray(ids, dtype=np.int64))
         io.bind_cpu_input("positions", np.arange(P, P + T, dtype=np.int64))
         io.bind_cpu_input("past_length", np.array(P, np.int64))
         io.bind_cpu_input("block", np.array(attend == "block"))
         rows_ = np.arange(T) if rows is None else np.asarray(rows, np.int64)
         io.bind_cpu_input("logit_rows", rows_)
-        logits = self.run_bound(session, io, len(rows_))
+        logits = self.run_bound(self.session, io, len(rows_))
         if commit:
             cache.length = P + T  # the chunk is already in place at P..P+T-1
         return logits

@@ -16,29 +16,30 @@ schedule commits: :func:`host_schedule` times both widths once (about a second) 
 keeps the choice in the model directory (``schedule.json``) under the host's processor
 and providers, beside the pass shape of ``passes.json``.
 
-The prompt kernel is chosen the same way: where the model directory has a prompt graph
-(``quicksilver export --prompt-graph``, export/prompt_graph.py), :func:`host_prompt_kernel`
-times a prompt step on it and on the int8 file once and runs prompts on the faster
-(``prompts.json``).
+The int8 kernel is chosen the same way: where the model directory has the rows graphs
+(``quicksilver export --rows-graphs``, export/rows_graph.py), :func:`host_kernel` times
+a one-token step, a prompt step and a batched pass on them and on the blockwise files
+once, and the host serves the cheaper (``kernels.json``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from model.batch import host_key, host_records, keep_host_record
-from model.modeldir import prompt_file
+from model.batch import BatchRunner, Request, host_key, host_records, keep_host_record
+from model.modeldir import rows_file
 from model.runtime import OrtBackend, OrtCache
 from model.sampler import SamplerSettings
 
 SCHEDULES = "schedule.json"
-PROMPTS = "prompts.json"  # in the model directory: the prompt kernel measured per host
-PROMPT_WIDTH = 32  # the prompt step both kernels are timed on (a question and its history)
+KERNELS = "kernels.json"  # in the model directory: the int8 kernel measured per host
+PROMPT_WIDTH = 32  # the prompt step the kernels are timed on (a question and its history)
 WIDE, NARROW = 16, 1  # the block widths a host chooses between
 # Reply tokens a pass (prefill, denoising steps and commits counted), the
 # served int8 graph on the 40 held-out questions, budget 64 (`quicksilver eval llm
@@ -123,69 +124,99 @@ def host_schedule(single: OrtBackend, model_dir: Path) -> tuple[Schedule, bool]:
 
 
 @dataclass(frozen=True)
-class PromptKernel:
-    """Whether this host's prompt steps run on the prompt graph (export/prompt_graph.py:
-    int8 per row, ONNX Runtime's integer kernel), and the measured costs it was chosen
-    from: ms of a ``PROMPT_WIDTH``-token step on "blockwise" (the served file) and "rows"."""
+class Kernel:
+    """Whether this host serves the rows graphs (export/rows_graph.py: int8 per row on
+    ONNX Runtime's integer kernel) or the blockwise files, and the measured costs it was
+    chosen from: "<kernel> <pass>" -> ms, the passes of :data:`KERNEL_PASSES`."""
 
     rows: bool
     costs_ms: dict[str, float] = field(default_factory=dict, compare=False)
 
+    @property
+    def name(self) -> str:
+        return "rows" if self.rows else "blockwise"
+
+    def total(self, kernel: str) -> float:
+        """The measured passes' ms on ``kernel``, summed: what the choice compares."""
+        return sum(v for k, v in self.costs_ms.items() if k.split()[0] == kernel)
+
     def why(self) -> str:
         if not self.costs_ms:
-            return "the int8 file (no prompt graph in the model directory)"
-        kernel = "the prompt graph, int8 per row" if self.rows else "the int8 file"
-        said = ", ".join(f"{k} {v:.1f} ms" for k, v in self.costs_ms.items())
-        return f"{kernel} ({PROMPT_WIDTH} tokens: {said})"
+            return "the blockwise int8 files (no rows graphs in the model directory)"
+        said = "; ".join(
+            f"{k}: " + ", ".join(f"{p} {self.costs_ms[f'{k} {p}']:.1f}" for p in KERNEL_PASSES
+                                 if f"{k} {p}" in self.costs_ms)
+            for k in ("blockwise", "rows")
+        )  # fmt: skip
+        kernel = "the rows graphs, int8 per row" if self.rows else "the blockwise int8 files"
+        return f"{kernel} (ms a pass, {said})"
 
 
-def measure_prompt_costs(
-    single: OrtBackend, repeats: int = 7, cached: int = 64
+# The passes a host's kernels are timed on: a reply's one-token step, a prompt step of
+# PROMPT_WIDTH tokens (a question and its history) and, where both have batched graphs,
+# a pass of 8 replies' one-token steps. What the served schedule's passes are made of.
+KERNEL_PASSES = ("1", str(PROMPT_WIDTH), "8x1")
+
+
+def measure_kernel_costs(
+    kernels: dict[str, tuple[OrtBackend, BatchRunner | None]], repeats: int = 7, cached: int = 64
 ) -> dict[str, float]:
-    """Median ms of a ``PROMPT_WIDTH``-token prompt step after ``cached`` positions on
-    the int8 file and on the attached prompt graph, interleaved."""
-    rows = single.prompt_session
-    if rows is None:
-        raise ValueError("no prompt graph attached to time")
+    """Median ms of each of :data:`KERNEL_PASSES` after ``cached`` positions on each
+    kernel (its one-reply backend and batched runner), the kernels interleaved so a busy
+    moment costs both alike. A pass a kernel cannot run (no batched graph) is left out
+    for every kernel."""
     rng = np.random.default_rng(0)
-    cache = OrtCache(single)
-    single.step(cache, rng.integers(0, single.vocab_size, cached), "causal", commit=True)
-    times: dict[str, list[float]] = {"blockwise": [], "rows": []}
-    try:
-        for i in range(repeats + 1):
-            for name, session in (("blockwise", None), ("rows", rows)):
-                single.prompt_session = session
-                ids = rng.integers(0, single.vocab_size, PROMPT_WIDTH)
+    batched = all(runner is not None for _, runner in kernels.values())
+    caches = {}
+    for name, (single, _) in kernels.items():
+        caches[name] = [OrtCache(single) for _ in range(8 if batched else 1)]
+        for cache in caches[name]:
+            single.step(cache, rng.integers(0, single.vocab_size, cached), "causal", commit=True)
+    times: dict[str, list[float]] = {}
+    for i in range(repeats + 1):
+        for name, (single, runner) in kernels.items():
+            cache = caches[name][0]
+            for width in (1, PROMPT_WIDTH):
+                ids = rng.integers(0, single.vocab_size, width)
                 t0 = time.perf_counter()
-                single.step(cache, ids, "causal", commit=True, rows=[PROMPT_WIDTH - 1])
+                single.step(cache, ids, "causal", commit=True, rows=[width - 1])
                 if i:  # the first round warms the kernels up
-                    times[name].append(time.perf_counter() - t0)
+                    times.setdefault(f"{name} {width}", []).append(time.perf_counter() - t0)
                 single.truncate(cache, cached)
-    finally:
-        single.prompt_session = rows
+            if runner is not None and batched:
+                requests = [
+                    Request(
+                        (False, 0), j, c, rng.integers(0, 100, 1), "causal", False, np.arange(1)
+                    )
+                    for j, c in enumerate(caches[name])
+                ]
+                t0 = time.perf_counter()
+                runner.run(requests)
+                if i:
+                    times.setdefault(f"{name} 8x1", []).append(time.perf_counter() - t0)
     return {k: round(float(np.median(t)) * 1e3, 2) for k, t in times.items()}
 
 
-def host_prompt_kernel(single: OrtBackend, model_dir: Path) -> tuple[PromptKernel, bool]:
-    """Attach the model directory's prompt graph to ``single`` where it runs a prompt
-    step faster than the int8 file on this host: measured once (about a second) and kept
-    in ``model_dir`` (``prompts.json``). Returns the choice and whether it was measured
-    now. A directory without a prompt graph keeps the int8 file."""
-    path = prompt_file(model_dir, "int8")
-    if path is None:
-        return PromptKernel(False), False
-    key = host_key(single.session.get_providers())
-    record = model_dir / PROMPTS
-    found = host_records(record).get(key)
-    if isinstance(found, dict) and {"blockwise", "rows"} <= set(found):
-        costs, measured = {k: float(found[k]) for k in ("blockwise", "rows")}, False
+def host_kernel(
+    model_dir: Path,
+    key: str,
+    measure: Callable[[], dict[str, float]],
+) -> tuple[Kernel, bool]:
+    """This host's kernel: the rows graphs where their measured passes cost less in all
+    than the blockwise files', measured once (``measure``, a few seconds) and kept in
+    ``model_dir`` (``kernels.json``) under the host's ``key``. Returns the choice and
+    whether it was measured now. A directory without rows graphs keeps the blockwise
+    files, unmeasured."""
+    if rows_file(model_dir, "int8") is None:
+        return Kernel(False), False
+    path = model_dir / KERNELS
+    found = host_records(path).get(key)
+    if isinstance(found, dict) and isinstance(found.get("costs_ms"), dict):
+        costs, measured = {k: float(v) for k, v in found["costs_ms"].items()}, False
     else:
-        single.attach_prompt_graph(path)  # loaded to be timed
-        costs, measured = measure_prompt_costs(single), True
-        keep_host_record(record, key, costs)
-    kernel = PromptKernel(costs["rows"] < costs["blockwise"], costs)
-    if not kernel.rows:
-        single.prompt_session = None  # a known loser is not loaded at all
-    elif single.prompt_session is None:
-        single.attach_prompt_graph(path)
+        costs, measured = measure(), True
+    kernel = Kernel(False, costs)
+    kernel = Kernel(kernel.total("rows") < kernel.total("blockwise"), costs)
+    if measured:
+        keep_host_record(path, key, {"kernel": kernel.name, "costs_ms": costs})
     return kernel, measured

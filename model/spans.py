@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from model.router import ADAPTER_DIRS, find_fitted
+from model.router import ADAPTER_DIRS, find_fitted, fitted_places
 from model.tokenizer import Tokenizer
 
 SPANS_FILE = "spans.npz"
@@ -198,9 +198,14 @@ class SpanPointer:
 
 
 def find_spans(
-    model_dir: Path, places: Sequence[Path] = ADAPTER_DIRS, vocab: int | None = None
+    model_dir: Path,
+    places: Sequence[Path] = ADAPTER_DIRS,
+    vocab: int | None = None,
+    rows: bool = False,
 ) -> SpanPointer | None:
     """The span pointer fitted for the adapter merged into ``model_dir`` (the first
     ``spans.npz`` in ``places`` that names its weights); None when there is none (the
-    model then writes string values itself)."""
+    model then writes string values itself). ``rows``: the one fitted on the rows
+    graphs (``model.router.fitted_places``)."""
+    places = fitted_places(places, rows)
     return find_fitted(model_dir, SPANS_FILE, SpanPointer.load, places, vocab)

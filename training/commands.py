@@ -222,6 +222,12 @@ def _fit_parser(
         "--with-history", type=float, default=0.5, help="share of rows asked after others"
     )
     fit.add_argument("--threads", type=int, default=2)
+    fit.add_argument(
+        "--rows",
+        action="store_true",
+        help="read the directory's rows graphs (export --rows-graphs), for "
+        f"model/adapters-tools/rows/{name}.npz (docs/export.md)",
+    )
     return fit
 
 
@@ -499,7 +505,11 @@ def _spans(args: argparse.Namespace) -> int:
 
     def train(model_dir: Path) -> SpanPointer:
         options = SpanOptions(
-            model_dir, args.data, threads=args.threads, with_history=args.with_history
+            model_dir,
+            args.data,
+            threads=args.threads,
+            with_history=args.with_history,
+            rows=args.rows,
         )
         return train_spans(options, log=_log)
 
@@ -518,6 +528,7 @@ def _router(args: argparse.Namespace) -> int:
             threads=args.threads,
             with_history=args.with_history,
             keep=args.keep,
+            rows=args.rows,
         )
         return train_router(options, log=_log)
 

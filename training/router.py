@@ -73,6 +73,8 @@ class RouterOptions:
     seed: int = 0
     # a router file whose state classifiers are kept (only its word expert is fitted)
     keep: Path | None = None
+    # read the model directory's rows graphs (export/rows_graph.py), not its blockwise file
+    rows: bool = False
 
 
 @dataclass(frozen=True)
@@ -532,7 +534,10 @@ def train_router(options: RouterOptions, log: Callable[[str], None] = print) -> 
             "(regenerate it with quicksilver data --actions, or give --l2)"
         )
     gen = load_onnx_diffusion_generator(
-        options.model_dir, "int8", RuntimeConfig(threads=options.threads, max_len=1024)
+        options.model_dir,
+        "int8",
+        RuntimeConfig(threads=options.threads, max_len=1024),
+        kernel="rows" if options.rows else "blockwise",
     )
     tok = gen.tokenizer
     asked: dict[str, tuple[NDArray[np.float32], list[str | None], list[str]]] = {}

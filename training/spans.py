@@ -47,6 +47,8 @@ class SpanOptions:
     threads: int = 2
     with_history: float = 0.5  # share of commands asked after one or two other rows
     seed: int = 0
+    # read the model directory's rows graphs (export/rows_graph.py), not its blockwise file
+    rows: bool = False
 
 
 @dataclass(frozen=True)
@@ -231,7 +233,10 @@ def train_spans(options: SpanOptions, log: Callable[[str], None] = print) -> Spa
         raise FileNotFoundError(f"{options.data / 'train.jsonl'} has no command with a string")
     pool = read_rows(options.data / "train.jsonl")
     gen = load_onnx_diffusion_generator(
-        options.model_dir, "int8", RuntimeConfig(threads=options.threads, max_len=1024)
+        options.model_dir,
+        "int8",
+        RuntimeConfig(threads=options.threads, max_len=1024),
+        kernel="rows" if options.rows else "blockwise",
     )
     log(f"spans: {len(train)} commands through {options.model_dir} ({missed} values not words)")
     feats = features(gen, train, asked(train, pool, options.with_history, options.seed), log)

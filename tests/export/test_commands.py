@@ -82,14 +82,15 @@ def test_quicksilver_export_builds_a_model_directory(
     assert not is_complete(out, "fp16") and is_complete(out, "int8")
 
 
-def test_the_prompt_graph_is_built_when_asked(
+def test_the_rows_graphs_are_built_when_asked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(export.build, "load_source", lambda adapter=None: tiny_source())
     out = tmp_path / "model"
-    assert main(["export", "--out", str(out), "--prompt-graph", "--no-check"]) == 0
-    entry = json.loads((out / "manifest.json").read_text())["files"]["model.int8.prompt.onnx"]
-    assert entry["bytes"] == (out / "model.int8.prompt.onnx").stat().st_size
+    assert main(["export", "--out", str(out), "--rows-graphs", "--no-check"]) == 0
+    files = json.loads((out / "manifest.json").read_text())["files"]
+    for name in ("model.int8.rows.onnx", "model.int8.rows.batch.onnx"):
+        assert files[name]["bytes"] == (out / name).stat().st_size
     assert is_complete(out)
 
 

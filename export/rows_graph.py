@@ -1,16 +1,19 @@
-"""The prompt graph: the int8 step graph with its layer products quantised per row,
-for the steps that read a prompt.
+"""The rows graphs: the int8 step graphs (one reply's and the batched) with their layer
+products quantised per row.
 
-The served int8 file (blockwise, ``MatMulNBits``) runs a one-token step near the
-memory floor, but a prompt of 60 tokens at ~200 GFLOP/s on the 2-core CPUs: its kernel
-quantises activations per row and block of 32 and does not use AMX. ONNX Runtime's
-integer product (``MatMulIntegerToFloat``, MLAS QGEMM: AVX-512 VNNI, and AMX where the
-CPU has it) runs the same arithmetic several times faster, but takes one activation
-scale per tensor. This graph quantises each row itself (its largest magnitude over 127:
-``Abs``, ``ReduceMax``, per-axis ``QuantizeLinear``), hands the integer product the
-rows, and scales its output back per row and per weight column. A row's result then
+The blockwise int8 files (``MatMulNBits``) run a one-token step near the memory floor,
+but a prompt, or a pass of several replies' tokens, at ~200-600 GFLOP/s on the 2-core
+CPUs: the kernel quantises activations per row and block of 32 and does not use AMX.
+ONNX Runtime's integer product (``MatMulIntegerToFloat``, MLAS QGEMM: AVX-512 VNNI,
+and AMX where the CPU has it) runs the same arithmetic several times faster (1.7
+TFLOP/s on the AMD EPYC, 3 on the Intel Xeon with AMX), but takes one activation scale
+per tensor. These graphs quantise each row themselves (its largest magnitude over 127:
+``Abs``, ``ReduceMax``, per-axis ``QuantizeLinear``), hand the integer product the
+rows, and scale its output back per row and per weight column. A row's result then
 depends on that row alone: a prompt gives the same logits in one step or in chunks,
-alone or beside another reply's.
+and a reply the same tokens alone or beside others in a batched pass. A host serves
+these graphs or the blockwise files, whichever it measures faster
+(``model.schedule.host_kernel``).
 
 Per-row activation scales lose to the blockwise file on the channels whose activations
 run far larger than the rest. SmoothQuant (Xiao et al., 2023) moves those ranges into
@@ -18,8 +21,8 @@ the weights: the inputs of the q/k/v and gate/up products are divided by ``s_j =
 max|x_j|^a / max|w_j|^(1-a)`` (one ``Mul``) and the weights' rows multiplied by it
 (``ALPHA`` 0.5; the channel maxima from the prompts below, through the fp32 graph). The
 o and down products are quantised per row without it (smoothing them lost agreement
-here), and the head stays blockwise (a prompt step reads one row of logits).
-docs/results/2026-12-prompt-graph.md has the measurements.
+here), and the head stays blockwise (most passes read one row of logits a reply).
+docs/results/2026-12-prompt-graph.md and 2026-12-rows-kernel.md have the measurements.
 
 Numpy, onnx and ONNX Runtime only: no torch.
 """
@@ -89,22 +92,38 @@ class _Product:
     weight: NDArray[np.float32]  # (K, N), from the fp32 file
 
 
-def build_prompt_graph(fp32: Path, int8: Path, out: Path, tok: Tokenizer) -> Path:
-    """Write the prompt graph of the int8 file ``int8`` (made from ``fp32``) to ``out``."""
+def build_rows_graphs(
+    fp32: Path, int8: Path, out: Path, tok: Tokenizer, batch: tuple[Path, Path] | None = None
+) -> list[Path]:
+    """Write the rows graph of the int8 file ``int8`` (made from ``fp32``) to ``out``,
+    and with ``batch`` (the int8 batched file, its out path) the batched one: the same
+    weights, smoothed alike (the calibration runs through the one-reply fp32 file).
+    Returns the paths written."""
     model, reference = onnx.load(str(int8)), onnx.load(str(fp32))  # 540 MB: loaded once
     products = _products(model, reference)
     maxima = _input_maxima(reference, [p.node.input[0] for p in products], tok)
-    smooth: dict[int, NDArray[np.float32]] = {}
+    scales: list[NDArray[np.float32] | None] = []
     for p in products:
         if p.kind in ("qkv", "gate_up"):
             x = np.maximum(maxima[p.node.input[0]], 1e-5)
             w = np.maximum(np.abs(p.weight).max(axis=1), 1e-5)
-            s = np.clip(x**ALPHA / w ** (1 - ALPHA), 1e-2, 1e2).astype(np.float32)
-            p.weight[...] *= s[:, None]  # in place: the product's own copy
-            smooth[id(p.node)] = 1 / s
-    _rewrite(model, products, smooth)
-    onnx.save(model, str(out))
-    return out
+            scales.append(np.clip(x**ALPHA / w ** (1 - ALPHA), 1e-2, 1e2).astype(np.float32))
+        else:
+            scales.append(None)
+    graphs = [(model, products, out)]
+    if batch is not None:
+        batched = onnx.load(str(batch[0]))
+        graphs.append((batched, _twins(batched, model, products), batch[1]))
+    del reference
+    for graph, prods, path in graphs:
+        smooth: dict[int, NDArray[np.float32]] = {}
+        for p, s in zip(prods, scales, strict=True):
+            if s is not None:
+                p.weight[...] *= s[:, None]  # in place: the product's own copy
+                smooth[id(p.node)] = (1 / s).astype(np.float32)
+        _rewrite(graph, prods, smooth)
+        onnx.save(graph, str(path))
+    return [path for _, _, path in graphs]
 
 
 _KINDS = ("qkv", "o", "gate_up", "down")
@@ -131,6 +150,29 @@ def _products(model: onnx.ModelProto, fp32: onnx.ModelProto) -> list[_Product]:
         if weight.shape != (_attr(node, "K"), _attr(node, "N")):
             raise ValueError(f"{name}: {weight.shape} is not {node.name}'s K x N")
         out.append(_Product(node, _KINDS[i % len(_KINDS)], weight.copy()))
+    return out
+
+
+def _twins(
+    batched: onnx.ModelProto, model: onnx.ModelProto, products: list[_Product]
+) -> list[_Product]:
+    """The batched int8 graph's layer products, in the order of ``model``'s
+    ``products``, each with its own copy of the fp32 weight: the same int8 weights,
+    checked (the batched export names its initializers otherwise)."""
+
+    def quantised(graph: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
+        return {i.name: i for i in graph.graph.initializer}
+
+    mine, theirs = quantised(model), quantised(batched)
+    nodes = [n for n in batched.graph.node if n.op_type == "MatMulNBits"]
+    nodes = [n for n in nodes if not n.input[1].startswith(HEAD_WEIGHT)]
+    if len(nodes) != len(products):
+        raise ValueError(f"the batched graph has {len(nodes)} layer products, not {len(products)}")
+    out = []
+    for node, p in zip(nodes, products, strict=True):
+        if theirs[node.input[1]].raw_data != mine[p.node.input[1]].raw_data:
+            raise ValueError(f"{node.name} does not hold the weights of {p.node.name}")
+        out.append(_Product(node, p.kind, p.weight.copy()))
     return out
 
 
