@@ -537,7 +537,7 @@ def _value(p: Param, text: str) -> Any:
     if not math.isfinite(x):
         return text
     if p.minimum is not None:
-        x = max(x, p.minimum)
+        x = max(x, float(p.minimum))  # float: a bound may be an int, which has no is_integer
     if p.maximum is not None:
-        x = min(x, p.maximum)
+        x = min(x, float(p.maximum))
     return int(x) if p.type == "integer" or x.is_integer() else x

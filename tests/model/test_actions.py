@@ -15,6 +15,7 @@ from model.actions import (
     ActionSettings,
     CallOptions,
     ContentFree,
+    _value,
     call_starts,
     decode_call,
     shapes,
@@ -311,3 +312,18 @@ def test_content_free_odds_are_read_once_per_branch() -> None:
     assert np.array_equal(free(ids, options), first) and backend.steps == 4  # kept
     free(ids[:2], options)
     assert backend.steps == 6  # another branch: a pass per prompt, the prefills kept
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("60", 32), ("12", 16), ("21.5", 21.5), ("20", 20), ("-", "-")],
+)
+def test_a_number_past_the_schema_s_whole_bounds_is_clamped_to_them(
+    text: str, value: float | str
+) -> None:
+    """The cabin's 16-32 degrees are whole numbers: "bring the cabin to sixteen" heard
+    "60" is clamped to 32 (then asked about, model.ask.unsaid), not a failed turn (an
+    int has no is_integer before Python 3.12)."""
+    cabin = Param("temperature_c", "number", minimum=16, maximum=32)
+    assert _value(cabin, text) == value
+    assert type(_value(cabin, text)) is type(value)
