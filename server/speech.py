@@ -30,6 +30,9 @@ class Sentence:
 # whitespace. Abbreviations such as "Dr. Smith" split early; that only costs a slightly
 # shorter first TTS chunk, never lost text.
 _SENTENCE_END = re.compile(r"[.!?…]+[\"')\]]*\s+")
+# Markup a reply model may write into its words ("<name>My sister ...</name>"): never
+# spoken (Piper would read the brackets). A "<" with a space after it is not a tag.
+_TAG = re.compile(r"</?[A-Za-z_][\w.:-]*>")
 
 
 # Where the first sentence is cut for a quick first audio chunk. Piper's time grows with
@@ -224,19 +227,36 @@ def _word_offset(text: str, i: int) -> int:
     return [m.start() for m in re.finditer(r"\S+", text)][i]
 
 
+def _untagged(text: str) -> tuple[str, str]:
+    """``text`` with its tags as spaces, and the tail that may open one still to come
+    ("<na" of "<name>"), held back."""
+    cut = text.rfind("<")
+    tail = ""
+    if cut >= 0 and ">" not in text[cut:] and re.fullmatch(r"</?[\w.:-]*", text[cut:]):
+        text, tail = text[:cut], text[cut:]
+    return _TAG.sub(" ", text), tail
+
+
 async def sentences(
     stream: AsyncIterator[ReplyChunk],
 ) -> AsyncIterator[Sentence | ToolCall | ReplyEnd]:
     """The reply's tool call if it acts, its sentences (a long first one cut at its
-    first clause), numbered from 0, then its :class:`ReplyEnd`; a cancelled reply (no
-    ReplyEnd) keeps its unfinished last sentence to itself."""
+    first clause; markup tags left out), numbered from 0, then its :class:`ReplyEnd`; a
+    cancelled reply (no ReplyEnd) keeps its unfinished last sentence to itself."""
     splitter, index = SentenceSplitter(first_clause=True), 0
+    held = ""  # the start of a tag not closed yet
     async for chunk in stream:
         if isinstance(chunk, ToolCall):  # before any text: the reply acts
             yield chunk
             continue
-        texts = splitter.flush() if isinstance(chunk, ReplyEnd) else splitter.feed(chunk)
+        if isinstance(chunk, ReplyEnd):
+            texts = splitter.feed(_TAG.sub(" ", held)) + splitter.flush()
+        else:
+            text, held = _untagged(held + chunk)
+            texts = splitter.feed(text)
         for text in texts:
+            if not (text := " ".join(text.split())):
+                continue  # markup alone: nothing to say
             yield Sentence(text, index)
             index += 1
         if isinstance(chunk, ReplyEnd):

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import pytest
 
-from server.speech import SentenceSplitter
+from model.engine import GenerationStats, ReplyChunk, ReplyEnd
+from server.speech import Sentence, SentenceSplitter, sentences
 
 
 def split(text: str, first_clause: bool) -> list[str]:
@@ -76,3 +79,18 @@ def test_without_first_clause_only_sentences_are_released() -> None:
         "Paris is the capital of France, and it is known for art.",
         "It rains.",
     ]
+
+
+async def test_markup_in_a_reply_is_never_spoken() -> None:
+    """A reply model's stray tags (seen: "<name>My sister sent ...</name>I'm sorry")
+    are left out of the sentences Piper reads; a "<" that opens no tag stays."""
+
+    async def reply() -> AsyncIterator[ReplyChunk]:
+        for piece in ["<name>My sister sent", " a message.</name>", "<b></b>", " So 3 < 5. Ok."]:
+            yield piece
+        yield ReplyEnd(GenerationStats(0, 0, "end"))
+
+    out = [c async for c in sentences(reply())]
+    said = [c.text for c in out if isinstance(c, Sentence)]
+    assert said == ["My sister sent a message.", "So 3 < 5.", "Ok."]
+    assert [c.index for c in out if isinstance(c, Sentence)] == [0, 1, 2]
