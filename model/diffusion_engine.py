@@ -214,8 +214,8 @@ class DiffusionGenerator:
                 # earlier reply or the user's words did either ("Remind me to call my
                 # mom at six." was confirmed with those words)
                 avoid=avoid,
-                # a spoken reply never writes a call's tags
-                never=() if forced else self._no_call(tools),
+                # a spoken reply never writes a call's tags, tools offered or not
+                never=() if forced else self._no_call(),
                 breaks=True,
             )
             text = _text(tokens, decoder)
@@ -320,14 +320,15 @@ class DiffusionGenerator:
             del self._calibrations[next(iter(self._calibrations))]
         return found
 
-    def _no_call(self, tools: Sequence[Tool]) -> tuple[int, ...]:
-        """With tools, the tokens a call's tags start with ("<", "</", and the "tool" of
-        "<tool_call>" that follows them), which no spoken reply writes: the decision was
-        made (call_starts), and the sampler must not write a call as words, nor the tail
-        of one it was not to make (after "Cancel the timer." a "goodbye" was answered
-        "</tool_call>Cancelling the timer.", and with "</" barred, "Itool_call>...")."""
-        if not tools:
-            return ()
+    def _no_call(self) -> tuple[int, ...]:
+        """The tokens a call's tags start with ("<", "</", and the "tool" of
+        "<tool_call>" that follows them), which no spoken reply writes: with tools, the
+        decision was made (call_starts), and the sampler must not write a call as words,
+        nor the tail of one it was not to make (after "Cancel the timer." a "goodbye" was
+        answered "</tool_call>Cancelling the timer.", and with "</" barred,
+        "Itool_call>..."); without, a model trained on calls still writes tags now and
+        then (offered none for "My sister sent me a funny message this morning.", it
+        answered "<name>My sister sent ...</name>")."""
         ids = (self.tokenizer.encode_plain(tag)[:2] for tag in (CALL_OPEN, CALL_CLOSE))
         return tuple(sorted({i for pair in ids for i in pair}))
 

@@ -164,19 +164,19 @@ def test_a_spoken_reply_never_opens_with_the_call_s_first_token() -> None:
 @pytest.mark.models
 def test_a_spoken_reply_writes_no_token_a_call_s_tags_start_with(smollm2_gguf: GGUFFile) -> None:
     """SmolLM2's tokenizer starts the two tags differently ("<tool" and "</tool"): a
-    reply that was to speak writes none of those tokens anywhere, so it never speaks a
-    call or its tail (after "Cancel the timer." the model answered "goodbye" with
-    "</tool_call>Cancelling...", and with "</" barred at the start, "Itool_call>...")."""
+    reply that was to speak, tools offered or not, writes none of those tokens
+    anywhere, so it never speaks a call or its tail (after "Cancel the timer." the
+    model answered "goodbye" with "</tool_call>Cancelling...", and with "</" barred at
+    the start, "Itool_call>...")."""
     from model.tokenizer import Tokenizer
 
     gen, _ = tiny_generator()
     gen.tokenizer = tok = Tokenizer(smollm2_gguf.tokenizer_data())
-    never = gen._no_call(TOOLS)
+    never = gen._no_call()
     assert [tok.decode([i]) for i in never] == sorted(
         ["<", "</", "tool"], key=lambda t: tok.encode_plain(t)[0]
     )
     assert tok.encode_plain(" tool")[0] not in never  # the word itself stays sayable
-    assert gen._no_call(()) == ()  # no tools: nothing to keep out
 
 
 def test_a_token_the_reply_may_never_write_is_not_written() -> None:
