@@ -294,6 +294,38 @@ def test_a_pass_holds_no_more_wide_rows_than_its_shape_lets(tiny_dir: Path) -> N
     assert all(sum(w > NARROW for w in pass_) <= 1 for pass_ in widths)
 
 
+def test_narrow_rows_share_a_pass_only_where_it_costs_less_than_taking_turns() -> None:
+    """The AMD EPYC's measured costs: the batched graph runs all 8 rows whatever how
+    many ask, so 2 cost 13.6 ms against 2 x 5.0 one after another; 3 and more share."""
+    costs = {"1x1": 4.99, "1x2": 13.61, "1x4": 13.69, "1x8": 14.05, "16x1": 15.15}
+    shape = PassShape(wide=1, narrow=8, costs_ms=costs)
+    assert [shape.batched_pays(k) for k in range(1, 9)] == [True, False] + [True] * 6
+    assert PassShape(8, 8).batched_pays(2)  # not measured: batched
+    gpu = {"1x1": 2.0, "1x2": 2.1, "1x8": 2.3}
+    assert all(PassShape(8, 8, costs_ms=gpu).batched_pays(k) for k in range(2, 9))
+
+
+def test_replies_take_turns_where_a_shared_pass_costs_more(tiny_dir: Path) -> None:
+    """Where two rows cost more together than one after another, two replies' one-token
+    steps run one a pass in the one-reply graph, and say what they say alone."""
+    runner = runner_of(tiny_dir)
+    alone = [ar(runner.single, p) for p in PROMPTS[:2]]
+    never = {"1x1": 1.0, **{f"1x{k}": 10.0 * k for k in (2, 4, BATCH_ROWS)}}
+    widths: list[list[int]] = []  # each pass: its rows' widths
+    shape = PassShape(1, 8, never)
+    loop = StepLoop(runner, on_pass=lambda t: widths.append([len(r.ids) for r in t]), shape=shape)
+    try:
+        shared = BatchedBackend(loop)
+        together = in_threads([lambda p=p: ar(shared, p) for p in PROMPTS[:2]])
+    finally:
+        loop.close()
+    assert together == alone
+    narrow = [w for w in widths if max(w) <= NARROW]
+    assert len(narrow) > 10 and all(len(w) == 1 for w in narrow)
+    # only a prompt's prefill shares its pass, as the shape lets wide rows
+    assert all(max(w) > NARROW for w in widths if len(w) > 1)
+
+
 def test_the_host_shape_is_measured_once_and_kept_in_the_model_dir(
     tiny_dir: Path, tmp_path: Path
 ) -> None:
