@@ -127,11 +127,14 @@ class StepGraph(nn.Module):
         x: torch.Tensor,  # (1, N, C)
         rows: list[tuple[Any, torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor]],
         past: tuple[torch.Tensor, ...],
+        keep: list[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """One layer of the fused graphs: q, k and v in one product, RoPE inside the
         attention node, the gate and up projections in one product. ``rows``: per
         reply, its token indices (None: all of them), positions, the node's lengths and
-        its bias; ``past``: each row's key and value buffers of this layer, in order."""
+        its bias; ``past``: each row's key and value buffers of this layer, in order;
+        ``keep``: per row, how many of its attention outputs go on (an idle row's
+        stand-in token none)."""
         blk: Any = self.blocks[layer]
         a = blk.attn
         qkv = self.qkv[layer](blk.attn_norm(x))  # (1, N, (nh + 2 nkv) hd)
@@ -155,7 +158,7 @@ class StepGraph(nn.Module):
             else:  # tiny test models: RoPE before the node, as format v5
                 rope = rope_cos_sin(pos[None], a.hd, self.cfg.rope_theta, x.dtype)
                 y, pk, pv = _rotated_attention(part, pk, pv, lens, rope, bias, a.nh, a.nkv)
-            ys.append(y)
+            ys.append(y if keep is None else y[:, : keep[r]])
             present += [pk, pv]
         x = x + a.o_proj(ys[0] if len(ys) == 1 else torch.cat(ys, 1))
         ffn = self.cfg.ffn_hidden  # split at a constant: chunk() costs 6 shape nodes a layer
@@ -532,24 +535,31 @@ class BatchGraph(StepGraph):
         spans = []  # per row: its token indices, and the fused node's lengths and mask
         for b in range(B):
             T, S = lengths[b], past_lengths[b]
-            at = torch.arange(ends[b] - T, ends[b], device=x.device)  # type: ignore[call-overload]
-            total = S + T
+            # A row with no step (T = 0) attends one stand-in token, another row's, whose
+            # key and value land past its cache's end and whose output is dropped: it
+            # costs one token's attention and nothing of the products
+            Tq = torch.clamp(T, min=1)
+            start = ends[b] - T
+            at = torch.arange(start, start + Tq, device=x.device)  # type: ignore[call-overload]
+            at = torch.clamp(at, max=N - 1)
+            total = S + Tq
             # fused: the row's first S+T entries; plain: its buffer's whole capacity
             span = total if self.attention == "fused" else past[2 * b * L].shape[2]
-            i = torch.arange(T, device=x.device)[:, None]  # type: ignore[call-overload]
+            i = torch.arange(Tq, device=x.device)[:, None]  # type: ignore[call-overload]
             j = torch.arange(span, device=x.device)[None, :]  # type: ignore[arg-type]
             allowed = ((j <= i + S) | blocks[b]) & (j < total)
             bias = torch.zeros(allowed.shape, dtype=x.dtype).masked_fill(~allowed, float("-inf"))
             lens = (total.to(torch.int32) - 1).reshape(1), total.to(torch.int32)
             spans.append((at, S, lens, bias))
         present: list[list[torch.Tensor]] = [[] for _ in range(B)]
+        keep = [lengths[b] for b in range(B)]
         if self.attention == "fused":
             rows = [(at, positions.index_select(0, at), lens, bias) for at, _, lens, bias in spans]
             for layer in range(L):
                 bufs = tuple(
                     t for b in range(B) for t in past[2 * (b * L + layer) : 2 * (b * L + layer) + 2]
                 )
-                x, kv = self.packed_layer(layer, x, rows, bufs)
+                x, kv = self.packed_layer(layer, x, rows, bufs, keep)
                 for b in range(B):
                     present[b] += kv[2 * b : 2 * b + 2]
         else:
@@ -567,7 +577,7 @@ class BatchGraph(StepGraph):
                     pk, pv = past[2 * (b * L + layer)], past[2 * (b * L + layer) + 1]
                     qkv = q.index_select(1, at), k.index_select(1, at), v.index_select(1, at)
                     y, pk, pv = plain_attention(*qkv, pk, pv, S, bias, a.nh, a.nkv)
-                    ys.append(y)
+                    ys.append(y[:, : keep[b]])
                     present[b] += [pk, pv]
                 x = x + a.o_proj(torch.cat(ys, 1))
                 x = x + blk.mlp(blk.mlp_norm(x))  # type: ignore[operator]
@@ -579,7 +589,7 @@ class BatchGraph(StepGraph):
 def batch_example_inputs(model: Llama, rows: int, C: int = 8) -> tuple[torch.Tensor, ...]:
     """Rows of different lengths and pasts, so nothing traces as a constant."""
     cfg = model.config
-    lengths = torch.tensor([1 + b % 3 for b in range(rows)])
+    lengths = torch.tensor([1 + b % 3 if b < rows - 1 else 0 for b in range(rows)])  # one idle
     past = torch.tensor([b % 4 for b in range(rows)])
     spans = zip(past.tolist(), lengths.tolist(), strict=True)
     positions = torch.cat([torch.arange(p, p + t) for p, t in spans])

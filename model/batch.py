@@ -148,9 +148,10 @@ class BatchRunner:
                 chunk, block = req.ids, req.attend == "block"
                 rows.append(req.rows + offset)
                 held.append(req.cache.buffers)
-            else:  # no request: one token, no logits, written past what the row's cache holds
+            else:  # no request: no tokens; the graph writes a stand-in's key and value
+                # past what the row's cache holds, and drops its output
                 cache = self._idle_cache(b)
-                P, T, chunk, block = cache.length, 1, np.zeros(1, np.int64), False
+                P, T, chunk, block = cache.length, 0, np.zeros(0, np.int64), False
                 held.append(cache.buffers)
             ids.append(chunk)
             positions.append(np.arange(P, P + T, dtype=np.int64))
@@ -181,8 +182,10 @@ class BatchRunner:
         return self.single.step(r.cache, r.ids, r.attend, r.commit, r.rows)
 
     # Each row's 2 x layers buffers stay bound from pass to pass (binding them all costs
-    # ~1 ms a row): a reply keeps its row while its cache lives, and a row with no
-    # request runs one token on whatever cache it holds, past that cache's end.
+    # ~1 ms a row): a reply keeps its row while its cache lives. A row with no request
+    # has its stand-in token attend over the cache it holds, past that cache's end: over
+    # a kept conversation's hundreds of positions, every pass. So a row that has had no
+    # request for IDLE_PASSES passes is bound to the empty idle cache instead.
 
     def _place(self, requests: Sequence[Request]) -> dict[int, Request]:
         """Each request's row: the one its cache is bound to, else a free one (a row
@@ -198,7 +201,9 @@ class BatchRunner:
         self._tick += 1
         for r in homeless:
             free = [b for b in range(self.rows) if b not in at_row]
-            b = min(free, key=lambda b: (self._bound[b][0]() is not None, self._used[b]))
+            b = min(
+                free, key=lambda b: (self._bound[b][0]() not in (None, self._idle), self._used[b])
+            )
             at_row[b] = r
         for b in at_row:
             self._used[b] = self._tick
@@ -211,8 +216,9 @@ class BatchRunner:
         return None
 
     def _idle_cache(self, row: int) -> OrtCache:
-        """The cache a row with no request runs its token on: the one bound, when it is
-        alive, bound where it still is, and has room past its end; else the idle one."""
+        """The cache a row with no request runs its stand-in token on: the one bound,
+        when it is alive, bound where it still is, has room past its end and asked
+        within :data:`IDLE_PASSES` passes; else the idle one."""
         ref, ptr, capacity = self._bound[row]
         cache = ref()
         if (
@@ -220,6 +226,7 @@ class BatchRunner:
             or cache.buffers.data_ptr() != ptr
             or cache.capacity != capacity
             or cache.length >= capacity
+            or (cache is not self._idle and self._tick - self._used[row] >= IDLE_PASSES)
         ):
             cache = self._idle
             self._idle.length = 0
@@ -242,6 +249,10 @@ class BatchRunner:
                 self._io.bind_output(f"present_{kv}_{layer}_{row}", *args)
         self._bound[row] = (weakref.ref(cache), ptr, capacity)
 
+
+# Passes a batched row may go without a request before its stand-in token stops reading
+# the cache it holds (BatchRunner._idle_cache): a reply in flight asks every pass or two
+IDLE_PASSES = 8
 
 # How long the loop waits for the next of the last pass's replies to ask for their next
 # step before it runs what is waiting. Their decoders sample between passes one after
@@ -275,7 +286,7 @@ class PassShape:
     def batched_pays(self, rows: int) -> bool:
         """Whether ``rows`` one-token rows cost less in one batched pass than one after
         another in the one-reply graph. The batched graph runs every one of its rows
-        whether it has a request or not (an idle row runs one token), so on a CPU a
+        whether it has a request or not (an idle row's stand-in token attends), so on a CPU a
         pass of 2 costs nearly what one of 8 does (the AMD EPYC without AMX: 13.6 and
         14.1 ms, one row alone 5.0): two replies go faster taking turns. Unmeasured
         (a shape given, not timed): always batched."""
@@ -307,7 +318,10 @@ def measure_shape(runner: BatchRunner, repeats: int = 5, cached: int = 64) -> Pa
 
     def cost(k: int, width: int) -> float:
         times = []
-        for _ in range(repeats + 1):  # the first warms the graph's kernels up: not timed
+        # not timed: the first warms the graph's kernels up, and the rest take the rows
+        # of the last measurement's replies to the idle cache, as a loop's would
+        warm = IDLE_PASSES
+        for _ in range(warm + repeats):
             ids, rows = rng.integers(0, 100, width), np.arange(width)
             requests = [
                 Request((False, 0), i, caches[i], ids, "block", False, rows) for i in range(k)
@@ -315,7 +329,7 @@ def measure_shape(runner: BatchRunner, repeats: int = 5, cached: int = 64) -> Pa
             t0 = time.perf_counter()
             runner.run(requests)
             times.append(time.perf_counter() - t0)
-        return float(np.median(times[1:]))
+        return float(np.median(times[warm:]))
 
     fits, costs = {}, {}
     ks = sorted({1, 2, 4, runner.rows})

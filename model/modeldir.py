@@ -54,8 +54,9 @@ TOKENIZER = "tokenizer.json"
 # written in place by a fused GroupQueryAttention; 5: a batched graph beside the
 # one-reply graph (several replies' steps in one pass, model/batch.py); 6: q, k and v in
 # one weight product, RoPE inside the fused attention node, the gate and up projections
-# in one product (the CPU graphs: a one-token pass 0.8x v5's).
-FORMAT_VERSION = 6
+# in one product (the CPU graphs: a one-token pass 0.8x v5's); 7: a batched row with no
+# step has no tokens (its products cost nothing; it was one token a row).
+FORMAT_VERSION = 7
 DEFAULT_NAME = f"smollm2-135m-instruct-onnx-v{FORMAT_VERSION}"
 
 

@@ -65,6 +65,35 @@ def test_the_build_writes_a_batched_graph_of_the_default_rows(tiny_dir: Path) ->
         assert manifest["files"][found[0].name]["variant"] == variant
 
 
+def test_a_row_idle_for_a_while_lets_go_of_its_cache_and_it_answers_as_alone(
+    tiny_dir: Path,
+) -> None:
+    """A row with no request has no tokens: its stand-in writes past its cache's end and
+    is dropped. After IDLE_PASSES passes without a request the row holds the empty idle
+    cache instead (its stand-in then reads nothing); the reply that comes back is given
+    a row again, with its cache as it left it and the logits it gets alone."""
+    runner = runner_of(tiny_dir)
+    single, rng = runner.single, np.random.default_rng(1)
+    pasts = [rng.integers(0, VOCAB, 9).tolist(), rng.integers(0, VOCAB, 5).tolist()]
+    kept, busy = (filled(single, p) for p in pasts)
+    twin = filled(single, pasts[0])
+
+    def step(cache: OrtCache) -> Request:
+        return Request((False, 0), 0, cache, np.array([7]), "causal", True, np.arange(1))
+
+    runner.run([step(kept), step(busy)])
+    single.step(twin, np.array([7]), "causal", commit=True)
+    before = kept.buffers.numpy()[..., : kept.length, :].copy()
+    for _ in range(model.batch.IDLE_PASSES - 1):
+        runner.run([step(busy), step(filled(single, [3]))])
+    assert runner._row_of(kept) is not None  # still holds its row
+    runner.run([step(busy), step(filled(single, [3]))])
+    assert runner._row_of(kept) is None  # let go
+    np.testing.assert_array_equal(kept.buffers.numpy()[..., : kept.length, :], before)
+    back = runner.run([step(kept), step(busy)])[0]
+    np.testing.assert_array_equal(back, single.step(twin, np.array([7]), "causal", commit=True))
+
+
 @pytest.mark.parametrize("variant", ["fp32", "int8"])
 def test_each_row_of_a_batched_pass_gets_what_it_gets_alone(tiny_dir: Path, variant: str) -> None:
     """Exact logits and cache entries, rows of every kind in one pass (an AR step, a
