@@ -127,14 +127,14 @@ class StepGraph(nn.Module):
         x: torch.Tensor,  # (1, N, C)
         rows: list[tuple[Any, torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor]],
         past: tuple[torch.Tensor, ...],
-        keep: list[torch.Tensor] | None = None,
+        keep: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """One layer of the fused graphs: q, k and v in one product, RoPE inside the
         attention node, the gate and up projections in one product. ``rows``: per
         reply, its token indices (None: all of them), positions, the node's lengths and
         its bias; ``past``: each row's key and value buffers of this layer, in order;
-        ``keep``: per row, how many of its attention outputs go on (an idle row's
-        stand-in token none)."""
+        ``keep``: which of the rows' attention outputs, end to end, go on (not an idle
+        row's stand-in)."""
         blk: Any = self.blocks[layer]
         a = blk.attn
         qkv = self.qkv[layer](blk.attn_norm(x))  # (1, N, (nh + 2 nkv) hd)
@@ -158,9 +158,10 @@ class StepGraph(nn.Module):
             else:  # tiny test models: RoPE before the node, as format v5
                 rope = rope_cos_sin(pos[None], a.hd, self.cfg.rope_theta, x.dtype)
                 y, pk, pv = _rotated_attention(part, pk, pv, lens, rope, bias, a.nh, a.nkv)
-            ys.append(y if keep is None else y[:, : keep[r]])
+            ys.append(y)
             present += [pk, pv]
-        x = x + a.o_proj(ys[0] if len(ys) == 1 else torch.cat(ys, 1))
+        y = ys[0] if len(ys) == 1 else torch.cat(ys, 1)
+        x = x + a.o_proj(y if keep is None else y.index_select(1, keep))
         ffn = self.cfg.ffn_hidden  # split at a constant: chunk() costs 6 shape nodes a layer
         gate, up = self.gate_up[layer](blk.mlp_norm(x)).split([ffn, ffn], dim=-1)
         x = x + blk.mlp.down_proj(F.silu(gate) * up)
@@ -552,7 +553,12 @@ class BatchGraph(StepGraph):
             lens = (total.to(torch.int32) - 1).reshape(1), total.to(torch.int32)
             spans.append((at, S, lens, bias))
         present: list[list[torch.Tensor]] = [[] for _ in range(B)]
-        keep = [lengths[b] for b in range(B)]
+        # the rows' attention outputs end to end, less the idle rows' stand-ins: one
+        # gather a layer (a slice a row cost 240 nodes a pass)
+        real = [
+            torch.arange(s[0].shape[0], device=x.device) < lengths[b] for b, s in enumerate(spans)
+        ]
+        keep = torch.cat(real).nonzero()[:, 0]
         if self.attention == "fused":
             rows = [(at, positions.index_select(0, at), lens, bias) for at, _, lens, bias in spans]
             for layer in range(L):
@@ -577,9 +583,9 @@ class BatchGraph(StepGraph):
                     pk, pv = past[2 * (b * L + layer)], past[2 * (b * L + layer) + 1]
                     qkv = q.index_select(1, at), k.index_select(1, at), v.index_select(1, at)
                     y, pk, pv = plain_attention(*qkv, pk, pv, S, bias, a.nh, a.nkv)
-                    ys.append(y[:, : keep[b]])
+                    ys.append(y)
                     present[b] += [pk, pv]
-                x = x + a.o_proj(torch.cat(ys, 1))
+                x = x + a.o_proj(torch.cat(ys, 1).index_select(1, keep))
                 x = x + blk.mlp(blk.mlp_norm(x))  # type: ignore[operator]
         y = self.norm(x[0].index_select(0, logit_rows))
         logits = (y @ self.embed_t)[:, : cfg.vocab_size] if self.head is None else self.head(y)
