@@ -16,7 +16,7 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 
 from model.backend import StepBackend
-from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt, first_message_length
+from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt, first_message_length, system_head
 from model.engine import ChatMessage, GenerationStats
 from model.generate import greedy
 from model.openings import reply_openings
@@ -62,6 +62,11 @@ class ARGenerator:
         self.options = options
         self.name = name
         self.prefixes = PrefixCache(backend, options.cache_sessions)
+
+    def prime_heads(self, tool_sets: Sequence[Sequence[Tool]] = ()) -> int:
+        """Prefill the system prompt now and keep it as a head (no tools: this engine
+        writes no calls); how many are kept."""
+        return int(self.prefixes.prime(system_head(self.tokenizer, self.options.system_prompt)))
 
     def generate(
         self,

@@ -95,6 +95,13 @@ def trim_history(
     return head + body[drop:]
 
 
+def system_head(tok: Tokenizer, system_prompt: str = SPOKEN_SYSTEM_PROMPT) -> list[int]:
+    """Token ids every prompt with ``system_prompt`` starts with: its first message, as
+    :func:`build_prompt` encodes it and :func:`first_message_length` measures it."""
+    ids = encode_chat(tok, with_system_prompt([ChatMessage("user", "")], system_prompt))
+    return ids[: first_message_length(tok, ids)]
+
+
 def build_prompt(
     tok: Tokenizer,
     conversation: Sequence[ChatMessage],

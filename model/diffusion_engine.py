@@ -31,7 +31,7 @@ from model.actions import (
     shape_names,
 )
 from model.backend import Prefix, StepBackend, last_row
-from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt, first_message_length
+from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt, first_message_length, system_head
 from model.confirm import Confirmation, tool_named
 from model.engine import ChatMessage, GenerationStats
 from model.modeldir import adapter_calls_tools
@@ -167,6 +167,13 @@ class DiffusionGenerator:
         self.router: ToolRouter | None = None
         # points at a routed call's string values in the user's words (model/spans.py)
         self.spans: SpanPointer | None = None
+
+    def prime_heads(self, tool_sets: Sequence[Sequence[Tool]]) -> int:
+        """Prefill the system prompt with each of ``tool_sets`` now and keep it as a
+        head (:meth:`model.prefix.PrefixCache.prime`): how many are kept."""
+        tool_sets = tool_sets if self.supports_tools else [()]
+        systems = {tools_system_prompt(self.options.system_prompt, t) for t in tool_sets}
+        return sum(self.prefixes.prime(system_head(self.tokenizer, s)) for s in systems)
 
     def generate(
         self,

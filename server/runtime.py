@@ -41,6 +41,7 @@ from model.diffusion_engine import DiffusionGenerator
 from model.engine import ReplyEngine, TextGenerator, ThreadedReplyEngine
 from model.openai_chat import ChatServerOptions
 from model.runtime import Device
+from model.tools import DEFAULT_TOOLS
 
 from .speech import SpeechFirst
 from .turn_end import EndOfTurnModel
@@ -251,6 +252,12 @@ def load_runtime(options: RuntimeOptions) -> Runtime:
             options.batching,
         ),
     )
+    prime = getattr(generator, "prime_heads", None)
+    if prime is not None:  # a session's first turn then prefills only its own words
+        _timed(
+            "the system prompt's cache, with and without the default tools",
+            lambda: prime([DEFAULT_TOOLS, ()]),
+        )
     shared = shared_passes(generator)
     threads = reply_threads(options.engine, shared)
     workers[WorkerKind.REPLY] = Worker(WorkerKind.REPLY.value, threads)

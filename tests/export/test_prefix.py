@@ -159,3 +159,39 @@ def test_a_first_message_put_once_is_not_kept_as_a_head(tiny_dir: Path) -> None:
         pass
     assert kept.heads == 1 and kept.take([*SYSTEM, 7]).length == len(SYSTEM)
     assert kept.take([*one_off, 7]).length == 0
+
+
+def test_a_primed_head_serves_the_first_conversation_that_starts_with_it(
+    tiny_dir: Path,
+) -> None:
+    """A server keeps its system prompts' heads from the start (PrefixCache.prime): the
+    very first session's turn copies it and prefills only its own words, with the
+    logits a cold prefill gives."""
+    backend = ort_backend(tiny_dir)
+    kept = PrefixCache(backend, capacity=4)
+    assert not kept.prime(SYSTEM[: MIN_COPIED - 1])  # too short to be worth a copy
+    assert kept.prime(SYSTEM) and kept.heads == 1 and len(kept) == 0
+    first = [*SYSTEM, 5, 6]
+    warm = kept.take(first)
+    assert warm.length == len(SYSTEM)
+    got = backend.step(warm.cache, np.array([5, 6]), "causal", commit=True, rows=[1])
+    want = backend.step(backend.new_cache(), np.array(first), "causal", True, rows=[len(first) - 1])
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    assert kept.take([*SYSTEM, 7]).length == len(SYSTEM)  # the head stays for the next
+
+
+def test_the_engines_prime_the_heads_their_prompts_start_with(tiny_dir: Path) -> None:
+    """The served engines' heads are the first message of the prompts they build (with
+    the default tools and without), so a first turn finds them."""
+    from model.assemble import load_onnx_diffusion_generator
+    from model.chat import build_prompt, first_message_length
+    from model.engine import ChatMessage
+    from model.runtime import RuntimeConfig
+    from model.tools import DEFAULT_TOOLS, tools_system_prompt
+
+    gen = load_onnx_diffusion_generator(tiny_dir, "fp32", RuntimeConfig(device="cpu", max_len=512))
+    assert gen.prime_heads([DEFAULT_TOOLS, ()]) == (2 if gen.supports_tools else 1)
+    for tools in (DEFAULT_TOOLS, ()) if gen.supports_tools else ((),):
+        system = tools_system_prompt(gen.options.system_prompt, tools)
+        prompt = build_prompt(gen.tokenizer, [ChatMessage("user", "hi there")], 512, system)
+        assert gen.prefixes.take(prompt).length == first_message_length(gen.tokenizer, prompt)
