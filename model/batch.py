@@ -285,11 +285,12 @@ class PassShape:
 
     def batched_pays(self, rows: int) -> bool:
         """Whether ``rows`` one-token rows cost less in one batched pass than one after
-        another in the one-reply graph. The batched graph runs every one of its rows
-        whether it has a request or not (an idle row's stand-in token attends), so on a CPU a
-        pass of 2 costs nearly what one of 8 does (the AMD EPYC without AMX: 13.6 and
-        14.1 ms, one row alone 5.0): two replies go faster taking turns. Unmeasured
-        (a shape given, not timed): always batched."""
+        another in the one-reply graph. The batched graph runs every one of its rows,
+        whether it has a request or not: with format v6 an idle row's token went through
+        the whole model, and on the AMD EPYC without AMX a pass of 2 cost 13.6 ms, of 8
+        14.1, one row alone 5.0, so two replies went faster taking turns. Since v7 an
+        idle row costs its stand-in's attention only (2 rows 8.6 ms there), and sharing
+        pays from 2 rows. Unmeasured (a shape given, not timed): always batched."""
         one = self.costs_ms.get("1x1")
         measured = sorted(
             (int(k[2:]), v) for k, v in self.costs_ms.items() if k.startswith("1x") and k != "1x1"
