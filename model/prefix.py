@@ -120,6 +120,9 @@ class PrefixCache:
         toks = np.asarray(head, dtype=np.int64)
         if self._copy is None or self.max_heads <= 0 or toks.size < MIN_COPIED:
             return False
+        with self._lock:
+            if self._held(toks):
+                return True
         cache = self.backend.new_cache()
         try:
             self.backend.step(cache, toks, "causal", commit=True, rows=np.array([toks.size - 1]))
@@ -127,10 +130,7 @@ class PrefixCache:
             return False
         with self._lock:
             self._seen[hash(toks.tobytes())] = None
-            self._heads[self._next_key] = (toks, cache)
-            self._next_key += 1
-            while len(self._heads) > self.max_heads:
-                self._heads.popitem(last=False)
+            self._keep_head(toks, cache)
         return True
 
     def evict_oldest(self) -> bool:
@@ -149,12 +149,8 @@ class PrefixCache:
     def _pin(self, toks: np.ndarray, source: Any) -> None:
         """Keep a copy of ``source``'s first ``len(toks)`` positions as a head (the
         most recently used when one holds them already)."""
-        if self._copy is None or self.max_heads <= 0:
+        if self._copy is None or self.max_heads <= 0 or self._held(toks):
             return
-        for key, (held, _) in self._heads.items():
-            if np.array_equal(held, toks):
-                self._heads.move_to_end(key)
-                return
         # kept from its second conversation on: a client's one-off instructions (a
         # Realtime session's own) never push the shared system prompts out
         seen = hash(toks.tobytes())
@@ -167,7 +163,20 @@ class PrefixCache:
             copy = self._copy(source, toks.size)
         except RuntimeError:  # no room in the pool (model.batch.PoolFullError): not kept
             return
-        self._heads[self._next_key] = (toks, copy)
+        self._keep_head(toks, copy)
+
+    def _held(self, toks: np.ndarray) -> bool:
+        """Whether a head holds ``toks`` (it is then the most recently used)."""
+        for key, (held, _) in self._heads.items():
+            if np.array_equal(held, toks):
+                self._heads.move_to_end(key)
+                return True
+        return False
+
+    def _keep_head(self, toks: np.ndarray, cache: Any) -> None:
+        """Keep ``cache`` as the head of ``toks``, the least recently used out past
+        ``max_heads``."""
+        self._heads[self._next_key] = (toks, cache)
         self._next_key += 1
         while len(self._heads) > self.max_heads:
             self._heads.popitem(last=False)
