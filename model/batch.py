@@ -406,6 +406,10 @@ class StepLoop:
     ) -> None:
         self.runner = runner
         self.shape = shape or PassShape(runner.rows, runner.rows)
+        # how many one-token rows run in turn rather than in one pass (PassShape.batched_pays)
+        self._in_turn = frozenset(
+            k for k in range(2, runner.rows + 1) if not self.shape.batched_pays(k)
+        )
         self.on_pass = on_pass  # sees every pass's requests (metrics, tests)
         self._waiting: list[Request] = []
         self._expected: set[int] = set()  # the threads of the last pass, until they ask
@@ -482,7 +486,7 @@ class StepLoop:
             del taken
 
     def _pass(self, taken: list[Request]) -> None:
-        if all(len(r.ids) <= NARROW for r in taken) and not self.shape.batched_pays(len(taken)):
+        if len(taken) in self._in_turn and all(len(r.ids) <= NARROW for r in taken):
             # one after another: each reply samples its token while the next one's runs
             self._expect(taken)
             for r in taken:
