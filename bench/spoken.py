@@ -62,7 +62,7 @@ from websockets.exceptions import ConnectionClosed
 from audio.resample import SAMPLE_RATE, float32_to_int16
 from audio.speech import SpeechFactory, edit_distance, normalize_words, pad
 from clients.common import ClientError, Inbox, Pacer, Pcm, frames, open_session, silence
-from model.confirm import problems, tool_named
+from model.confirm import is_question, problems, tool_named
 from model.tools import DEFAULT_TOOLS, ToolCall
 from server import protocol as p
 from training.eval_actions import read_cases, same_call
@@ -101,8 +101,6 @@ DEFAULT_NOISE = ("clean", "babble:10")
 LEAD_S = 0.3  # about the endpointer's pre-roll
 TRAIL_S = 0.3  # silence (or noise) after the speech, before end_of_input
 BABBLE_TALKERS = 4  # other lines summed into babble
-# The confirmation question the session says instead of acting (model.confirm.question)
-_QUESTION = re.compile(r"^(Send .+ to .+|Call .+|Should I do .+)\?$")
 _SAID = re.compile(r"[.!?]$")  # a sentence's end: ReplyText may carry a part of one
 
 
@@ -252,7 +250,7 @@ async def _follow(inbox: Inbox, timeout_s: float) -> _Turn:
                 case p.ReplyText(text=text):
                     turn.sentences.append(text)
                     said = " ".join(turn.sentences).strip()
-                    if not turn.actions and _SAID.search(said) and not _QUESTION.match(said):
+                    if not turn.actions and _SAID.search(said) and not is_question(said):
                         return turn
                 case p.Metrics(asr_ms=ms):
                     turn.asr_ms = ms if ms is not None else turn.asr_ms
@@ -282,7 +280,7 @@ async def hear(url: str, audio: Float32Array, timeout_s: float = 60.0) -> Heard:
         turn = await _follow(inbox, timeout_s)
         heard.transcript, heard.asr_ms = turn.transcript, turn.asr_ms
         said = " ".join(turn.sentences).strip()
-        if not turn.actions and _QUESTION.match(said):
+        if not turn.actions and is_question(said):
             heard.question = said
             await ws.send(p.encode(p.Text("Yes.")))
             turn = await _follow(inbox, timeout_s)
@@ -393,6 +391,8 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "wrong_calls": wrong,
         "wrong_call_rate": rate(wrong, len(commands)),
         "wrong_asks": sum(r["wrong_ask"] for r in commands),
+        # commands made right after a question and a yes: what asking costs a user
+        "right_asks": sum(r["exact"] and r["asked"] for r in commands),
         "contradictions": contra,
         # of the contradictions, those of a template spoken after a question and a yes
         "contradictions_after_yes": sum(bool(r["contradiction"]) for r in acted if r["asked"]),
@@ -427,7 +427,7 @@ def table(conditions: Mapping[str, Mapping[str, Any]]) -> str:
     """Markdown: a row per voice and noise (docs/actions.md)."""
     lines = [
         "| voice, noise | commands right | false actions (misheard) | wrong calls (misheard) "
-        "| contradictions (after a yes) | asked: wrong calls / not commands | WER |",
+        "| contradictions (after a yes) | asked: right / wrong calls / not commands | WER |",
         "|---|---|---|---|---|---|---|",
     ]
     for label, s in conditions.items():
@@ -436,7 +436,7 @@ def table(conditions: Mapping[str, Mapping[str, Any]]) -> str:
             f"{s['false_actions']}/{s['not_commands']} ({s['false_actions_misheard']})",
             f"{s['wrong_calls']}/{s['commands']} ({s['wrong_calls_misheard']})",
             f"{s['contradictions']} ({s['contradictions_after_yes']})",
-            f"{s['wrong_asks']} / {s['false_asks']}",
+            f"{s['right_asks']} / {s['wrong_asks']} / {s['false_asks']}",
             "-" if s["wer"] is None else f"{s['wer']:.1%}",
         ]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
@@ -603,6 +603,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="--spoken: the started server's --asr-beam (default: its own)",
     )  # fmt: skip
     parser.add_argument(
+        "--asr-check", default=None, metavar="MODEL",
+        help="--spoken: the started server's --asr-check (auto, none, a model; default: its own)",
+    )  # fmt: skip
+    parser.add_argument(
         "--engine", default=None, help="--spoken: the started server's --engine (default: its own)"
     )
     parser.add_argument("--cache-dir", type=Path, default=None, help="--spoken: the server's")
@@ -656,6 +660,7 @@ def _run(args: argparse.Namespace, opts: SpokenOptions) -> dict[str, Any]:
         if args.url is None:
             extra = ["--asr", args.asr] + (["--engine", args.engine] if args.engine else [])
             extra += ["--asr-beam", str(args.asr_beam)] if args.asr_beam else []
+            extra += ["--asr-check", args.asr_check] if args.asr_check else []
             extra += ["--cache-dir", str(args.cache_dir)] if args.cache_dir else []
             log = Path(tmp) / "serve.log"
             _log(f"spoken: starting quicksilver serve {' '.join(extra)}")
@@ -671,6 +676,7 @@ def _run(args: argparse.Namespace, opts: SpokenOptions) -> dict[str, Any]:
     if server is not None:
         about["asr_option"] = args.asr
         about["asr_beam_option"] = args.asr_beam
+        about["asr_check_option"] = args.asr_check
     return report(rows, opts, about)
 
 

@@ -103,6 +103,14 @@ def _parser() -> argparse.ArgumentParser:
         help="hypotheses Whisper's decoder keeps (1: greedy; 5 makes a fifth fewer word errors "
         "for ~12 ms a turn on a 2-core CPU, but ends some sentences early: docs/audio.md)",
     )
+    serve.add_argument(
+        "--asr-check",
+        default=RuntimeOptions.asr_check,
+        help="a second Whisper model that hears a turn again before a call on its words is "
+        "made without asking: a call whose words it hears otherwise is asked about. auto: "
+        "the other offline model (base beside tiny.en, tiny.en beside base); none: act on "
+        'the first hearing (docs/actions.md, "Heard twice")',
+    )
     serve.add_argument("--engine", default=DEFAULT_ENGINE, choices=ENGINES, help="reply model")
     serve.add_argument("--max-reply-tokens", type=int, default=64, help="longest reply, in tokens")
     serve.add_argument(
@@ -403,6 +411,7 @@ def _serve(args: argparse.Namespace) -> int:
         asr=args.asr,
         asr_window=args.asr_window,
         asr_beam=args.asr_beam,
+        asr_check=args.asr_check,
         engine=args.engine,
         cache_dir=args.cache_dir,
         max_reply_tokens=args.max_reply_tokens,

@@ -36,7 +36,15 @@ from typing import Literal
 
 from model.engine import ChatMessage
 from model.router import SURE
-from model.spoken import UNIT_PARAMS, slot_value, spoken_duration, spoken_numbers
+from model.spoken import (
+    ONES,
+    SCALES,
+    TENS,
+    UNIT_PARAMS,
+    slot_value,
+    spoken_duration,
+    spoken_numbers,
+)
 from model.tools import Param, Tool, ToolCall, is_default, split_call
 
 Answer = Literal["yes", "no"]
@@ -352,6 +360,55 @@ def outside(call: ToolCall, tool: Tool, text: str | None = None) -> bool:
     return said.search(text.lower()) is None
 
 
+def heard_alike(call: ToolCall, tool: Tool, first: str, again: str) -> bool:
+    """Whether a second hearing of the user's words (``again``, another Whisper model:
+    server/turn.py) asks for ``call`` as the first hearing (``first``) did. Two models
+    rarely mishear a turn the same way; they often differ where it does not matter
+    ("Uh, get rid of the timer." and "Get rid of the timer."). So: words that hold
+    every one of the call's strings the first hearing held (its words in order,
+    numbers aside), the same numbers (:func:`model.spoken.spoken_numbers`),
+    a volume's direction in both (:data:`_VALUE_WORDS`), and nothing :func:`outside`
+    finds (a tool that copies no words needs its own: "timer", "lights", ...)."""
+    if not _WORDS.findall(again.lower()):
+        return False
+    heard, other = _unnumbered(first), _unnumbered(again)
+    for value in call.arguments.values():
+        words = _unnumbered(value) if isinstance(value, str) else []
+        if words and _within(words, heard) and not _within(words, other):
+            return False
+    if spoken_numbers(first) != spoken_numbers(again):
+        return False
+    for name, value in call.arguments.items():
+        said = _VALUE_WORDS.get((call.name, name, value))
+        if said is not None and not (said.search(first.lower()) and said.search(again.lower())):
+            return False
+    return not outside(call, tool, again)
+
+
+# The words that say an enum's value of a default tool, where the value is a choice the
+# decoder makes rather than words it copies: a direction neither hearing has ("Put the
+# volume at nine." heard "But the volume at the eye" -> volume.set {change: down}) is
+# the decoder's guess. Every volume change among the commands of data/actions has one.
+_UP = r"\b(up|loud\w*|raise|increase|crank|blast|pump|boost|higher|more|barely hear|can't hear)\b"
+_DOWN = r"\b(down|quiet\w*|soft\w*|lower|reduce|decrease|less|too loud|notch)\b"
+_VALUE_WORDS = {
+    ("volume.set", "change", "up"): re.compile(_UP),
+    ("volume.set", "change", "down"): re.compile(_DOWN),
+}
+
+
+def _unnumbered(text: str) -> list[str]:
+    """``text``'s words, lowercased, without its number words and digits."""
+    words = _WORDS.findall(text.lower().replace("-", " "))
+    return [w for w in words if not (w[0].isdigit() or w in ONES or w in TENS or w in SCALES)]
+
+
+def _within(part: Sequence[str], whole: Sequence[str]) -> bool:
+    """``part`` is a run of ``whole``'s words."""
+    n = len(part)
+    return any(list(whole[i : i + n]) == list(part) for i in range(len(whole) - n + 1))
+
+
 # The words each default tool that copies none of the request's words is asked for
 # by: every one of their 1,200 commands in data/actions has one ("play something
 # else" is media.next, "bring it down a notch" volume.set)
@@ -403,9 +460,10 @@ _CLAIM = re.compile(
 
 def asked(call: ToolCall, tool: Tool) -> bool:
     """``call`` is asked about, not made: its tool is marked ``confirm``, the router
-    was not sure the request asks for an action (:data:`SURE_TO_ACT`), or it lacks
-    whom it is for (:func:`missing`)."""
-    unsure = call.margin is not None and call.margin < SURE_TO_ACT
+    was not sure the request asks for an action (:data:`SURE_TO_ACT`), a second
+    hearing of the words heard others (``ToolCall.doubted``), or it lacks whom it is
+    for (:func:`missing`)."""
+    unsure = call.doubted or (call.margin is not None and call.margin < SURE_TO_ACT)
     return tool.confirm or unsure or missing(call, tool) is not None
 
 

@@ -299,6 +299,21 @@ _QUESTIONS: dict[str, Callable[[Mapping[str, Any]], str]] = {
 }
 
 
+# The questions of _QUESTIONS and question's fallback, as a client that answers them
+# (the spoken eval) tells them from a reply's other sentences
+_ASKED = re.compile(
+    r"^(Send .+ to .+|Call .+|Set a timer for .+|Cancel the timer|Start directions to .+"
+    r"|Play .+|Pause what's playing|Skip to the next track|Set the temperature to .+"
+    r"|Set a reminder: .+|Turn the lights (on|off)|Set the volume to .+|Turn the volume .+"
+    r"|Should I do .+)\?$"
+)
+
+
+def is_question(said: str) -> bool:
+    """Whether ``said`` is a call asked about (:func:`question`), which a yes makes."""
+    return _ASKED.match(said.strip()) is not None
+
+
 def _said(
     sentences: Mapping[str, Callable[[Mapping[str, Any]], str]], call: ToolCall
 ) -> str | None:

@@ -99,6 +99,9 @@ class ToolCall:
     # None where no router weighed it. model.ask.asked reads it: below SURE_TO_ACT the
     # call is asked about, not made
     margin: float | None = field(default=None, compare=False)
+    # a second hearing of the user's words (server/turn.py, --asr-check) heard other
+    # words: model.ask.asked reads it, and the call is asked about, not made
+    doubted: bool = field(default=False, compare=False)
 
 
 def _plain(x: float) -> int | float:

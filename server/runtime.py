@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal, ParamSpec, TypeVar
@@ -53,6 +53,9 @@ T = TypeVar("T")
 
 # "auto": tiny.en on the CPU, base on a GPU (audio.asr.recommended_model, docs/audio.md)
 DEFAULT_ASR = "auto"
+# "auto": the other offline Whisper model hears a turn again before a call is made on
+# its words (check_model; docs/actions.md, "Heard twice")
+DEFAULT_ASR_CHECK = "auto"
 
 
 class WorkerKind(StrEnum):
@@ -150,6 +153,9 @@ class Runtime:
     turn_end: EndOfTurnModel | None = None
     # the step loop every reply's passes go through (model/batch.py); None: one at a time
     shared: BatchedBackend | None = None
+    # hears a turn again before a call on its words is made without asking (--asr-check,
+    # server/turn.py); None: calls are made on the first hearing alone
+    asr_check: Transcriber | None = None
 
     def passes(self) -> dict[str, object] | None:
         """The reply model's shared passes so far, for /stats."""
@@ -176,6 +182,7 @@ class RuntimeOptions:
     asr: str = DEFAULT_ASR
     asr_window: Window = "auto"  # audio.asr.AsrOptions.window
     asr_beam: int = BEAM_SIZE  # audio.asr.AsrOptions.beam_size
+    asr_check: str = DEFAULT_ASR_CHECK  # check_model: the second hearing before acting
     engine: EngineName = DEFAULT_ENGINE
     cache_dir: Path | None = None
     max_reply_tokens: int = 64  # the reply budget, in tokens
@@ -229,6 +236,17 @@ def load_runtime(options: RuntimeOptions) -> Runtime:
         options.asr_window,
         options.asr_beam,
     )
+    check_name = check_model(options.asr_check, asr_name)
+    asr_check = None
+    if check_name is not None:
+        # sized on the CPU: base in the 30 s window costs ~1.2 s a turn there, sized ~50 ms
+        # more than tiny.en (docs/audio.md); greedy, as the first hearing's default
+        check_options = replace(asr_options, window="sized" if device == "cpu" else "auto")
+        check_options = replace(check_options, beam_size=BEAM_SIZE)
+        asr_check = _timed(
+            f"Whisper {check_name} on {device}, to hear a turn again before acting on it",
+            lambda: load_transcriber(check_name, options.cache_dir, check_options),
+        )
     tts = _timed("Piper voice en_US-joe-medium", lambda: Synthesizer(device=device))
     speech_first = options.speech_first
     if speech_first is None:
@@ -279,7 +297,20 @@ def load_runtime(options: RuntimeOptions) -> Runtime:
         speech,
         turn_end,
         shared,
+        asr_check,
     )
+
+
+def check_model(check: str, asr: str) -> str | None:
+    """The Whisper model that hears a turn again before a call on its words is made
+    (``--asr-check``): "none" for no second hearing; "auto" for the other offline model
+    of the one serving (tiny.en and base: different models mishear differently, so a
+    word they both hear was likely said), none beside a model directory of the user's."""
+    if check == "none":
+        return None
+    if check == "auto":
+        return {"tiny.en": "base", "base": "tiny.en"}.get(asr)
+    return check
 
 
 def turn_end_model(generator: TextGenerator) -> EndOfTurnModel | None:

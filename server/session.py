@@ -160,6 +160,9 @@ class FinalTranscript:
     avg_logprob: float | None = None  # the ASR's confidence in the words (audio turns)
     trusted: bool = True  # False: the ASR's decode looped (audio.asr.looks_looped)
     no_speech_prob: float | None = None  # the ASR's "this was not speech" (audio turns)
+    # a second Whisper model heard the same words (server/turn.py, --asr-check): they
+    # were said, however unsure the first was of them
+    heard_twice: bool = False
 
 
 @dataclass(frozen=True)
@@ -1271,7 +1274,7 @@ class Session:
             return []
         turn.transcript, turn.asr_ms = event.text, event.asr_ms
         turn.asr_logprob, turn.asr_trusted = event.avg_logprob, event.trusted
-        turn.asr_sure = not unheard(event.avg_logprob, event.no_speech_prob)
+        turn.asr_sure = event.heard_twice or not unheard(event.avg_logprob, event.no_speech_prob)
         if not turn.released:
             return self._maybe_final(now)
         self._commit_user(turn)

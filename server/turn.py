@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from audio.resample import float32_to_pcm16, int16_to_float32, resample
+from audio.speech import normalize_words
 from model.ask import (
     CANT,
     DECLINED,
@@ -28,6 +29,7 @@ from model.ask import (
     asked,
     claims,
     earlier_calls,
+    heard_alike,
     missing,
     named,
     offered,
@@ -105,12 +107,18 @@ async def _run(
     rt: Runtime, start: StartTurn, released: asyncio.Event, deliver: Deliver, pacing: Pacing
 ) -> None:
     loop = asyncio.get_running_loop()
-    text, trusted, sure = start.text or "", True, start.sure
+    text, trusted, sure, twice = start.text or "", True, start.sure, False
     if start.audio is not None:
         t0 = loop.time()
         transcript = await rt.worker(WorkerKind.ASR).run(rt.asr.transcribe, start.audio)
         text = transcript.text
         asr_ms = _ms(t0, loop.time())
+        sure = not unheard(transcript.avg_logprob, transcript.no_speech_prob)
+        if not sure and rt.asr_check is not None and transcript.trusted and text.strip():
+            # words Whisper was unsure of, which a second model hears word for word, were
+            # said: acted on as sure ones are (else "Sorry, I didn't catch that.")
+            again = await _heard_again(rt, start.audio)
+            twice = sure = again is not None and normalize_words(again) == normalize_words(text)
         await deliver(
             FinalTranscript(
                 start.turn_id,
@@ -119,9 +127,9 @@ async def _run(
                 transcript.avg_logprob,
                 transcript.trusted,
                 transcript.no_speech_prob,
+                twice,
             )
         )
-        sure = not unheard(transcript.avg_logprob, transcript.no_speech_prob)
         if not transcript.trusted:  # a looped decode, de-duplicated: answered, not acted on
             start, trusted = replace(start, tools=()), False
         if not start.reply:  # heard, not answered (the client asks for a reply itself)
@@ -138,7 +146,10 @@ async def _run(
     last = conversation[-1] if conversation else None
     if start.audio is None and start.text is None and last is not None and last.role == "user":
         text = last.content
-    heard = _Heard(text, _answer_said(start, text, trusted, sure), sure)
+    check = None
+    if start.audio is not None and rt.asr_check is not None and not twice:
+        check = functools.partial(_heard_again, rt, start.audio)
+    heard = _Heard(text, _answer_said(start, text, trusted, sure), sure, check)
     if heard.said is None:  # words that tell rather than ask get a chat reply, no call
         start = replace(start, tools=offered(start.tools, text))
     chunks: asyncio.Queue[_Chunk | None] = asyncio.Queue()
@@ -158,6 +169,22 @@ class _Heard:
     text: str  # the user's words the reply answers
     said: str | None  # what answers a question, said without the model
     sure: bool  # the ASR was sure enough of the words to act on them (model.ask.unheard)
+    # the turn's words as a second model hears them (None: typed words, no second
+    # hearing served, or the words already heard twice)
+    check: Callable[[], Awaitable[str | None]] | None = None
+
+
+async def _heard_again(rt: Runtime, audio: np.ndarray) -> str | None:
+    """The turn's words as the second Whisper model (``rt.asr_check``) hears them; None
+    when its decode looped. Two models rarely mishear a turn the same way, so a call is
+    made on words both heard alike (model.ask.heard_alike), and asked about otherwise
+    (docs/actions.md, "Heard twice")."""
+    assert rt.asr_check is not None
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    again = await rt.worker(WorkerKind.ASR).run(rt.asr_check.transcribe, audio)
+    log.info("heard again in %.0f ms: %r", _ms(t0, loop.time()), again.text)
+    return again.text if again.trusted else None
 
 
 def _answer_said(start: StartTurn, text: str, trusted: bool, sure: bool) -> str | None:
@@ -302,6 +329,10 @@ async def _asking(
             yield NOT_CAUGHT if not heard.sure else CANT
             yield ReplyEnd(_CUT)
             return
+        if heard.check is not None and not asked(call, tool):
+            again = await heard.check()
+            if again is None or not heard_alike(call, tool, heard.text, again):
+                call = replace(call, doubted=True)  # heard two ways: asked about, not made
         yield call
         if asked(call, tool):
             yield missing(call, tool) or question(call)

@@ -20,6 +20,7 @@ from bench.spoken import (
     eval_lines,
     parse_noise,
     score,
+    summarize,
     table,
     utterance,
     white,
@@ -104,7 +105,12 @@ def test_scores_exact_wrong_false_asked_and_contradicting_calls(lines: list[Line
     assert (piper["commands"], piper["exact"], piper["false_actions"]) == (1, 1, 1)
     assert (s["wrong_calls_misheard"], s["false_actions_misheard"]) == (1, 0)
     assert s["contradictions_after_yes"] == 0
-    assert "| piper, clean | 1/1 | 1/3 (0) | 0/1 (0) | 0 (0) | 0 / 1 |" in table(conditions)
+    assert "| piper, clean | 1/1 | 1/3 (0) | 0/1 (0) | 0 (0) | 0 / 0 / 1 |" in table(conditions)
+    # a command made right after a question and a yes is right, and counted as asked
+    said = "Send 'I'll be there in ten minutes' to Emily?"
+    call = {"name": "message.send", "arguments": to_emily}
+    asked_right = summarize([score(emily, Heard(emily.text, call, 1, "", said, asked=True))])
+    assert (asked_right["exact"], asked_right["right_asks"], asked_right["wrong_asks"]) == (1, 1, 0)
 
 
 def test_noise_is_seeded_and_at_the_stated_snr() -> None:

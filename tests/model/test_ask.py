@@ -16,6 +16,7 @@ from model.ask import (
     asked,
     claims,
     earlier_calls,
+    heard_alike,
     missing,
     named,
     offered,
@@ -398,3 +399,88 @@ def test_an_opening_is_told_as_soon_as_its_first_word_allows() -> None:
     assert claims("Okay, I think it is nine.") is None  # held: its reply's end tells
     assert claims("Okay, I think it is nine, or so I believe.") is False
     assert claims("I'm sorry, I can't help with that one today.") is False
+
+
+_ALIKE = [  # the first and second hearings of spoken eval lines (tiny.en, base; issue 39)
+    (ToolCall("timer.cancel"), "Get rid of the timer.", "Ah, get rid of the timer.", True),
+    (
+        ToolCall("climate.set", {"temperature_c": 23}),
+        "So I want you to bring the cabin to 23 degrees for me.",
+        "So I want you to bring the cab into twenty three degrees for me.",
+        True,
+    ),
+    (
+        ToolCall("reminder.create", {"text": "call the dentist"}),
+        "Would you make sure I remember to call the dentist, please?",
+        "Oh, would you make sure I remember to call the dentist, please?",
+        True,
+    ),
+    (
+        ToolCall("message.send", {"to": "Emily", "text": "I'll be there in 10 minutes"}),
+        "So shoot Emily a message saying I'll be there in 10 minutes.",
+        "So shoot Emily a message saying I'll be there in ten minutes.",
+        True,
+    ),
+    # misheard one way, heard another: the call's words, number or tool are not in both
+    (
+        ToolCall("media.play", {"query": "some news"}),
+        "Can I hear some news for me?",
+        "Can I hear some blues for me?",
+        False,
+    ),
+    (
+        ToolCall("navigation.start", {"destination": "23 debris"}),
+        "So I want you to bring the cabin to 23 debris for me.",
+        "So I want you to ring the cab into 23 degrees for me.",
+        False,
+    ),
+    (
+        ToolCall("reminder.create", {"text": "call her dentist"}),
+        "But what you make sure I remember to call her dentist, please.",
+        "Or will you make sure I remember to call the dentist please?",
+        False,
+    ),
+    (
+        ToolCall("timer.set", {"seconds": 600}),
+        "Set a timer for ten minutes.",
+        "Set a timer.",
+        False,
+    ),
+    (
+        ToolCall("lights.set", {"on": True}),
+        "Can we get some light in here?",
+        "Can we get sunlight?",
+        False,
+    ),
+    (ToolCall("timer.cancel"), "Get rid of the timer.", "", False),
+    (  # a direction neither hearing has: the decoder's guess
+        ToolCall("volume.set", {"change": "down"}),
+        "But the volume at the eye",
+        "Put the volume at the line.",
+        False,
+    ),
+    (
+        ToolCall("volume.set", {"change": "up"}),
+        "I can barely hear this.",
+        "I can barely hear it.",
+        True,
+    ),
+]
+
+
+@pytest.mark.parametrize(("call", "first", "again", "alike"), _ALIKE)
+def test_a_second_hearing_asks_for_the_call_when_its_words_are_there_too(
+    call: ToolCall, first: str, again: str, alike: bool
+) -> None:
+    """model.ask.heard_alike: words that differ where the call does not read them are
+    alike; a string of the call, a number or a tool's own word missing is not."""
+    assert heard_alike(call, TOOLS[call.name], first, again) is alike
+
+
+def test_every_own_command_heard_alike_twice_is_made() -> None:
+    """A command of data/actions heard word for word by both models is made: every
+    string, number and volume direction of its call is in its words."""
+    calls = own_commands()
+    assert [(t, c) for t, c in calls if not heard_alike(c, TOOLS[c.name], t, t + " ")] == []
+    volume = [c for _, c in calls if c.name == "volume.set" and "change" in c.arguments]
+    assert len(volume) >= 150  # their directions were read

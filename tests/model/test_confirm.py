@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import model.diffusion_engine
-from model.confirm import Confirmation, confirmed, problems, template
+from model.confirm import Confirmation, confirmed, is_question, problems, question, template
 from model.engine import ChatMessage, GenerationStats, drain
 from model.spoken import say_duration, say_integer, say_number, spoken_duration, spoken_numbers
 from model.tools import DEFAULT_TOOLS, ToolCall
@@ -130,6 +130,17 @@ def test_every_default_tool_has_a_template_its_own_check_keeps(tool: Any) -> Non
     said = template(call)
     assert not said.startswith("Done:"), said
     assert problems(call, said, tool) == [], said
+
+
+@pytest.mark.parametrize("tool", DEFAULT_TOOLS, ids=lambda t: t.name)
+def test_every_default_tool_s_question_is_told_from_other_sentences(tool: Any) -> None:
+    """A client that answers questions (the spoken eval) knows each one the session
+    asks, and not a call's confirmation or a chat reply's question."""
+    call = ToolCall(tool.name, _arguments(tool.name))
+    assert is_question(question(call)), question(call)
+    assert not is_question(template(call))
+    assert is_question(question(ToolCall("notes.add", {"text": "milk"})))
+    assert not is_question("Would you like to hear more?")
 
 
 def test_the_templates_say_the_arguments_as_speech() -> None:

@@ -220,6 +220,26 @@ def test_a_low_confidence_transcript_does_not_act() -> None:
     assert [a.name for a in sent(reply(d, again.turn_id, SENDING), p.Action)] == ["message.send"]  # type: ignore[attr-defined]
 
 
+def test_unsure_words_heard_twice_act_and_a_call_heard_two_ways_waits_for_a_yes() -> None:
+    """Words under Whisper's bar that a second model heard the same (``heard_twice``)
+    are acted on; a call the pipeline marks ``doubted`` (the second model heard other
+    words) is kept as a question and made only after a yes."""
+    timer = ToolCall("timer.set", {"seconds": 300})
+    d, _ = acting()
+    words = FinalTranscript(0, "Set a timer for five minutes.", 90.0, -1.3, True, 0.01, True)
+    out = reply(d, spoken(d, words), "Timer set.", timer)
+    assert [a.name for a in sent(out, p.Action)] == ["timer.set"]  # type: ignore[attr-defined]
+    d, _ = acting()
+    doubted = ToolCall("timer.set", {"seconds": 300}, doubted=True)
+    sure = FinalTranscript(0, "Set a timer for five minutes.", 90.0, -0.2, True, 0.01)
+    out = reply(d, spoken(d, sure), "Set a timer for five minutes?", doubted)
+    assert not sent(out, p.Action)
+    yes = typed(d, "Yes.")
+    assert yes.pending == timer
+    out = reply(d, yes.turn_id, "Timer set for five minutes.")
+    assert [a.name for a in sent(out, p.Action)] == ["timer.set"]  # type: ignore[attr-defined]
+
+
 def test_a_requested_reply_to_words_the_asr_was_unsure_of_acts_on_nothing() -> None:
     """Realtime's create_response false, then response.create: the words were heard
     unsurely, so the reply asked for is told so (StartTurn.sure) and acts on nothing."""

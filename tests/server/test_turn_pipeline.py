@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 
 from audio.asr import Transcript
-from model.ask import CANT, NOT_CAUGHT
+from model.ask import CANT, NOT_CAUGHT, asked
 from model.engine import ChatMessage, GenerationStats, ReplyChunk, ReplyEnd
 from model.tools import DEFAULT_TOOLS, Tool, ToolCall, kept_reply, render_call
 from server.runtime import Runtime, Worker, WorkerKind
@@ -730,6 +730,74 @@ async def test_a_low_confidence_transcript_does_not_act(
     assert turn.of(ReplyAction) == ([ReplyAction(TURN, TIMER)] if acts else [])
     said = " ".join(s.text for s in turn.of(ReplySentence))
     assert said == ("Timer set for ten minutes." if acts else NOT_CAUGHT)
+
+
+@pytest.mark.parametrize(
+    ("heard_again", "acts"),
+    [
+        ("Set a timer for 10 minutes!", True),  # the same words ("10" is "ten")
+        ("Uh, set the timer for ten minutes.", True),  # alike: the same number
+        ("Set a timer for two minutes.", False),
+        ("", False),
+    ],
+)
+async def test_a_call_is_made_on_words_a_second_hearing_hears_too(
+    make_turn: Any, heard_again: str, acts: bool
+) -> None:
+    """A call that would be made without asking waits for a second Whisper model to
+    hear the turn (--asr-check): words alike (model.ask.heard_alike), and it is made;
+    others, and it is asked about, as the router's doubt is (the session keeps it for
+    a yes)."""
+    engine = FakeEngine([TIMER, "Timer set for ten minutes."])
+    turn = make_turn(engine, "Set a timer for ten minutes.")
+    again = FakeAsr(heard_again)
+    turn.rt.asr_check = cast(Any, again)
+    turn.released.set()
+    await turn.start(audio=QUESTION_AUDIO, tools=DEFAULT_TOOLS)
+    assert len(again.calls) == 1 and again.calls[0] is turn.asr.calls[0]  # the same audio
+    (action,) = turn.of(ReplyAction)
+    assert action.call == TIMER and action.call.doubted is not acts
+    said = " ".join(s.text for s in turn.of(ReplySentence))
+    assert said == ("Timer set for ten minutes." if acts else "Set a timer for ten minutes?")
+    assert asked(action.call, DEFAULT_TOOLS[0]) is not acts
+
+
+@pytest.mark.parametrize("heard_again", ["Set a timer for ten minutes.", "Set a time for tea."])
+async def test_unsure_words_a_second_hearing_hears_too_are_acted_on(
+    make_turn: Any, heard_again: str
+) -> None:
+    """Words Whisper was unsure of (under the log-probability bar) that the second
+    model hears word for word were said: the call is made, and the session is told
+    (``heard_twice``); heard otherwise, the user is asked to say it again."""
+    engine = FakeEngine([TIMER, "Timer set for ten minutes."])
+    turn = make_turn(engine, "Set a timer for ten minutes.")
+    turn.asr.avg_logprob = -1.3
+    again = FakeAsr(heard_again)
+    turn.rt.asr_check = cast(Any, again)
+    turn.released.set()
+    await turn.start(audio=QUESTION_AUDIO, tools=DEFAULT_TOOLS)
+    same = heard_again == turn.asr.text
+    (final,) = turn.of(FinalTranscript)
+    assert final.heard_twice is same and len(again.calls) == 1  # not heard a third time
+    assert turn.of(ReplyAction) == ([ReplyAction(TURN, TIMER)] if same else [])
+    said = " ".join(s.text for s in turn.of(ReplySentence))
+    assert said == ("Timer set for ten minutes." if same else NOT_CAUGHT)
+
+
+async def test_typed_words_and_calls_asked_about_anyway_are_not_heard_again(
+    make_turn: Any,
+) -> None:
+    """Only a call about to be made on heard words waits for the second hearing: typed
+    words were not heard, and a message is asked about whatever was heard."""
+    for start in ({"text": "Set a timer for ten minutes."}, {"audio": QUESTION_AUDIO}):
+        call = TIMER if "text" in start else ToolCall("message.send", {"to": "Sam", "text": "hi"})
+        turn = make_turn(FakeEngine([call, "Okay."]), "Text Sam hi.")
+        again = FakeAsr("something else")
+        turn.rt.asr_check = cast(Any, again)
+        turn.released.set()
+        await turn.start(tools=DEFAULT_TOOLS, **start)
+        assert again.calls == []
+        assert [a.call.doubted for a in turn.of(ReplyAction)] == [False]
 
 
 async def test_a_call_the_router_was_unsure_of_is_asked_about(make_turn: Any) -> None:
