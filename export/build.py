@@ -53,6 +53,7 @@ from model.modeldir import (
     ROWS_BATCH_FILES,
     ROWS_FILES,
     TOKENIZER,
+    WEIGHT_BITS,
     Attention,
     Variant,
     default_model_dir,
@@ -91,6 +92,7 @@ class BuildOptions:
     # scale per row and block (MatMulNBits, accuracy level 4); "dynamic": ONNX
     # Runtime's quantize_dynamic, one activation scale per call (docs/export.md)
     int8_method: Int8Method = "blockwise"
+    bits: int = WEIGHT_BITS  # blockwise only: 4 or 8 bits a weight (WEIGHT_BITS)
     # replies per pass of the batched graph built beside the fp32 and int8 files
     # (model/batch.py); 0 or 1: none, every reply's steps run alone
     batch_rows: int = BATCH_ROWS
@@ -175,7 +177,11 @@ def export_batch_onnx(model: Llama, path: Path, rows: int, attention: Attention 
 
 
 def quantize_int8(
-    src: Path, dst: Path, method: Int8Method = "blockwise", per_channel: bool = False
+    src: Path,
+    dst: Path,
+    method: Int8Method = "blockwise",
+    per_channel: bool = False,
+    bits: int = WEIGHT_BITS,
 ) -> Path:
     """int8 weights for the CPU, by ``method`` (see :class:`BuildOptions`).
 
@@ -186,6 +192,8 @@ def quantize_int8(
     """
     if method not in INT8_METHODS:
         raise ValueError(f"unknown int8 method {method!r}: use one of {INT8_METHODS}")
+    if bits not in (4, 8):
+        raise ValueError(f"blockwise weights have 4 or 8 bits, not {bits}")
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)  # the quantisers log hints and every node via root
@@ -195,13 +203,13 @@ def quantize_int8(
 
             quantize_dynamic(src, dst, weight_type=QuantType.QInt8, per_channel=per_channel)
         else:
-            _quantize_blockwise(src, dst)
+            _quantize_blockwise(src, dst, bits)
     finally:
         root.setLevel(level)
     return dst
 
 
-def _quantize_blockwise(src: Path, dst: Path) -> None:
+def _quantize_blockwise(src: Path, dst: Path, bits: int) -> None:
     import onnx
 
     try:
@@ -214,7 +222,7 @@ def _quantize_blockwise(src: Path, dst: Path) -> None:
             f"blockwise int8 needs onnxruntime >= 1.22 with onnx-ir ({exc}); "
             "reinstall the project, or export with --int8-method dynamic"
         ) from exc
-    q = {"block_size": INT8_BLOCK, "is_symmetric": True, "accuracy_level": 4, "bits": 8}
+    q = {"block_size": INT8_BLOCK, "is_symmetric": bits == 8, "accuracy_level": 4, "bits": bits}
     config = DefaultWeightOnlyQuantConfig(**q)
     quantizer = MatMulNBitsQuantizer(onnx.load(str(src)), algo_config=config, **q)
     for name in ("onnxruntime.quantization.matmul_nbits_quantizer", "onnx_ir"):
@@ -233,6 +241,8 @@ def sha256(path: Path) -> str:
 
 def build(out: Path, options: BuildOptions, source: Source | None = None) -> dict[str, Any]:
     """Write every requested format into ``out``; the manifest last. Returns it."""
+    if options.rows_graphs and options.int8_method == "blockwise" and options.bits != 8:
+        raise ValueError("the rows graphs are made from 8-bit weights: export with --bits 8")
     t0 = time.perf_counter()
     src = source or _timed("loading SmolLM2 from its GGUF", lambda: load_source(options.adapter))
     out.mkdir(parents=True, exist_ok=True)
@@ -244,9 +254,9 @@ def build(out: Path, options: BuildOptions, source: Source | None = None) -> dic
     built["fp32"] = fp32
     if options.int8:
         built["int8"] = _timed(
-            "quantising to int8",
+            f"quantising ({_int8_words(options)})",
             lambda: quantize_int8(
-                fp32, out / FILES["int8"], options.int8_method, options.per_channel
+                fp32, out / FILES["int8"], options.int8_method, options.per_channel, options.bits
             ),
         )
     if options.fp16:
@@ -329,7 +339,11 @@ def _batched(
         batched["int8"] = _timed(
             "quantising the batched graph to int8",
             lambda: quantize_int8(
-                fp32, out / BATCH_FILES["int8"], options.int8_method, options.per_channel
+                fp32,
+                out / BATCH_FILES["int8"],
+                options.int8_method,
+                options.per_channel,
+                options.bits,
             ),
         )
     if "fp16" in built:
@@ -370,10 +384,22 @@ def _tensorrt(out: Path, built: dict[Variant, Path], model: Llama, options: Buil
     return str(engine.relative_to(out))
 
 
+def _int8_words(options: BuildOptions) -> str:
+    if options.int8_method == "dynamic":
+        return "int8, dynamic"
+    return f"{options.bits}-bit weights in blocks of {INT8_BLOCK}, int8 activations"
+
+
 def _int8_recipe(options: BuildOptions) -> dict[str, Any]:
     if options.int8_method == "dynamic":
         return {"method": "dynamic", "per_channel": options.per_channel}
-    return {"method": "blockwise", "bits": 8, "block": INT8_BLOCK, "accuracy_level": 4}
+    return {
+        "method": "blockwise",
+        "bits": options.bits,
+        "symmetric": options.bits == 8,
+        "block": INT8_BLOCK,
+        "accuracy_level": 4,
+    }
 
 
 def _manifest(

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from model.modeldir import BATCH_ROWS, default_model_dir
+from model.modeldir import BATCH_ROWS, WEIGHT_BITS, default_model_dir
 
 
 def register(sub: Any) -> None:
@@ -34,6 +34,14 @@ def register(sub: Any) -> None:
         default="blockwise",
         choices=("blockwise", "dynamic"),
         help="blockwise scales (default) or ONNX Runtime's quantize_dynamic",
+    )
+    ex.add_argument(
+        "--bits",
+        type=int,
+        default=WEIGHT_BITS,
+        choices=(4, 8),
+        help="blockwise: bits a weight of the CPU file (4: a scale and zero point a block of "
+        "32, as the GGUF's Q4_1; 8: a scale a block). Activations are int8 either way",
     )
     ex.add_argument(
         "--per-channel", action="store_true", help="dynamic int8: weight scales per channel"
@@ -67,13 +75,14 @@ def run_export(args: argparse.Namespace) -> int:
         tensorrt=args.tensorrt,
         check=not args.no_check,
         int8_method=args.int8_method,
+        bits=args.bits,
         per_channel=args.per_channel,
         batch_rows=args.batch_rows,
         rows_graphs=args.rows_graphs,
     )
     try:
         build_atomic(out.expanduser(), options)
-    except (TensorRTUnavailableError, RuntimeError, FileNotFoundError) as exc:
+    except (TensorRTUnavailableError, RuntimeError, FileNotFoundError, ValueError) as exc:
         print(f"quicksilver export: {exc}", file=sys.stderr)
         return 1
     manifest = json.loads((out / "manifest.json").read_text())

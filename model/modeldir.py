@@ -57,6 +57,13 @@ TOKENIZER = "tokenizer.json"
 # in one product (the CPU graphs: a one-token pass 0.8x v5's); 7: a batched row with no
 # step has no tokens (its products cost nothing; it was one token a row).
 FORMAT_VERSION = 7
+# Bits of a weight in the CPU file's blockwise products (``quicksilver export --bits``).
+# 8 (served): symmetric, a scale a block of 32. 4 (asymmetric: a scale and a zero point
+# a block, the layout of the GGUF's Q4_1) reads ~60% of 8's bytes a pass, and a
+# one-token pass is memory-bound: 3.5 against 5.1 ms on the AMD EPYC; it keeps the
+# held-out bars under the served blocks of one but moves the logits far more
+# (docs/results/2026-12-four-bit.md). The activations stay int8 either way.
+WEIGHT_BITS = 8
 DEFAULT_NAME = f"smollm2-135m-instruct-onnx-v{FORMAT_VERSION}"
 
 

@@ -87,6 +87,8 @@ def test_the_rows_graphs_are_built_when_asked(
 ) -> None:
     monkeypatch.setattr(export.build, "load_source", lambda adapter=None: tiny_source())
     out = tmp_path / "model"
+    four = ["export", "--out", str(out), "--rows-graphs", "--bits", "4", "--no-check"]
+    assert main(four) == 1 and not out.exists()  # the rows graphs are 8-bit weights' own
     assert main(["export", "--out", str(out), "--rows-graphs", "--no-check"]) == 0
     files = json.loads((out / "manifest.json").read_text())["files"]
     for name in ("model.int8.rows.onnx", "model.int8.rows.batch.onnx"):

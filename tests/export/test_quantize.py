@@ -53,6 +53,33 @@ def test_blockwise_int8_keeps_ordinary_rows_exact_beside_an_outlier_row(tmp_path
     assert err["dynamic"] > 5 * err["blockwise"]  # one scale for all: the outlier's
 
 
+def test_four_bit_weights_are_packed_asymmetric_and_their_rows_stay_their_own(
+    tmp_path: Path,
+) -> None:
+    """``--bits 4``: MatMulNBits with 4-bit weights and a zero point a block (the
+    layout of the GGUF's Q4_1), about twice 8 bits' error, and a row's product the
+    same alone or beside others (int8 activations scaled per row and block), as a
+    reply's logits must be whichever replies share its pass."""
+    rng = np.random.default_rng(1)
+    w = (rng.standard_normal((K, N)) / np.sqrt(K)).astype(np.float32)
+    src = matmul_model(tmp_path / "mm.onnx", w)
+    x = rng.standard_normal((8, K)).astype(np.float32)
+    want = x @ w
+    err = {}
+    for bits in (4, 8):
+        dst = quantize_int8(src, tmp_path / f"mm.{bits}.onnx", "blockwise", bits=bits)
+        (node,) = [n for n in onnx.load(str(dst)).graph.node if n.op_type == "MatMulNBits"]
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert attrs["bits"] == bits and len(node.input) == (4 if bits == 4 else 3)  # zero points
+        got = run(dst, x)
+        err[bits] = np.abs(got - want).max() / np.abs(want).max()
+        assert np.array_equal(run(dst, x[2:3])[0], got[2])
+    print(f"relative error: {err}")
+    assert err[8] < err[4] < 0.2
+    with pytest.raises(ValueError, match="4 or 8 bits"):
+        quantize_int8(src, tmp_path / "mm.2.onnx", "blockwise", bits=2)
+
+
 def test_an_unknown_int8_method_is_refused(tmp_path: Path) -> None:
     src = matmul_model(tmp_path / "mm.onnx", np.zeros((K, N), np.float32))
     with pytest.raises(ValueError, match="unknown int8 method 'int4'"):

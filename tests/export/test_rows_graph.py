@@ -36,7 +36,7 @@ VOCAB = TINY.vocab_size
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model's int8 export with the rows graphs beside it."""
     out = tmp_path_factory.mktemp("tiny-rows") / "model"
-    return build_atomic(out, BuildOptions(rows_graphs=True, check=False), tiny_source())
+    return build_atomic(out, BuildOptions(rows_graphs=True, check=False, bits=8), tiny_source())
 
 
 def rows_backend(tiny_dir: Path) -> OrtBackend:
