@@ -114,7 +114,8 @@ async def _run(
         text = transcript.text
         asr_ms = _ms(t0, loop.time())
         sure = not unheard(transcript.avg_logprob, transcript.no_speech_prob)
-        if not sure and rt.asr_check is not None and transcript.trusted and text.strip():
+        acts = bool(start.tools) or start.pending is not None  # what being sure decides
+        if not sure and acts and rt.asr_check is not None and transcript.trusted and text.strip():
             # words Whisper was unsure of, which a second model hears word for word, were
             # said: acted on as sure ones are (else "Sorry, I didn't catch that.")
             again = await _heard_again(rt, start.audio)

@@ -784,6 +784,19 @@ async def test_unsure_words_a_second_hearing_hears_too_are_acted_on(
     assert said == ("Timer set for ten minutes." if same else NOT_CAUGHT)
 
 
+async def test_unsure_words_nothing_could_act_on_are_not_heard_again(make_turn: Any) -> None:
+    """With no tools offered and no question pending, being sure decides nothing: the
+    turn is answered without waiting for a second hearing."""
+    turn = make_turn(FakeEngine(["Paris."]), "What is the capital of France?")
+    turn.asr.avg_logprob = -1.3
+    again = FakeAsr("What is the capital of France?")
+    turn.rt.asr_check = cast(Any, again)
+    turn.released.set()
+    await turn.start(audio=QUESTION_AUDIO)
+    assert again.calls == [] and not turn.of(FinalTranscript)[0].heard_twice
+    assert " ".join(s.text for s in turn.of(ReplySentence)) == "Paris."
+
+
 async def test_typed_words_and_calls_asked_about_anyway_are_not_heard_again(
     make_turn: Any,
 ) -> None:
