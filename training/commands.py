@@ -75,7 +75,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     llm.add_argument("--limit", type=int, default=None, help="first N prompts only")
     llm.add_argument("--max-tokens", type=int, default=64)
     llm.add_argument("--threshold", type=float, action="append", default=None)
-    llm.add_argument("--block-size", type=int, default=None)
+    llm.add_argument(
+        "--block-size",
+        type=int,
+        default=None,
+        help="decode in blocks of N (default: the engines' 16); blocks of 1 end replies as "
+        "serve's narrow schedule does (--end-bar 0.05, --wrap-after 40, unless given)",
+    )
     llm.add_argument("--steps-per-block", type=int, default=None)
     source.add_argument(
         "--onnx", type=Path, default=None, help="exported model dir: diffusion replies in ONNX"

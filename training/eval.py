@@ -301,6 +301,7 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
     from model.nn.backend import TorchBackend
     from model.nn.diffusion import load_smollm2_diffusion
     from model.nn.gguf import GGUFFile, find_smollm2_gguf
+    from model.schedule import sampler_for
 
     if opts.onnx and opts.adapter:
         raise ValueError("--onnx scores the adapter merged into its model directory, not --adapter")
@@ -370,6 +371,8 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> dict[str,
         assert diff is not None
         backend, runtime = TorchBackend(diff, max_len=max_len), f"torch-{opts.dtype}"
     served = served_sampler()  # a setting's name says how it differs from the engines'
+    if opts.block_size:
+        served = sampler_for(served, opts.block_size)
     if not opts.sentence_ends and served_options(adapter_manifest).end_after_sentence == "always":
         # as served: the engines end this adapter's replies only after a sentence's end
         opts = dataclasses.replace(opts, sentence_ends=(True,))
@@ -409,8 +412,11 @@ def sampler_settings(opts: EvalOptions) -> list[SamplerSettings]:
     the block size, thresholds, fallbacks, end lookaheads, sentence-end rules, repeat
     stops and steps per block the options name."""
     from model.diffusion_engine import served_sampler
+    from model.schedule import sampler_for
 
     default = served_sampler()
+    if opts.block_size:  # blocks of one end replies as serve's do (end_bar, wrap_after)
+        default = sampler_for(default, opts.block_size)
     return [
         dataclasses.replace(
             default,

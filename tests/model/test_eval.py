@@ -164,6 +164,13 @@ def test_eval_scores_the_settings_the_engines_serve():
     assert [s.end_lookahead for s in ends] == [0, None]
     sentences = sampler_settings(EvalOptions(sentence_ends=(False, True)))
     assert [s.ends_after_sentence for s in sentences] == [False, True]
+    # blocks of one end replies as the host's narrow schedule does (model.schedule)
+    from model.schedule import sampler_for
+
+    (narrow,) = sampler_settings(EvalOptions(block_size=1))
+    assert narrow == sampler_for(DiffusionOptions().sampler, 1) and narrow.end_bar is not None
+    (bar,) = sampler_settings(EvalOptions(block_size=1, end_bars=(None,)))
+    assert bar.end_bar is None and bar.wrap_after == narrow.wrap_after
 
 
 def test_end_lookahead_option_takes_a_count_or_any():
