@@ -14,6 +14,7 @@ This module imports no torch: :mod:`model.nn.engines` builds it on the PyTorch m
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -222,7 +223,7 @@ class DiffusionGenerator:
                 # mom at six." was confirmed with those words)
                 avoid=avoid,
                 # a spoken reply never writes a call's tags, tools offered or not
-                never=() if forced else self._no_call(),
+                never=() if forced else self._no_call,
                 breaks=True,
             )
             text = _text(tokens, decoder)
@@ -327,6 +328,7 @@ class DiffusionGenerator:
             del self._calibrations[next(iter(self._calibrations))]
         return found
 
+    @functools.cached_property
     def _no_call(self) -> tuple[int, ...]:
         """The tokens a call's tags start with ("<", "</", and the "tool" of
         "<tool_call>" that follows them), which no spoken reply writes: with tools, the
@@ -335,7 +337,7 @@ class DiffusionGenerator:
         answered "</tool_call>Cancelling the timer.", and with "</" barred,
         "Itool_call>..."); without, a model trained on calls still writes tags now and
         then (offered none for "My sister sent me a funny message this morning.", it
-        answered "<name>My sister sent ...</name>")."""
+        answered "<name>My sister sent ...</name>"). Encoded once per generator."""
         ids = (self.tokenizer.encode_plain(tag)[:2] for tag in (CALL_OPEN, CALL_CLOSE))
         return tuple(sorted({i for pair in ids for i in pair}))
 

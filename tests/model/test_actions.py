@@ -172,7 +172,7 @@ def test_a_spoken_reply_writes_no_token_a_call_s_tags_start_with(smollm2_gguf: G
 
     gen, _ = tiny_generator()
     gen.tokenizer = tok = Tokenizer(smollm2_gguf.tokenizer_data())
-    never = gen._no_call()
+    never = gen._no_call
     assert [tok.decode([i]) for i in never] == sorted(
         ["<", "</", "tool"], key=lambda t: tok.encode_plain(t)[0]
     )
