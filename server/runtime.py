@@ -237,6 +237,12 @@ def load_runtime(options: RuntimeOptions) -> Runtime:
         options.asr_beam,
     )
     check_name = check_model(options.asr_check, asr_name)
+    if check_name == asr_name:
+        log.warning(
+            "--asr-check %s is the model that hears every turn: it hears what the first "
+            "hearing did, so it doubts nothing (use the other model, or none)",
+            check_name,
+        )
     asr_check = None
     if check_name is not None:
         # sized on the CPU: base in the 30 s window costs ~1.2 s a turn there, sized ~50 ms

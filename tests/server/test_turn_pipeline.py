@@ -904,3 +904,15 @@ async def test_a_reply_that_claims_what_no_call_did_is_a_refusal(
     await turn.start(text="Add milk to my shopping list.", tools=tools)
     assert turn.of(ReplyAction) == []
     assert " ".join(s.text for s in turn.of(ReplySentence)) == said
+
+
+def test_the_second_hearing_is_the_other_offline_model() -> None:
+    """--asr-check auto: base beside tiny.en (the CPU), tiny.en beside base (a GPU);
+    none beside a model directory of the user's, or when asked for none."""
+    from server.runtime import check_model
+
+    assert check_model("auto", "tiny.en") == "base"
+    assert check_model("auto", "base") == "tiny.en"
+    assert check_model("auto", "/models/whisper-small") is None
+    assert check_model("none", "tiny.en") is None
+    assert check_model("/models/whisper-small", "tiny.en") == "/models/whisper-small"
