@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import re
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -154,6 +155,29 @@ class Transcriber:
             return full
         return replace(full, text=dedupe_sentences(full.text), trusted=False)
 
+    def transcribe_batch(self, audios: Sequence[NDArray[np.floating]]) -> list[Transcript]:
+        """Several turns at once (concurrent sessions' final transcripts), in one Whisper
+        call where the sized window serves them: each turn's window is its frames and
+        at least ``pad_frames`` of silence, padded with silence to the longest, and one
+        greedy decode runs for all. A turn that needs the full window (past 30 s, a loop,
+        a spent budget) is heard alone as :meth:`transcribe` would; so is every turn with
+        a beam, or in the 30 s window. Blocking."""
+        xs = [np.ascontiguousarray(a, dtype=np.float32) for a in audios]
+        sized = self.window == "sized" and self.language is not None and self.options.beam_size == 1
+        windows = [self.sized_features(x) if sized and len(x) else None for x in xs]
+        batch = [(i, w) for i, w in enumerate(windows) if w is not None]
+        out: list[Transcript | None] = [None] * len(xs)
+        if len(batch) > 1:
+            frames = max(w.shape[-1] for _, w in batch)
+            stacked = np.zeros((len(batch), batch[0][1].shape[1], frames), np.float32)
+            for row, (_, w) in enumerate(batch):
+                stacked[row, :, : w.shape[-1]] = w[0]
+            budgets = [self._budget(xs[i]) for i, _ in batch]
+            decodes = self._generate_many(ctranslate2.StorageView.from_array(stacked), budgets)
+            for (i, _), d in zip(batch, decodes, strict=True):
+                out[i] = self._checked(xs[i], d)
+        return [t if t is not None else self.transcribe(x) for t, x in zip(out, xs, strict=True)]
+
     def transcribe_full(self, x: NDArray[np.float32]) -> Transcript:
         """faster-whisper's own path: 30 s windows, one after another past 30 s."""
         segments, info = self.model.transcribe(
@@ -178,8 +202,10 @@ class Transcriber:
     def transcribe_sized(self, x: NDArray[np.float32]) -> Transcript | None:
         """One window of the turn's frames + silence; None where the full path must run."""
         d = self.decode_sized(x)
-        if d is None:
-            return None
+        return None if d is None else self._checked(x, d)
+
+    def _checked(self, x: NDArray[np.float32], d: SizedDecode) -> Transcript | None:
+        """A sized window's decode as a transcript, or None where the full path must run."""
         text = cut_repetition(d.text)
         if d.capped and text == d.text:
             return None  # spent the budget on something that is not a loop: decode fully
@@ -200,7 +226,7 @@ class Transcriber:
         if window is None:
             return None
         o = self.options
-        budget = min(int(o.budget_tokens + o.budget_tokens_per_s * len(x) / SAMPLE_RATE), 224)
+        budget = self._budget(x)
         features = ctranslate2.StorageView.from_array(window)
         if o.beam_size == 1:
             return self._generate(features, 1, budget)
@@ -209,30 +235,53 @@ class Transcriber:
         greedy = self._generate(encoded, 1, budget)
         return greedy if ended_early(beam.text, greedy.text) else beam
 
+    def _budget(self, x: NDArray[np.float32]) -> int:
+        """Tokens a sized decode of ``x`` may write (AsrOptions.budget_tokens...)."""
+        o = self.options
+        return min(int(o.budget_tokens + o.budget_tokens_per_s * len(x) / SAMPLE_RATE), 224)
+
     def _generate(self, features: ctranslate2.StorageView, beam: int, budget: int) -> SizedDecode:
         """One decode of the window's log-mel or encoder output (CTranslate2 takes
         either) with ``beam`` hypotheses and a budget of ``budget`` tokens."""
-        result = self.model.model.generate(
+        return self._generate_many(features, [budget], beam)[0]
+
+    def _generate_many(
+        self, features: ctranslate2.StorageView, budgets: Sequence[int], beam: int = 1
+    ) -> list[SizedDecode]:
+        """A decode of each window of ``features`` (a batch), each held to its own
+        budget: the batch runs to the largest, and a window's tokens past its own are
+        dropped, so it reads as its decode alone would (``capped``)."""
+        top = max(budgets)
+        results = self.model.model.generate(
             features,
-            [self._prompt],
+            [self._prompt] * len(budgets),
             beam_size=beam,
             # CTranslate2 stops Whisper after max_length // 2 new tokens (Whisper's
             # sample_len: half the text context), and at max_length with the prompt
-            max_length=max(2 * budget, len(self._prompt) + budget),
+            max_length=max(2 * top, len(self._prompt) + top),
             return_scores=True,
             return_no_speech_prob=True,
             suppress_blank=True,
             suppress_tokens=self._suppress,
-        )[0]
-        ids = result.sequences_ids[0]
-        tokens = [t for t in ids if t < self._tokenizer.eot]
-        return SizedDecode(
-            text=self._tokenizer.decode(tokens).strip(),
-            capped=len(ids) >= budget,
-            no_speech_prob=result.no_speech_prob,
-            # faster-whisper's average: the log-probs of the tokens and the end token
-            avg_logprob=result.scores[0] * len(tokens) / (len(tokens) + 1),
         )
+        decodes = []
+        for result, budget in zip(results, budgets, strict=True):
+            ids = result.sequences_ids[0]
+            capped = len(ids) >= budget
+            tokens = [t for t in ids[:budget] if t < self._tokenizer.eot]
+            # past its own budget (a loop the checks then read), the score is the whole
+            # decode's
+            score = result.scores[0]
+            decodes.append(
+                SizedDecode(
+                    text=self._tokenizer.decode(tokens).strip(),
+                    capped=capped,
+                    no_speech_prob=result.no_speech_prob,
+                    # faster-whisper's average: the log-probs of the tokens and the end token
+                    avg_logprob=score * len(tokens) / (len(tokens) + 1),
+                )
+            )
+        return decodes
 
     def sized_features(self, x: NDArray[np.float32]) -> NDArray[np.float32] | None:
         """(1, n_mels, frames): the log-mel of x, then pad_frames of zeros, even length.

@@ -111,6 +111,14 @@ def _parser() -> argparse.ArgumentParser:
         "the other offline model (base beside tiny.en, tiny.en beside base); none: act on "
         'the first hearing (docs/actions.md, "Heard twice")',
     )
+    serve.add_argument(
+        "--asr-batch",
+        type=_positive_int,
+        default=RuntimeOptions.asr_batch,
+        metavar="N",
+        help="final transcripts of turns that end together heard in one Whisper call, at "
+        "most (1: one a call)",
+    )
     serve.add_argument("--engine", default=DEFAULT_ENGINE, choices=ENGINES, help="reply model")
     serve.add_argument("--max-reply-tokens", type=int, default=64, help="longest reply, in tokens")
     serve.add_argument(
@@ -412,6 +420,7 @@ def _serve(args: argparse.Namespace) -> int:
         asr_window=args.asr_window,
         asr_beam=args.asr_beam,
         asr_check=args.asr_check,
+        asr_batch=args.asr_batch,
         engine=args.engine,
         cache_dir=args.cache_dir,
         max_reply_tokens=args.max_reply_tokens,

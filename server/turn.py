@@ -110,7 +110,7 @@ async def _run(
     text, trusted, sure, twice = start.text or "", True, start.sure, False
     if start.audio is not None:
         t0 = loop.time()
-        transcript = await rt.worker(WorkerKind.ASR).run(rt.asr.transcribe, start.audio)
+        transcript = await rt.hear(start.audio)
         text = transcript.text
         asr_ms = _ms(t0, loop.time())
         sure = not unheard(transcript.avg_logprob, transcript.no_speech_prob)

@@ -171,6 +171,24 @@ def test_audio_past_the_30_s_window_still_transcribes(
 
 
 @models
+def test_turns_heard_in_one_call_are_heard_as_one_at_a_time(
+    tiny: Transcriber, speech: SpeechFactory
+) -> None:
+    """transcribe_batch (concurrent sessions' finals, server/runtime.py Finals): each
+    turn's words are the ones it gets alone, the empty one and one past the 30 s window
+    (heard alone in faster-whisper's windows) included, in the order given."""
+    turns = [served(speech.piper(t)) for t in QUESTIONS[:4]]
+    turns.append(np.zeros(0, np.float32))
+    long = np.concatenate([pad(speech.piper(t), 0.0, 0.8) for t in QUESTIONS[:10]])
+    turns.insert(2, long)
+    alone = [tiny.transcribe(t) for t in turns]
+    together = tiny.transcribe_batch(turns)
+    assert [t.text for t in together] == [t.text for t in alone]
+    assert [t.audio_s for t in together] == [t.audio_s for t in alone]
+    assert all(t.text for t in together[:-1]) and together[-1].text == ""
+
+
+@models
 @pytest.mark.parametrize("samples", [1, 10, 160, 1600, 4800])
 def test_very_short_audio_gives_no_words(tiny: Transcriber, samples: int) -> None:
     quiet = np.zeros(samples, np.float32)

@@ -69,3 +69,75 @@ async def test_a_job_whose_asker_gave_up_never_runs() -> None:
     finally:
         busy.set()
         worker.shutdown()
+
+
+class _Asr:
+    """Hears an audio (a string here) as its upper case; ``hold`` keeps a call waiting."""
+
+    def __init__(self) -> None:
+        self.hold = threading.Event()
+        self.hold.set()
+        self.batches: list[list[str]] = []
+        self.fail = False
+
+    def transcribe(self, audio: str) -> str:
+        return self.transcribe_batch([audio])[0]
+
+    def transcribe_batch(self, audios: list[str]) -> list[str]:
+        self.batches.append(list(audios))
+        self.hold.wait(30)
+        if self.fail:
+            raise RuntimeError("the ASR failed")
+        return [a.upper() for a in audios]
+
+
+async def _started(worker: Worker) -> None:
+    while not worker.pending:  # noqa: ASYNC110 - the job is in its thread
+        await asyncio.sleep(0.01)
+
+
+async def test_finals_that_wait_together_are_heard_in_one_call() -> None:
+    """The first final is heard at once, alone; those asked while it runs wait and are
+    heard together, each given its own words; a turn cancelled meanwhile is left out;
+    at most ``most`` a call."""
+    from server.runtime import Finals
+
+    worker, asr = Worker("asr"), _Asr()
+    finals = Finals(worker, asr, most=2)
+    try:
+        asr.hold.clear()
+        first = asyncio.create_task(finals.hear("a"))
+        await _started(worker)
+        rest = [asyncio.create_task(finals.hear(x)) for x in "bcde"]
+        await asyncio.sleep(0.01)
+        rest[1].cancel()  # "c": its turn ended while it waited
+        asr.hold.set()
+        assert await first == "A"
+        assert [await t for t in (rest[0], rest[2], rest[3])] == ["B", "D", "E"]
+        assert asr.batches == [["a"], ["b", "d"], ["e"]] and finals.sizes == [1, 2, 1]
+    finally:
+        asr.hold.set()
+        worker.shutdown()
+
+
+async def test_a_failed_call_fails_each_of_its_turns_and_the_next_is_heard() -> None:
+    from server.runtime import Finals
+
+    worker, asr = Worker("asr"), _Asr()
+    finals = Finals(worker, asr, most=8)
+    try:
+        asr.hold.clear()
+        first = asyncio.create_task(finals.hear("a"))
+        await _started(worker)
+        waiting = [asyncio.create_task(finals.hear(x)) for x in "bc"]
+        await asyncio.sleep(0.01)
+        asr.fail = True
+        asr.hold.set()
+        for t in (first, *waiting):
+            with pytest.raises(RuntimeError, match="the ASR failed"):
+                await t
+        asr.fail = False
+        assert await finals.hear("d") == "D"
+    finally:
+        asr.hold.set()
+        worker.shutdown()
