@@ -781,6 +781,7 @@ class App:
             "loop_lag": self.lag.summary(),
             "queued": pending,
             "tasks": len(asyncio.all_tasks()),
+            "final_transcripts": self.rt.finals(),
             **({"reply_passes": passes} if (passes := self.rt.passes()) is not None else {}),
         }
 

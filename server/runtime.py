@@ -170,6 +170,8 @@ class Finals:
                 continue
             audios = [a for a, _ in taken]
             self.sizes.append(len(audios))
+            if len(audios) > 1:
+                log.debug("hearing %d final transcripts in one Whisper call", len(audios))
             try:
                 heard = await self.worker.ranked(0, functools.partial(self._call, audios))
             except Exception as exc:
@@ -216,6 +218,16 @@ class Runtime:
             self._finals = Finals(self.worker(WorkerKind.ASR), self.asr, self.asr_batch)
         transcript: Transcript = await self._finals.hear(audio)
         return transcript
+
+    def finals(self) -> dict[str, int]:
+        """The Whisper calls that heard final transcripts so far, for /stats."""
+        sizes = self._finals.sizes if self._finals is not None else []
+        return {
+            "calls": len(sizes),
+            "turns": sum(sizes),
+            "batched_calls": sum(n > 1 for n in sizes),
+            "largest": max(sizes, default=0),
+        }
 
     def passes(self) -> dict[str, object] | None:
         """The reply model's shared passes so far, for /stats."""

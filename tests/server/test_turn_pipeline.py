@@ -916,3 +916,14 @@ def test_the_second_hearing_is_the_other_offline_model() -> None:
     assert check_model("auto", "/models/whisper-small") is None
     assert check_model("none", "tiny.en") is None
     assert check_model("/models/whisper-small", "tiny.en") == "/models/whisper-small"
+
+
+async def test_a_spoken_turn_s_final_is_heard_through_the_batcher(make_turn: Any) -> None:
+    """The final transcript goes through the runtime's Finals (counted for /stats);
+    a typed turn hears nothing."""
+    turn = make_turn(FakeEngine(REPLY))
+    turn.released.set()
+    await turn.start(text="Hello.")
+    assert turn.rt.finals()["calls"] == 0
+    await turn.start(audio=QUESTION_AUDIO)
+    assert turn.rt.finals() == {"calls": 1, "turns": 1, "batched_calls": 0, "largest": 1}
