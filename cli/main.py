@@ -117,7 +117,8 @@ def _parser() -> argparse.ArgumentParser:
         default=RuntimeOptions.asr_batch,
         metavar="N",
         help="final transcripts of turns that end together heard in one Whisper call, at "
-        "most (1: one a call)",
+        "most (1: each alone; more: a turn heard beside a longer one may get other words, "
+        "docs/latency.md)",
     )
     serve.add_argument("--engine", default=DEFAULT_ENGINE, choices=ENGINES, help="reply model")
     serve.add_argument("--max-reply-tokens", type=int, default=64, help="longest reply, in tokens")

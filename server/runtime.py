@@ -141,13 +141,13 @@ class Worker:
 
 class Finals:
     """Final transcripts asked for while the ASR worker is busy wait together and are
-    heard in one Whisper call when it is free (``Transcriber.transcribe_batch``): with
-    many sessions talking at once their turns end together, and one batched decode
-    costs less than the same decodes one after another (three sized windows of
-    tiny.en: 107 against 167 ms on the 2-core CPU; on a GPU the batch costs about what
-    one turn does). The first final runs at once, alone: batching never makes a turn
-    wait for another. Finals go before the worker's other jobs (partial transcripts,
-    second hearings)."""
+    heard in one Whisper call when it is free (``Transcriber.transcribe_batch``), at
+    most ``most`` a call (``--asr-batch``; 1, the default: each alone): with many
+    sessions talking at once their turns end together, and one batched decode costs
+    less than the same decodes one after another (three sized windows of tiny.en: 107
+    against 167 ms on the 2-core CPU). The first final runs at once, alone: batching
+    never makes a turn wait for another. Finals go before the worker's other jobs
+    (partial transcripts, second hearings)."""
 
     def __init__(self, worker: Worker, asr: Any, most: int) -> None:
         self.worker, self.asr, self.most = worker, asr, max(1, most)
@@ -209,7 +209,7 @@ class Runtime:
     # server/turn.py); None: calls are made on the first hearing alone
     asr_check: Transcriber | None = None
     # final transcripts heard in one Whisper call at most (--asr-batch; 1: one a call)
-    asr_batch: int = 8
+    asr_batch: int = 1
     _finals: Finals | None = field(default=None, init=False, repr=False)
 
     async def hear(self, audio: Any) -> Transcript:
@@ -255,7 +255,10 @@ class RuntimeOptions:
     asr_window: Window = "auto"  # audio.asr.AsrOptions.window
     asr_beam: int = BEAM_SIZE  # audio.asr.AsrOptions.beam_size
     asr_check: str = DEFAULT_ASR_CHECK  # check_model: the second hearing before acting
-    asr_batch: int = 8  # Runtime.asr_batch: final transcripts one Whisper call may hear
+    # Runtime.asr_batch: final transcripts one Whisper call may hear. 1 (each alone):
+    # a turn heard beside a longer one gets more silence after it, and 45 of the spoken
+    # eval's 276 turns then got other words (docs/latency.md)
+    asr_batch: int = 1
     engine: EngineName = DEFAULT_ENGINE
     cache_dir: Path | None = None
     max_reply_tokens: int = 64  # the reply budget, in tokens
