@@ -150,6 +150,10 @@ class Transcriber:
             sized = self.transcribe_sized(x)
             if sized is not None:
                 return sized
+        return self._heard_in_full(x)
+
+    def _heard_in_full(self, x: NDArray[np.float32]) -> Transcript:
+        """The 30 s window's transcript, de-duplicated and untrusted where it loops."""
         full = self.transcribe_full(x)
         if not looks_looped(full.text):
             return full
@@ -167,7 +171,7 @@ class Transcriber:
         windows = [self.sized_features(x) if sized and len(x) else None for x in xs]
         batch = [(i, w) for i, w in enumerate(windows) if w is not None]
         out: list[Transcript | None] = [None] * len(xs)
-        if len(batch) > 1:
+        if batch:  # one window alone is transcribe_sized's decode
             frames = max(w.shape[-1] for _, w in batch)
             stacked = np.zeros((len(batch), batch[0][1].shape[1], frames), np.float32)
             for row, (_, w) in enumerate(batch):
@@ -175,7 +179,10 @@ class Transcriber:
             budgets = [self._budget(xs[i]) for i, _ in batch]
             decodes = self._generate_many(ctranslate2.StorageView.from_array(stacked), budgets)
             for (i, _), d in zip(batch, decodes, strict=True):
-                out[i] = self._checked(xs[i], d)
+                heard = self._checked(xs[i], d)
+                # a window whose decode fails its checks goes to the 30 s window, not
+                # through the sized one again
+                out[i] = heard if heard is not None else self._heard_in_full(xs[i])
         return [t if t is not None else self.transcribe(x) for t, x in zip(out, xs, strict=True)]
 
     def transcribe_full(self, x: NDArray[np.float32]) -> Transcript:
@@ -269,16 +276,15 @@ class Transcriber:
             ids = result.sequences_ids[0]
             capped = len(ids) >= budget
             tokens = [t for t in ids[:budget] if t < self._tokenizer.eot]
-            # past its own budget (a loop the checks then read), the score is the whole
-            # decode's
-            score = result.scores[0]
             decodes.append(
                 SizedDecode(
                     text=self._tokenizer.decode(tokens).strip(),
                     capped=capped,
                     no_speech_prob=result.no_speech_prob,
-                    # faster-whisper's average: the log-probs of the tokens and the end token
-                    avg_logprob=score * len(tokens) / (len(tokens) + 1),
+                    # faster-whisper's average: the log-probs of the tokens and the end
+                    # token (past its own budget, a loop the checks then read, the whole
+                    # decode's score)
+                    avg_logprob=result.scores[0] * len(tokens) / (len(tokens) + 1),
                 )
             )
         return decodes
