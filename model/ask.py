@@ -37,10 +37,8 @@ from typing import Literal
 from model.engine import ChatMessage
 from model.router import SURE
 from model.spoken import (
-    ONES,
-    SCALES,
-    TENS,
     UNIT_PARAMS,
+    is_number_word,
     slot_value,
     spoken_duration,
     spoken_numbers,
@@ -400,7 +398,7 @@ _VALUE_WORDS = {
 def _unnumbered(text: str) -> list[str]:
     """``text``'s words, lowercased, without its number words and digits."""
     words = _WORDS.findall(text.lower().replace("-", " "))
-    return [w for w in words if not (w[0].isdigit() or w in ONES or w in TENS or w in SCALES)]
+    return [w for w in words if not is_number_word(w)]
 
 
 def _within(part: Sequence[str], whole: Sequence[str]) -> bool:

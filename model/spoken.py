@@ -42,7 +42,8 @@ def _words(text: str) -> list[str]:
     return _WORD.findall(text.lower().replace("-", " "))
 
 
-def _is_number_word(w: str) -> bool:
+def is_number_word(w: str) -> bool:
+    """A lowercased word that says (part of) a number: "seven", "twenty", "hundred", "7"."""
     return w in ONES or w in TENS or w in SCALES or _digits(w)
 
 
@@ -54,7 +55,7 @@ def _read_number(words: list[str], i: int) -> tuple[float, int] | None:
     """The number spoken from ``words[i]`` on, and the index after it; None when no
     number starts there. "twenty five point five", "one hundred and five", "7",
     "seven and a half"."""
-    if i >= len(words) or not _is_number_word(words[i]) or words[i] in SCALES:
+    if i >= len(words) or not is_number_word(words[i]) or words[i] in SCALES:
         return None
     if _digits(words[i]):
         value, j = float(words[i]), i + 1
