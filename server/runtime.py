@@ -323,8 +323,8 @@ def load_runtime(options: RuntimeOptions) -> Runtime:
     if check_name is not None:
         # sized on the CPU: base in the 30 s window costs ~1.2 s a turn there, sized ~50 ms
         # more than tiny.en (docs/audio.md); greedy, as the first hearing's default
-        check_options = replace(asr_options, window="sized" if device == "cpu" else "auto")
-        check_options = replace(check_options, beam_size=BEAM_SIZE)
+        window: Window = "sized" if device == "cpu" else "auto"
+        check_options = replace(asr_options, window=window, beam_size=BEAM_SIZE)
         asr_check = _timed(
             f"Whisper {check_name} on {device}, to hear a turn again before acting on it",
             lambda: load_transcriber(check_name, options.cache_dir, check_options),
