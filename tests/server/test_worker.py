@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -91,23 +94,30 @@ class _Asr:
         return [a.upper() for a in audios]
 
 
-async def _started(worker: Worker) -> None:
-    while not worker.pending:  # noqa: ASYNC110 - the job is in its thread
-        await asyncio.sleep(0.01)
+@contextlib.asynccontextmanager
+async def _first_heard(most: int) -> AsyncIterator[tuple[Any, _Asr, asyncio.Task[Any]]]:
+    """Finals at most ``most`` a call, its first final ("a") started and held in the
+    ASR call until the test lets ``asr.hold`` go."""
+    from server.runtime import Finals
+
+    worker, asr = Worker("asr"), _Asr()
+    finals = Finals(worker, asr, most)
+    try:
+        asr.hold.clear()
+        first = asyncio.create_task(finals.hear("a"))
+        while not worker.pending:  # noqa: ASYNC110 - the job is in its thread
+            await asyncio.sleep(0.01)
+        yield finals, asr, first
+    finally:
+        asr.hold.set()
+        worker.shutdown()
 
 
 async def test_finals_that_wait_together_are_heard_in_one_call() -> None:
     """The first final is heard at once, alone; those asked while it runs wait and are
     heard together, each given its own words; a turn cancelled meanwhile is left out;
     at most ``most`` a call."""
-    from server.runtime import Finals
-
-    worker, asr = Worker("asr"), _Asr()
-    finals = Finals(worker, asr, most=2)
-    try:
-        asr.hold.clear()
-        first = asyncio.create_task(finals.hear("a"))
-        await _started(worker)
+    async with _first_heard(most=2) as (finals, asr, first):
         rest = [asyncio.create_task(finals.hear(x)) for x in "bcde"]
         await asyncio.sleep(0.01)
         rest[1].cancel()  # "c": its turn ended while it waited
@@ -115,20 +125,10 @@ async def test_finals_that_wait_together_are_heard_in_one_call() -> None:
         assert await first == "A"
         assert [await t for t in (rest[0], rest[2], rest[3])] == ["B", "D", "E"]
         assert asr.batches == [["a"], ["b", "d"], ["e"]] and finals.sizes == [1, 2, 1]
-    finally:
-        asr.hold.set()
-        worker.shutdown()
 
 
 async def test_a_failed_call_fails_each_of_its_turns_and_the_next_is_heard() -> None:
-    from server.runtime import Finals
-
-    worker, asr = Worker("asr"), _Asr()
-    finals = Finals(worker, asr, most=8)
-    try:
-        asr.hold.clear()
-        first = asyncio.create_task(finals.hear("a"))
-        await _started(worker)
+    async with _first_heard(most=8) as (finals, asr, first):
         waiting = [asyncio.create_task(finals.hear(x)) for x in "bc"]
         await asyncio.sleep(0.01)
         asr.fail = True
@@ -138,6 +138,3 @@ async def test_a_failed_call_fails_each_of_its_turns_and_the_next_is_heard() -> 
                 await t
         asr.fail = False
         assert await finals.hear("d") == "D"
-    finally:
-        asr.hold.set()
-        worker.shutdown()
