@@ -28,6 +28,7 @@ from typing import Any, Literal
 import onnxruntime as ort
 import torch
 
+from export.gptq import Table, apply_table, calibration_ids, describe, quantise_model
 from export.graph import (
     BatchGraph,
     StepGraph,
@@ -76,6 +77,7 @@ INT8_METHODS: tuple[Int8Method, ...] = ("blockwise", "dynamic")
 # differently from the same row alone (1e-7), and a reply must get the same logits
 # whichever replies share its pass (docs/results/2026-12-packed-graph.md)
 INT8_BLOCK = 32
+GPTQ_SEQUENCES = 128
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,9 @@ class BuildOptions:
     # Runtime's quantize_dynamic, one activation scale per call (docs/export.md)
     int8_method: Int8Method = "blockwise"
     bits: int = WEIGHT_BITS  # blockwise only: 4 or 8 bits a weight (WEIGHT_BITS)
+    # 4 bits: the calibration sequences GPTQ chooses the weights on (export/gptq.py);
+    # 0: each weight rounded to its block's nearest level
+    gptq_sequences: int = GPTQ_SEQUENCES
     # replies per pass of the batched graph built beside the fp32 and int8 files
     # (model/batch.py); 0 or 1: none, every reply's steps run alone
     batch_rows: int = BATCH_ROWS
@@ -182,8 +187,10 @@ def quantize_int8(
     method: Int8Method = "blockwise",
     per_channel: bool = False,
     bits: int = WEIGHT_BITS,
+    table: Table | None = None,
 ) -> Path:
-    """int8 weights for the CPU, by ``method`` (see :class:`BuildOptions`).
+    """int8 weights for the CPU, by ``method`` (see :class:`BuildOptions`); 4-bit
+    weights from ``table`` (GPTQ's) where given.
 
     SmolLM2 has large activation outliers on a few positions. Dynamic quantisation puts
     one scale on a whole call's activations, so those outliers crush every other value:
@@ -203,13 +210,13 @@ def quantize_int8(
 
             quantize_dynamic(src, dst, weight_type=QuantType.QInt8, per_channel=per_channel)
         else:
-            _quantize_blockwise(src, dst, bits)
+            _quantize_blockwise(src, dst, bits, table)
     finally:
         root.setLevel(level)
     return dst
 
 
-def _quantize_blockwise(src: Path, dst: Path, bits: int) -> None:
+def _quantize_blockwise(src: Path, dst: Path, bits: int, table: Table | None) -> None:
     import onnx
 
     try:
@@ -228,6 +235,8 @@ def _quantize_blockwise(src: Path, dst: Path, bits: int) -> None:
     for name in ("onnxruntime.quantization.matmul_nbits_quantizer", "onnx_ir"):
         logging.getLogger(name).setLevel(logging.WARNING)  # one INFO line per node
     quantizer.process()
+    if table is not None:
+        apply_table(quantizer.model.model, onnx.load(str(src)), table, INT8_BLOCK)
     quantizer.model.save_model_to_file(str(dst), use_external_data_format=False)
 
 
@@ -252,11 +261,18 @@ def build(out: Path, options: BuildOptions, source: Source | None = None) -> dic
         "exporting the fp32 ONNX step graph", lambda: export_onnx(model, out / FILES["fp32"])
     )
     built["fp32"] = fp32
+    tok = Tokenizer(src.tokenizer)
+    table, gptq_info = _gptq(model, tok, options)
     if options.int8:
         built["int8"] = _timed(
             f"quantising ({_int8_words(options)})",
             lambda: quantize_int8(
-                fp32, out / FILES["int8"], options.int8_method, options.per_channel, options.bits
+                fp32,
+                out / FILES["int8"],
+                options.int8_method,
+                options.per_channel,
+                options.bits,
+                table,
             ),
         )
     if options.fp16:
@@ -265,8 +281,7 @@ def build(out: Path, options: BuildOptions, source: Source | None = None) -> dic
             "exporting fp16 (plain attention, for GPUs)",
             lambda: export_onnx(half, out / FILES["fp16"], ATTENTION["fp16"]),
         )
-    batched = _batched(out, model, built, options)
-    tok = Tokenizer(src.tokenizer)
+    batched = _batched(out, model, built, options, table)
     rows: list[Path] = []
     if "int8" in built and options.int8_method == "blockwise" and options.rows_graphs:
         twin = batched.get("int8")
@@ -306,9 +321,10 @@ def build(out: Path, options: BuildOptions, source: Source | None = None) -> dic
             "sha256": sha256(path),
         }
     if "int8" in built:
-        manifest["files"][FILES["int8"]]["quantisation"] = _int8_recipe(options)
+        recipe = _int8_recipe(options) | ({"gptq": gptq_info} if gptq_info else {})
+        manifest["files"][FILES["int8"]]["quantisation"] = recipe
         if "int8" in batched:
-            manifest["files"][BATCH_FILES["int8"]]["quantisation"] = _int8_recipe(options)
+            manifest["files"][BATCH_FILES["int8"]]["quantisation"] = recipe
     for path in rows:
         manifest["files"][path.name] = {
             "variant": "int8",
@@ -323,7 +339,11 @@ def build(out: Path, options: BuildOptions, source: Source | None = None) -> dic
 
 
 def _batched(
-    out: Path, model: Llama, built: dict[Variant, Path], options: BuildOptions
+    out: Path,
+    model: Llama,
+    built: dict[Variant, Path],
+    options: BuildOptions,
+    table: Table | None = None,
 ) -> dict[Variant, Path]:
     """The batched graph beside the fp32 file, and beside the int8 one quantised the
     same way (its rows' logits are the one-reply graph's: tests/export/test_batch.py)."""
@@ -344,6 +364,7 @@ def _batched(
                 options.int8_method,
                 options.per_channel,
                 options.bits,
+                table,
             ),
         )
     if "fp16" in built:
@@ -382,6 +403,25 @@ def _tensorrt(out: Path, built: dict[Variant, Path], model: Llama, options: Buil
     cfg = model.config
     engine = build_engine(src, out, (cfg.n_layer, cfg.n_kv_head, cfg.head_dim))
     return str(engine.relative_to(out))
+
+
+def _gptq(
+    model: Llama, tok: Tokenizer, options: BuildOptions
+) -> tuple[Table | None, dict[str, Any] | None]:
+    """GPTQ's 4-bit weights (export/gptq.py) where the options ask for 4 bits, with
+    what the manifest says of them; (None, None) otherwise."""
+    if not (options.int8 and options.int8_method == "blockwise" and options.bits == 4):
+        return None, None
+    if options.gptq_sequences <= 0:
+        return None, None
+    t0 = time.perf_counter()
+    seqs = calibration_ids(tok, options.gptq_sequences)
+    table = _timed(
+        f"choosing 4-bit weights with GPTQ ({len(seqs)} calibration sequences, "
+        f"{sum(map(len, seqs))} tokens)",
+        lambda: quantise_model(model, seqs, INT8_BLOCK),
+    )
+    return table, describe(table, seqs, time.perf_counter() - t0)
 
 
 def _int8_words(options: BuildOptions) -> str:

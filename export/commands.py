@@ -44,6 +44,15 @@ def register(sub: Any) -> None:
         "32, as the GGUF's Q4_1; 8: a scale a block). Activations are int8 either way",
     )
     ex.add_argument(
+        "--gptq-sequences",
+        type=int,
+        default=None,
+        metavar="N",
+        help="4 bits: the calibration sequences GPTQ chooses the weights on (default "
+        "128, from the adapters' training sets; 0: round each weight to its block's "
+        "nearest level)",
+    )
+    ex.add_argument(
         "--per-channel", action="store_true", help="dynamic int8: weight scales per channel"
     )
     ex.add_argument(
@@ -76,6 +85,7 @@ def run_export(args: argparse.Namespace) -> int:
         check=not args.no_check,
         int8_method=args.int8_method,
         bits=args.bits,
+        **({} if args.gptq_sequences is None else {"gptq_sequences": args.gptq_sequences}),
         per_channel=args.per_channel,
         batch_rows=args.batch_rows,
         rows_graphs=args.rows_graphs,
