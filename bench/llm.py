@@ -315,7 +315,8 @@ def time_engines(
 
 
 def _int8_matmul(k: int, n: int, method: str) -> Callable[[NDArray[np.float32]], object]:
-    """An ONNX Runtime session of x @ W (W: k x n, random) with W quantised as ``method``."""
+    """An ONNX Runtime session of x @ W (W: k x n, random) with W quantised as ``method``
+    (blockwise: 8-bit weights, the int8 kernel's peak and the memory's bandwidth)."""
     import tempfile
 
     import onnx
@@ -334,7 +335,7 @@ def _int8_matmul(k: int, n: int, method: str) -> Callable[[NDArray[np.float32]],
     with tempfile.TemporaryDirectory() as d:
         src, dst = Path(d) / "mm.onnx", Path(d) / "mm.int8.onnx"
         onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), src)
-        quantize_int8(src, dst, method)  # type: ignore[arg-type]
+        quantize_int8(src, dst, method, bits=8)  # type: ignore[arg-type]
         import onnxruntime as ort
 
         sess = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"])
@@ -356,11 +357,14 @@ def bandwidth_int8_ort(k: int = 4096, n: int = 16384, repeats: int = 9) -> float
     return k * n * int8_bytes_per_weight("blockwise") / _median_time(lambda: run(x), repeats)
 
 
-def int8_bytes_per_weight(method: str) -> float:
-    """Stored bytes per weight: int8 plus, for blockwise, one fp32 scale per block."""
+def int8_bytes_per_weight(method: str, bits: int = 8) -> float:
+    """Stored bytes per weight: int8 (dynamic), or ``bits`` plus, blockwise, one fp32
+    scale per block and at 4 bits a 4-bit zero point."""
     from export.build import INT8_BLOCK
 
-    return 1.0 + (4.0 / INT8_BLOCK if method == "blockwise" else 0.0)
+    if method != "blockwise":
+        return 1.0
+    return (bits + 32 / INT8_BLOCK + (4 / INT8_BLOCK if bits == 4 else 0)) / 8
 
 
 def peak_fp32_torch(n: int = 2048, repeats: int = 5) -> float:
@@ -407,12 +411,12 @@ def run_llm_bench(options: BenchOptions) -> dict[str, Any]:
     # The machine's int8 peak is its fastest int8 kernel (dynamic quantisation's QGEMM);
     # the served file's own kernel is reported beside it.
     kernel_peaks = {m: peak_int8_ort(method=m) for m in ("dynamic", "blockwise")}
-    method = (manifest["files"]["model.int8.onnx"].get("quantisation") or {}).get("method")
+    recipe = manifest["files"]["model.int8.onnx"].get("quantisation") or {}
     roofs = {
         "onnx-int8": Roofline(
             max(kernel_peaks.values()),
             bandwidth_int8_ort(),
-            int8_bytes_per_weight(method or "dynamic"),
+            int8_bytes_per_weight(recipe.get("method", "dynamic"), recipe.get("bits", 8)),
         )
     }
     served = load_onnx_backend(model_dir, "int8", RuntimeConfig(max_len=1024))

@@ -192,6 +192,7 @@ def test_bytes_of_a_step_are_its_weights_once_whatever_the_chunk() -> None:
     assert step_bytes(d, 16, 0, 1.0, 4) - one == 15 * (2 * 30 * 192 * 4 + 576 * 4)
     assert step_bytes(d, 1, 100, 1.0, 4) - one == 100 * 2 * 30 * 192 * 4
     assert int8_bytes_per_weight("blockwise") == 1.125  # a fp32 scale per 32 weights
+    assert int8_bytes_per_weight("blockwise", 4) == 0.5 + 4.5 / 32  # and a 4-bit zero point
     assert int8_bytes_per_weight("dynamic") == 1.0
 
 
