@@ -55,16 +55,15 @@ TOKENIZER = "tokenizer.json"
 # one-reply graph (several replies' steps in one pass, model/batch.py); 6: q, k and v in
 # one weight product, RoPE inside the fused attention node, the gate and up projections
 # in one product (the CPU graphs: a one-token pass 0.8x v5's); 7: a batched row with no
-# step has no tokens (its products cost nothing; it was one token a row); 8: v7's graphs
-# with 4-bit weights chosen by GPTQ in the CPU files (WEIGHT_BITS).
-FORMAT_VERSION = 8
+# step has no tokens (its products cost nothing; it was one token a row).
+FORMAT_VERSION = 7
 # Bits of a weight in the CPU file's blockwise products (``quicksilver export --bits``).
-# 4 (served): asymmetric, a scale and a zero point a block of 32 (the GGUF's Q4_1
-# layout), the weights chosen by GPTQ (export/gptq.py); it reads ~60% of 8's bytes a
-# pass, and a one-token pass is memory-bound: 3.5 against 5.1 ms on the AMD EPYC. 8:
-# symmetric, a scale a block, the logits nearer fp32's (docs/results/2026-12-gptq.md).
-# The activations are int8 either way.
-WEIGHT_BITS = 4
+# 8 (served): symmetric, a scale a block of 32. 4 (asymmetric: a scale and a zero point
+# a block, the layout of the GGUF's Q4_1) reads ~60% of 8's bytes a pass, and a
+# one-token pass is memory-bound: 3.5 against 5.1 ms on the AMD EPYC; it keeps the
+# held-out bars under the served blocks of one but moves the logits far more
+# (docs/results/2026-12-four-bit.md). The activations stay int8 either way.
+WEIGHT_BITS = 8
 DEFAULT_NAME = f"smollm2-135m-instruct-onnx-v{FORMAT_VERSION}"
 
 

@@ -28,11 +28,9 @@ def tiny_source() -> Source:
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """fp32, int8 (8-bit weights: the parity tests' bounds are 8 bits') and fp16
-    exports of the tiny model, with parity figures; the served 4-bit weights are
-    tests/export/test_gptq.py's and test_real_model.py's."""
+    """fp32, int8 and fp16 exports of the tiny model, with parity figures."""
     out = tmp_path_factory.mktemp("tiny-export") / "model"
-    return build_atomic(out, BuildOptions(fp16=True, bits=8), tiny_source())
+    return build_atomic(out, BuildOptions(fp16=True), tiny_source())
 
 
 @pytest.fixture(scope="session")

@@ -47,21 +47,17 @@ def test_real_export_matches_pytorch(real_dir: Path, smollm2_gguf) -> None:  # t
         got[variant] = (prefill, step)
     prefill, step = got["fp32"]
     assert np.abs(prefill - want).max() < 1e-2 and np.abs(step - want_next).max() < 1e-2
-    # The served CPU file: 4-bit weights chosen by GPTQ, int8 activations scaled per row
-    # and block. Here 26 of the 29 prefill rows keep their top-1 (8-bit weights: over
-    # 0.9; 4-bit weights rounded to their nearest level: 0.76-0.77 of a chat prompt's
-    # rows; dynamic quantisation's single activation scale: 0.58-0.66)
+    # per-row activation scales keep the outlier positions from swamping the rest:
+    # dynamic quantisation's single scale agreed on 0.58-0.66 of the prefill rows
     prefill, step = got["int8"]
-    assert (prefill.argmax(-1) == want.argmax(-1)).mean() > 0.85
+    assert (prefill.argmax(-1) == want.argmax(-1)).mean() > 0.9
     assert int(step.argmax()) == int(want_next.argmax())
     manifest = json.loads((real_dir / "manifest.json").read_text())
     assert manifest["config"]["mask_id"] == 49152
-    # blockwise 4-bit: the projections at about a seventh of fp32 (the token table stays fp32)
+    # blockwise int8: the projections at a quarter of fp32 (the token table stays fp32)
     files = manifest["files"]
     assert files["model.int8.onnx"]["bytes"] < 0.55 * files["model.onnx"]["bytes"]
-    recipe = files["model.int8.onnx"]["quantisation"]
-    assert recipe["method"] == "blockwise" and recipe["bits"] == 4
-    assert recipe["gptq"]["calibration_sequences"] == 128
+    assert files["model.int8.onnx"]["quantisation"]["method"] == "blockwise"
 
 
 def test_the_int8_onnx_engine_answers(real_dir: Path) -> None:
