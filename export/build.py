@@ -28,7 +28,14 @@ from typing import Any, Literal
 import onnxruntime as ort
 import torch
 
-from export.gptq import Table, apply_table, calibration_ids, describe, quantise_model
+from export.gptq import (
+    Table,
+    apply_table,
+    calibration_ids,
+    describe,
+    quantise_model,
+    weight_keys,
+)
 from export.graph import (
     BatchGraph,
     StepGraph,
@@ -231,12 +238,14 @@ def _quantize_blockwise(src: Path, dst: Path, bits: int, table: Table | None) ->
         ) from exc
     q = {"block_size": INT8_BLOCK, "is_symmetric": bits == 8, "accuracy_level": 4, "bits": bits}
     config = DefaultWeightOnlyQuantConfig(**q)
-    quantizer = MatMulNBitsQuantizer(onnx.load(str(src)), algo_config=config, **q)
+    fp32 = onnx.load(str(src))
+    keys = weight_keys(fp32) if table is not None else {}  # before the quantiser's edits
+    quantizer = MatMulNBitsQuantizer(fp32, algo_config=config, **q)
     for name in ("onnxruntime.quantization.matmul_nbits_quantizer", "onnx_ir"):
         logging.getLogger(name).setLevel(logging.WARNING)  # one INFO line per node
     quantizer.process()
     if table is not None:
-        apply_table(quantizer.model.model, onnx.load(str(src)), table, INT8_BLOCK)
+        apply_table(quantizer.model.model, keys, table, INT8_BLOCK)
     quantizer.model.save_model_to_file(str(dst), use_external_data_format=False)
 
 

@@ -24,7 +24,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -84,31 +84,35 @@ def weight_key(kn: NDArray[np.float32]) -> str:
 
 def calibration_ids(tok: Tokenizer, n: int, seed: int = 0) -> list[list[int]]:
     """``n`` prompts with their trained replies from the adapters' training sets, drawn
-    evenly from both files (seeded)."""
+    evenly from both files (seeded); only the drawn lines are tokenized."""
     rng = random.Random(seed)
-    per_file = [list(_examples(tok, path)) for path in CALIBRATION_FILES]
-    for examples in per_file:
-        rng.shuffle(examples)
+    per_file = [_lines(path) for path in CALIBRATION_FILES]
+    for lines in per_file:
+        rng.shuffle(lines)
     out: list[list[int]] = []
     while len(out) < n and any(per_file):
-        for examples in per_file:
-            if examples and len(out) < n:
-                out.append(examples.pop())
+        for lines in per_file:
+            if lines and len(out) < n:
+                out.append(_sequence(tok, lines.pop()))
     if not out:
         raise FileNotFoundError(f"no calibration text in {[str(p) for p in CALIBRATION_FILES]}")
     return out
 
 
-def _examples(tok: Tokenizer, path: Path) -> Iterator[list[int]]:
+def _lines(path: Path) -> list[str]:
     if not path.is_file():
         raise FileNotFoundError(f"GPTQ's calibration text {path} is missing (the repo has it)")
-    for line in path.read_text().splitlines():
-        e = json.loads(line)
-        system = e.get("system") or SPOKEN_SYSTEM_PROMPT
-        prompt = build_prompt(tok, [ChatMessage("user", e["question"])], 1024, system)
-        # the reply's text, not its stored ids: any tokenizer (the tests' byte-level one)
-        reply = tok.encode(e["reply"]) + ([tok.im_end_id] if e.get("ended") else [])
-        yield (prompt + reply)[:MAX_TOKENS]
+    return path.read_text().splitlines()
+
+
+def _sequence(tok: Tokenizer, line: str) -> list[int]:
+    """One training example's prompt, as the server builds it, and its reply."""
+    e = json.loads(line)
+    system = e.get("system") or SPOKEN_SYSTEM_PROMPT
+    prompt = build_prompt(tok, [ChatMessage("user", e["question"])], 1024, system)
+    # the reply's text, not its stored ids: any tokenizer (the tests' byte-level one)
+    reply = tok.encode(e["reply"]) + ([tok.im_end_id] if e.get("ended") else [])
+    return (prompt + reply)[:MAX_TOKENS]
 
 
 # ---------------------------------------------------------------- GPTQ
@@ -290,29 +294,33 @@ def pack(q: Quantised, block: int) -> Packed:
     return b, q.scales.astype(np.float32), zp
 
 
-def apply_table(quantised: onnx.ModelProto, fp32: onnx.ModelProto, table: Table, block: int) -> int:
-    """Replace the 4-bit weights of ``quantised`` (ORT's quantiser's output for ``fp32``)
-    with the table's; returns how many products it replaced. Every 4-bit product must
-    be in the table: a graph whose weights are not the model's is an error."""
-    weights = {i.name: i for i in fp32.graph.initializer}
+def weight_keys(model: onnx.ModelProto) -> dict[str, str]:
+    """The :func:`weight_key` of every MatMul weight of ``model`` (an fp32 graph), by
+    initializer name: read before ORT's quantiser replaces those weights."""
+    inits = {i.name: i for i in model.graph.initializer}
+    names = {n.input[1] for n in model.graph.node if n.op_type == "MatMul"} & inits.keys()
+    return {k: weight_key(numpy_helper.to_array(inits[k]).astype(np.float32)) for k in names}
+
+
+def apply_table(quantised: onnx.ModelProto, keys: dict[str, str], table: Table, block: int) -> None:
+    """Replace the 4-bit weights of ``quantised`` (ORT's quantiser's output for the
+    fp32 graph whose :func:`weight_keys` are ``keys``) with the table's. Every 4-bit
+    product must be in the table: a graph whose weights are not the model's is an
+    error."""
     inits = {i.name: i for i in quantised.graph.initializer}
-    done = 0
     for node in quantised.graph.node:
         if node.op_type != "MatMulNBits":
             continue
         name = node.input[1].removesuffix("_Q4")
-        key = weight_key(numpy_helper.to_array(weights[name]).astype(np.float32))
-        if key not in table:
+        if keys.get(name) not in table:
             raise ValueError(f"GPTQ has no weights for {name} ({node.name})")
-        arrays: list[NDArray[Any]] = list(pack(table[key], block))
+        arrays: list[NDArray[Any]] = list(pack(table[keys[name]], block))
         for init, array in zip(node.input[1:4], arrays, strict=True):
             old = inits[init]
             new = numpy_helper.from_array(array.reshape(tuple(old.dims)), init)
             if tuple(new.dims) != tuple(old.dims) or new.data_type != old.data_type:
                 raise ValueError(f"{init}: GPTQ's {new.dims} is not the quantiser's {old.dims}")
             old.CopyFrom(new)
-        done += 1
-    return done
 
 
 def describe(table: Table, seqs: list[list[int]], seconds: float) -> dict[str, Any]:
