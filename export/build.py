@@ -57,6 +57,7 @@ from model.modeldir import (
     BATCH_ROWS,
     FILES,
     FORMAT_VERSION,
+    GPTQ_SEQUENCES,
     MANIFEST,
     ROWS_BATCH_FILES,
     ROWS_FILES,
@@ -84,7 +85,6 @@ INT8_METHODS: tuple[Int8Method, ...] = ("blockwise", "dynamic")
 # differently from the same row alone (1e-7), and a reply must get the same logits
 # whichever replies share its pass (docs/results/2026-12-packed-graph.md)
 INT8_BLOCK = 32
-GPTQ_SEQUENCES = 128
 
 
 @dataclass(frozen=True)
@@ -102,9 +102,7 @@ class BuildOptions:
     # Runtime's quantize_dynamic, one activation scale per call (docs/export.md)
     int8_method: Int8Method = "blockwise"
     bits: int = WEIGHT_BITS  # blockwise only: 4 or 8 bits a weight (WEIGHT_BITS)
-    # 4 bits: the calibration sequences GPTQ chooses the weights on (export/gptq.py);
-    # 0: each weight rounded to its block's nearest level
-    gptq_sequences: int = GPTQ_SEQUENCES
+    gptq_sequences: int = GPTQ_SEQUENCES  # 4 bits only (GPTQ_SEQUENCES)
     # replies per pass of the batched graph built beside the fp32 and int8 files
     # (model/batch.py); 0 or 1: none, every reply's steps run alone
     batch_rows: int = BATCH_ROWS

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from model.modeldir import BATCH_ROWS, WEIGHT_BITS, default_model_dir
+from model.modeldir import BATCH_ROWS, GPTQ_SEQUENCES, WEIGHT_BITS, default_model_dir
 
 
 def register(sub: Any) -> None:
@@ -46,11 +46,11 @@ def register(sub: Any) -> None:
     ex.add_argument(
         "--gptq-sequences",
         type=int,
-        default=None,
+        default=GPTQ_SEQUENCES,
         metavar="N",
-        help="4 bits: the calibration sequences GPTQ chooses the weights on (default "
-        "128, from the adapters' training sets; 0: round each weight to its block's "
-        "nearest level)",
+        help=f"4 bits: the calibration sequences GPTQ chooses the weights on (default "
+        f"{GPTQ_SEQUENCES}, from the adapters' training sets; 0: round each weight to its "
+        "block's nearest level)",
     )
     ex.add_argument(
         "--per-channel", action="store_true", help="dynamic int8: weight scales per channel"
@@ -85,7 +85,7 @@ def run_export(args: argparse.Namespace) -> int:
         check=not args.no_check,
         int8_method=args.int8_method,
         bits=args.bits,
-        **({} if args.gptq_sequences is None else {"gptq_sequences": args.gptq_sequences}),
+        gptq_sequences=args.gptq_sequences,
         per_channel=args.per_channel,
         batch_rows=args.batch_rows,
         rows_graphs=args.rows_graphs,

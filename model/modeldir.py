@@ -64,6 +64,9 @@ FORMAT_VERSION = 7
 # held-out bars under the served blocks of one but moves the logits far more
 # (docs/results/2026-12-four-bit.md). The activations stay int8 either way.
 WEIGHT_BITS = 8
+# 4 bits: the calibration sequences GPTQ chooses the weights on (export/gptq.py); 0: each
+# weight rounded to its block's nearest level
+GPTQ_SEQUENCES = 128
 DEFAULT_NAME = f"smollm2-135m-instruct-onnx-v{FORMAT_VERSION}"
 
 
