@@ -445,13 +445,18 @@ _CLAIM_FIRST = frozenset(
 )
 _CLAIM = re.compile(
     r"^(?:(?:okay|ok|sure|alright|all right|got it|of course|no problem)[,.!]?\s+)?"
-    r"(?:i'll|i will|i'm going to|i am going to|i've|i have|let me|i'm|i am)\s+"
+    r"(?:(?:i'll|i will|i'm going to|i am going to|i've|i have|let me|i'm|i am)\s+"
     r"(?:go ahead and\s+)?"
     r"(?:add|added|adding|put|read|reading|translate|translating|order|ordered|book|booked|"
     r"wake|set|setting|send|sent|sending|call|calling|play|playing|turn|turning|remind|"
     r"text|texting|message|schedule|scheduled|lock|locked|unlock|open|close|take|start|"
     r"started|cancel|cancelled|buy|note|save|saved|email|share|record|switch|create|"
-    r"created|navigate)\b",
+    r"created|navigate)"
+    # "I added milk to my shopping list." (the 4-bit file's reply): done, in the past
+    r"|i\s+(?:just\s+|already\s+)?(?:added|put|translated|ordered|booked|set|sent|called|"
+    r"played|turned|reminded|texted|messaged|scheduled|locked|unlocked|opened|closed|"
+    r"started|cancell?ed|canceled|bought|noted|saved|emailed|shared|recorded|switched|"
+    r"created|paused|stopped|skipped))\b",
     re.I,
 )
 

@@ -365,10 +365,12 @@ def test_whisper_s_own_figures_put_misheard_noisy_speech_under_the_bar(
 @pytest.mark.parametrize(
     "reply",
     ["I'll add milk to my shopping list.", "Okay, I'll read your last message.",
-     "Sure, I've added it.", "Okay, I'm going to go ahead and book a table."],
+     "Sure, I've added it.", "Okay, I'm going to go ahead and book a table.",
+     "I added milk to my shopping list.", "Okay, I just sent it."],
 )  # fmt: skip
 def test_a_reply_that_claims_an_action_is_seen(reply: str) -> None:
-    """The first is the served engine's reply to "Add milk to my shopping list." (no call)."""
+    """The first is the served engine's reply to "Add milk to my shopping list." (no call),
+    the fifth the 4-bit file's (``export --bits 4``)."""
     assert claims(reply) is True
 
 
