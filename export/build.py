@@ -49,7 +49,7 @@ from export.graph import (
     output_names,
 )
 from export.parity import ParityReport, check_parity
-from export.rows_graph import ALPHA, build_rows_graphs
+from export.rows_graph import ALPHA, HEAD_WEIGHT, build_rows_graphs
 from export.tensorrt import build_engine
 from model.modeldir import (
     ATTENTION,
@@ -85,6 +85,10 @@ INT8_METHODS: tuple[Int8Method, ...] = ("blockwise", "dynamic")
 # differently from the same row alone (1e-7), and a reply must get the same logits
 # whichever replies share its pass (docs/results/2026-12-packed-graph.md)
 INT8_BLOCK = 32
+# A 4-bit file keeps the tied head (a fifth of the weights) at 8 bits, as SmolLM2's GGUF
+# does (Q4_1 layers, a Q8_0 embedding): GPTQ's head was a sixth of the file's KL to the
+# model (0.083 -> 0.070 held out), for 14 MB more a pass (docs/results/2026-12-four-bit-fidelity.md)
+HEAD_BITS = 8
 
 
 @dataclass(frozen=True)
@@ -193,9 +197,11 @@ def quantize_int8(
     per_channel: bool = False,
     bits: int = WEIGHT_BITS,
     table: Table | None = None,
+    head_bits: int | None = None,
 ) -> Path:
     """int8 weights for the CPU, by ``method`` (see :class:`BuildOptions`); 4-bit
-    weights from ``table`` (GPTQ's) where given.
+    weights from ``table`` (GPTQ's) where given; ``head_bits``: the head's (the widest
+    product, :func:`head_product`), where not ``bits``.
 
     SmolLM2 has large activation outliers on a few positions. Dynamic quantisation puts
     one scale on a whole call's activations, so those outliers crush every other value:
@@ -215,15 +221,33 @@ def quantize_int8(
 
             quantize_dynamic(src, dst, weight_type=QuantType.QInt8, per_channel=per_channel)
         else:
-            _quantize_blockwise(src, dst, bits, table)
+            _quantize_blockwise(src, dst, bits, table, head_bits)
     finally:
         root.setLevel(level)
     return dst
 
 
-def _quantize_blockwise(src: Path, dst: Path, bits: int, table: Table | None) -> None:
+def _quantize_blockwise(
+    src: Path, dst: Path, bits: int, table: Table | None, head_bits: int | None
+) -> None:
     import onnx
 
+    for name in ("onnxruntime.quantization.matmul_nbits_quantizer", "onnx_ir"):
+        logging.getLogger(name).setLevel(logging.WARNING)  # one INFO line per node
+    model = onnx.load(str(src))
+    keys = weight_keys(model) if table is not None else {}  # before the quantiser's edits
+    if head_bits not in (None, bits):  # the head first: the second pass leaves it be
+        others = [n.name for n in model.graph.node if n.op_type == "MatMul"]
+        others.remove(head_product(model))
+        model = _blockwise(model, head_bits, others)
+    model = _blockwise(model, bits)
+    if table is not None:
+        apply_table(model, keys, table, INT8_BLOCK)
+    onnx.save(model, str(dst))
+
+
+def _blockwise(model: Any, bits: int, exclude: list[str] | None = None) -> Any:
+    """``model`` with its MatMuls (those not in ``exclude``) as MatMulNBits of ``bits``."""
     try:
         from onnxruntime.quantization.matmul_nbits_quantizer import (
             DefaultWeightOnlyQuantConfig,
@@ -234,17 +258,21 @@ def _quantize_blockwise(src: Path, dst: Path, bits: int, table: Table | None) ->
             f"blockwise int8 needs onnxruntime >= 1.22 with onnx-ir ({exc}); "
             "reinstall the project, or export with --int8-method dynamic"
         ) from exc
+
     q = {"block_size": INT8_BLOCK, "is_symmetric": bits == 8, "accuracy_level": 4, "bits": bits}
     config = DefaultWeightOnlyQuantConfig(**q)
-    fp32 = onnx.load(str(src))
-    keys = weight_keys(fp32) if table is not None else {}  # before the quantiser's edits
-    quantizer = MatMulNBitsQuantizer(fp32, algo_config=config, **q)
-    for name in ("onnxruntime.quantization.matmul_nbits_quantizer", "onnx_ir"):
-        logging.getLogger(name).setLevel(logging.WARNING)  # one INFO line per node
+    quantizer = MatMulNBitsQuantizer(model, algo_config=config, nodes_to_exclude=exclude, **q)
     quantizer.process()
-    if table is not None:
-        apply_table(quantizer.model.model, keys, table, INT8_BLOCK)
-    quantizer.model.save_model_to_file(str(dst), use_external_data_format=False)
+    return quantizer.model.model
+
+
+def head_product(model: Any) -> str:
+    """The name of the tied head's MatMul in an fp32 step graph: the one that reads the
+    embedding table (:data:`export.rows_graph.HEAD_WEIGHT`)."""
+    heads = [n.name for n in model.graph.node if n.op_type == "MatMul" and HEAD_WEIGHT in n.input]
+    if len(heads) != 1:
+        raise ValueError(f"{len(heads)} MatMuls read {HEAD_WEIGHT}: not a step graph's head")
+    return str(heads[0])
 
 
 def sha256(path: Path) -> str:
@@ -280,6 +308,7 @@ def build(out: Path, options: BuildOptions, source: Source | None = None) -> dic
                 options.per_channel,
                 options.bits,
                 table,
+                head_bits(options),
             ),
         )
     if options.fp16:
@@ -372,6 +401,7 @@ def _batched(
                 options.per_channel,
                 options.bits,
                 table,
+                head_bits(options),
             ),
         )
     if "fp16" in built:
@@ -426,15 +456,22 @@ def _gptq(
     table = _timed(
         f"choosing 4-bit weights with GPTQ ({len(seqs)} calibration sequences, "
         f"{sum(map(len, seqs))} tokens)",
-        lambda: quantise_model(model, seqs, INT8_BLOCK),
+        lambda: quantise_model(model, seqs, INT8_BLOCK, head=head_bits(options) is None),
     )
     return table, describe(table, seqs, time.perf_counter() - t0)
+
+
+def head_bits(options: BuildOptions) -> int | None:
+    """The head's bits where they are not the other weights' (:data:`HEAD_BITS`)."""
+    blockwise_4 = options.int8_method == "blockwise" and options.bits == 4
+    return HEAD_BITS if blockwise_4 else None
 
 
 def _int8_words(options: BuildOptions) -> str:
     if options.int8_method == "dynamic":
         return "int8, dynamic"
-    return f"{options.bits}-bit weights in blocks of {INT8_BLOCK}, int8 activations"
+    head = f" (the head {b}-bit)" if (b := head_bits(options)) else ""
+    return f"{options.bits}-bit weights{head} in blocks of {INT8_BLOCK}, int8 activations"
 
 
 def _int8_recipe(options: BuildOptions) -> dict[str, Any]:
@@ -446,7 +483,7 @@ def _int8_recipe(options: BuildOptions) -> dict[str, Any]:
         "symmetric": options.bits == 8,
         "block": INT8_BLOCK,
         "accuracy_level": 4,
-    }
+    } | ({"head_bits": b} if (b := head_bits(options)) else {})
 
 
 def _manifest(

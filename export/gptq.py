@@ -217,9 +217,9 @@ def _hessians(mods: dict[str, nn.Linear], run: Callable[[], object]) -> dict[str
     return {name: s.h for name, s in seen.items()}
 
 
-def quantise_model(model: Llama, seqs: list[list[int]], block: int) -> Table:
+def quantise_model(model: Llama, seqs: list[list[int]], block: int, head: bool = True) -> Table:
     """The :data:`Table` of every product the export quantises: per layer q, k and v
-    (one product), o, gate and up (one product) and down, and the tied head. Each
+    (one product), o, gate and up (one product) and down, and (``head``) the tied head. Each
     layer's inputs come from the layers before it as quantised; ``model`` is left as
     it was (a copy is quantised)."""
     model = copy.deepcopy(model).float().eval()
@@ -242,11 +242,13 @@ def quantise_model(model: Llama, seqs: list[list[int]], block: int) -> Table:
             _quantise_block(table, cast(Block, blk), run, block)
             xs = run()  # through the quantised layer
             log.info("GPTQ: layer %d of %d (%.0f s)", i + 1, cfg.n_layer, time.perf_counter() - t0)
-        head = _Inputs(cfg.n_embd)
+        if not head:
+            return table
+        inputs = _Inputs(cfg.n_embd)
         for x in xs:
-            head.add(model.norm(x))
+            inputs.add(model.norm(x))
         table_t = embedding_with_mask_row(model).t().contiguous()  # export/graph.py's head
-        table[weight_key(table_t.numpy())] = gptq(table_t.t(), head.h, block)
+        table[weight_key(table_t.numpy())] = gptq(table_t.t(), inputs.h, block)
     return table
 
 
@@ -309,8 +311,8 @@ def apply_table(quantised: onnx.ModelProto, keys: dict[str, str], table: Table, 
     error."""
     inits = {i.name: i for i in quantised.graph.initializer}
     for node in quantised.graph.node:
-        if node.op_type != "MatMulNBits":
-            continue
+        if node.op_type != "MatMulNBits" or _bits(node) != 4:
+            continue  # an 8-bit product (the head of a 4-bit file) keeps the quantiser's
         name = node.input[1].removesuffix("_Q4")
         if keys.get(name) not in table:
             raise ValueError(f"GPTQ has no weights for {name} ({node.name})")
@@ -321,6 +323,10 @@ def apply_table(quantised: onnx.ModelProto, keys: dict[str, str], table: Table, 
             if tuple(new.dims) != tuple(old.dims) or new.data_type != old.data_type:
                 raise ValueError(f"{init}: GPTQ's {new.dims} is not the quantiser's {old.dims}")
             old.CopyFrom(new)
+
+
+def _bits(node: onnx.NodeProto) -> int:
+    return next(int(a.i) for a in node.attribute if a.name == "bits")
 
 
 def describe(table: Table, seqs: list[list[int]], seconds: float) -> dict[str, Any]:

@@ -87,11 +87,12 @@ def test_a_four_bit_build_takes_gptqs_weights_and_says_so(
 ) -> None:
     """The tiny model built at 4 bits on 8 calibration sequences: the manifest names
     GPTQ, and every 4-bit product of both graphs holds the table GPTQ chose for its
-    fp32 weight, packed; without calibration the quantiser's own rounding."""
+    fp32 weight, packed; without calibration the quantiser's own rounding. The head
+    (the widest product) is 8-bit in both, as the GGUF's, and not in the table."""
     tables: list[Table] = []
 
-    def spy(*args: object) -> Table:
-        tables.append(quantise_model(*args))  # type: ignore[arg-type]
+    def spy(*args: object, **kwargs: object) -> Table:
+        tables.append(quantise_model(*args, **kwargs))  # type: ignore[arg-type]
         return tables[-1]
 
     monkeypatch.setattr(export.build, "quantise_model", spy)
@@ -104,6 +105,7 @@ def test_a_four_bit_build_takes_gptqs_weights_and_says_so(
     recipe = files["model.int8.onnx"]["quantisation"]
     assert recipe["gptq"]["method"] == "gptq" and recipe["gptq"]["calibration_sequences"] == 8
     assert files["model.int8.batch.onnx"]["quantisation"] == recipe
+    assert recipe["bits"] == 4 and recipe["head_bits"] == 8
     rounded = json.loads((out[0] / "manifest.json").read_text())["files"]
     assert "gptq" not in rounded["model.int8.onnx"]["quantisation"]
     for fp32, int8 in (
@@ -113,9 +115,11 @@ def test_a_four_bit_build_takes_gptqs_weights_and_says_so(
         weights = {i.name: i for i in onnx.load(str(out[8] / fp32)).graph.initializer}
         held = {i.name: i for i in onnx.load(str(out[8] / int8)).graph.initializer}
         rtn = {i.name: i for i in onnx.load(str(out[0] / int8)).graph.initializer}
-        products = [
-            n for n in onnx.load(str(out[8] / int8)).graph.node if n.op_type == "MatMulNBits"
-        ]
+        nodes = [n for n in onnx.load(str(out[8] / int8)).graph.node if n.op_type == "MatMulNBits"]
+        bits = {n.name: next(a.i for a in n.attribute if a.name == "bits") for n in nodes}
+        products = [n for n in nodes if bits[n.name] == 4]
+        (head,) = [n for n in nodes if bits[n.name] == 8]
+        assert head.input[1].startswith("embed_t")  # the tied embedding's product
         assert len(products) == len(table)
         for node in products:
             w = numpy_helper.to_array(weights[node.input[1].removesuffix("_Q4")])
