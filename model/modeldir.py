@@ -59,10 +59,12 @@ TOKENIZER = "tokenizer.json"
 FORMAT_VERSION = 7
 # Bits of a weight in the CPU file's blockwise products (``quicksilver export --bits``).
 # 8 (served): symmetric, a scale a block of 32. 4 (asymmetric: a scale and a zero point
-# a block, the layout of the GGUF's Q4_1) reads ~60% of 8's bytes a pass, and a
-# one-token pass is memory-bound: 3.5 against 5.1 ms on the AMD EPYC; it keeps the
-# held-out bars under the served blocks of one but moves the logits far more
-# (docs/results/2026-12-four-bit.md). The activations stay int8 either way.
+# a block, the layout of the GGUF's Q4_1; the tied head stays 8-bit, as the GGUF's
+# Q8_0 embedding: export.build.HEAD_BITS) reads ~2/3 of 8's bytes a pass, and a
+# one-token pass is memory-bound (bench llm's served row 1.6x llama.cpp's tokens/s
+# against 1.3x on the AMD EPYC), but its logits are 20x further from the model's and its
+# replies under the tools prompt end cleanly 0.925 of the time (the bar: 0.95;
+# docs/results/2026-12-four-bit-fidelity.md). The activations stay int8 either way.
 WEIGHT_BITS = 8
 # 4 bits: the calibration sequences GPTQ chooses the weights on (export/gptq.py); 0: each
 # weight rounded to its block's nearest level
