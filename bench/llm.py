@@ -95,9 +95,14 @@ def step_bytes(d: Dims, T: int, P: int, weight_bytes: float, kv_bytes: int) -> f
     ``weight_bytes`` each, scales included), the P cached keys and values read, the T
     new ones written, and T embedding rows (fp32)."""
     C, kv = d.n_embd, d.n_kv_head * d.head_dim
-    weights = d.n_layer * (C * C * 2 + 2 * C * kv + 3 * C * d.ffn_hidden) + C * d.vocab_size
     cache = 2 * d.n_layer * kv * (P + T) * kv_bytes
-    return weights * weight_bytes + cache + T * C * 4
+    return n_weights(d) * weight_bytes + cache + T * C * 4
+
+
+def n_weights(d: Dims) -> int:
+    """The weights a step reads: every layer's projections and the (tied) head."""
+    C, kv = d.n_embd, d.n_kv_head * d.head_dim
+    return d.n_layer * (C * C * 2 + 2 * C * kv + 3 * C * d.ffn_hidden) + C * d.vocab_size
 
 
 @dataclass(frozen=True)
@@ -357,6 +362,18 @@ def bandwidth_int8_ort(k: int = 4096, n: int = 16384, repeats: int = 9) -> float
     return k * n * int8_bytes_per_weight("blockwise") / _median_time(lambda: run(x), repeats)
 
 
+def recipe_bytes_per_weight(recipe: dict[str, Any], d: Dims) -> float:
+    """Stored bytes per weight of a file quantised by ``recipe`` (its manifest's
+    ``quantisation``), averaged over :func:`n_weights`: a 4-bit file's head is at its
+    own ``head_bits`` (export.build.HEAD_BITS)."""
+    method, bits = recipe.get("method", "dynamic"), recipe.get("bits", 8)
+    per = int8_bytes_per_weight(method, bits)
+    if (head_bits := recipe.get("head_bits")) is None:
+        return per
+    head_share = d.n_embd * d.vocab_size / n_weights(d)
+    return per + (int8_bytes_per_weight(method, head_bits) - per) * head_share
+
+
 def int8_bytes_per_weight(method: str, bits: int = 8) -> float:
     """Stored bytes per weight: int8 (dynamic), or ``bits`` plus, blockwise, one fp32
     scale per block and at 4 bits a 4-bit zero point."""
@@ -416,7 +433,7 @@ def run_llm_bench(options: BenchOptions) -> dict[str, Any]:
         "onnx-int8": Roofline(
             max(kernel_peaks.values()),
             bandwidth_int8_ort(),
-            int8_bytes_per_weight(recipe.get("method", "dynamic"), recipe.get("bits", 8)),
+            recipe_bytes_per_weight(recipe, dims),
         )
     }
     served = load_onnx_backend(model_dir, "int8", RuntimeConfig(max_len=1024))

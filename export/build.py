@@ -200,8 +200,8 @@ def quantize_int8(
     head_bits: int | None = None,
 ) -> Path:
     """int8 weights for the CPU, by ``method`` (see :class:`BuildOptions`); 4-bit
-    weights from ``table`` (GPTQ's) where given; ``head_bits``: the head's (the widest
-    product, :func:`head_product`), where not ``bits``.
+    weights from ``table`` (GPTQ's) where given; ``head_bits``: the head's (the product
+    that reads the embedding table, :func:`head_product`), where not ``bits``.
 
     SmolLM2 has large activation outliers on a few positions. Dynamic quantisation puts
     one scale on a whole call's activations, so those outliers crush every other value:

@@ -33,7 +33,7 @@ import numpy as np
 import onnx
 import torch
 from numpy.typing import NDArray
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 from torch import nn
 
 from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt
@@ -311,7 +311,7 @@ def apply_table(quantised: onnx.ModelProto, keys: dict[str, str], table: Table, 
     error."""
     inits = {i.name: i for i in quantised.graph.initializer}
     for node in quantised.graph.node:
-        if node.op_type != "MatMulNBits" or _bits(node) != 4:
+        if node.op_type != "MatMulNBits" or helper.get_node_attr_value(node, "bits") != 4:
             continue  # an 8-bit product (the head of a 4-bit file) keeps the quantiser's
         name = node.input[1].removesuffix("_Q4")
         if keys.get(name) not in table:
@@ -323,10 +323,6 @@ def apply_table(quantised: onnx.ModelProto, keys: dict[str, str], table: Table, 
             if tuple(new.dims) != tuple(old.dims) or new.data_type != old.data_type:
                 raise ValueError(f"{init}: GPTQ's {new.dims} is not the quantiser's {old.dims}")
             old.CopyFrom(new)
-
-
-def _bits(node: onnx.NodeProto) -> int:
-    return next(int(a.i) for a in node.attribute if a.name == "bits")
 
 
 def describe(table: Table, seqs: list[list[int]], seconds: float) -> dict[str, Any]:

@@ -455,7 +455,7 @@ _CLAIM = re.compile(
     # "I added milk to my shopping list." (the 4-bit file's reply): done, in the past
     r"|i\s+(?:just\s+|already\s+)?(?:added|put|translated|ordered|booked|set|sent|called|"
     r"played|turned|reminded|texted|messaged|scheduled|locked|unlocked|opened|closed|"
-    r"started|cancell?ed|canceled|bought|noted|saved|emailed|shared|recorded|switched|"
+    r"started|cancell?ed|bought|noted|saved|emailed|shared|recorded|switched|"
     r"created|paused|stopped|skipped))\b",
     re.I,
 )

@@ -16,6 +16,8 @@ from bench.llm import (
     Roofline,
     ar_decoder,
     int8_bytes_per_weight,
+    n_weights,
+    recipe_bytes_per_weight,
     step_bytes,
     step_flops,
     time_engines,
@@ -193,6 +195,12 @@ def test_bytes_of_a_step_are_its_weights_once_whatever_the_chunk() -> None:
     assert int8_bytes_per_weight("blockwise") == 1.125  # a fp32 scale per 32 weights
     assert int8_bytes_per_weight("blockwise", 4) == 0.5 + 4.5 / 32  # and a 4-bit zero point
     assert int8_bytes_per_weight("dynamic") == 1.0
+    # a 4-bit file keeps its head (28.3M of the 134.5M) at 8 bits
+    four = {"method": "blockwise", "bits": 4}
+    assert recipe_bytes_per_weight(four, d) == int8_bytes_per_weight("blockwise", 4)
+    mixed = recipe_bytes_per_weight(four | {"head_bits": 8}, d)
+    share = 576 * 49152 / n_weights(d)
+    assert mixed == pytest.approx((1 - share) * (0.5 + 4.5 / 32) + share * 1.125)
 
 
 def test_the_floor_is_the_slower_of_compute_and_memory_per_pass() -> None:

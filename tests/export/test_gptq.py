@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 from onnxruntime.capi._pybind_state import quantize_matmul_4bits
 
 import export.build
@@ -88,7 +88,8 @@ def test_a_four_bit_build_takes_gptqs_weights_and_says_so(
     """The tiny model built at 4 bits on 8 calibration sequences: the manifest names
     GPTQ, and every 4-bit product of both graphs holds the table GPTQ chose for its
     fp32 weight, packed; without calibration the quantiser's own rounding. The head
-    (the widest product) is 8-bit in both, as the GGUF's, and not in the table."""
+    (the product that reads the embedding table) is 8-bit in both, as the GGUF's, and
+    not in the table."""
     tables: list[Table] = []
 
     def spy(*args: object, **kwargs: object) -> Table:
@@ -116,7 +117,7 @@ def test_a_four_bit_build_takes_gptqs_weights_and_says_so(
         held = {i.name: i for i in onnx.load(str(out[8] / int8)).graph.initializer}
         rtn = {i.name: i for i in onnx.load(str(out[0] / int8)).graph.initializer}
         nodes = [n for n in onnx.load(str(out[8] / int8)).graph.node if n.op_type == "MatMulNBits"]
-        bits = {n.name: next(a.i for a in n.attribute if a.name == "bits") for n in nodes}
+        bits = {n.name: helper.get_node_attr_value(n, "bits") for n in nodes}
         products = [n for n in nodes if bits[n.name] == 4]
         (head,) = [n for n in nodes if bits[n.name] == 8]
         assert head.input[1].startswith("embed_t")  # the tied embedding's product
