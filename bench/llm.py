@@ -364,14 +364,22 @@ def bandwidth_int8_ort(k: int = 4096, n: int = 16384, repeats: int = 9) -> float
 
 def recipe_bytes_per_weight(recipe: dict[str, Any], d: Dims) -> float:
     """Stored bytes per weight of a file quantised by ``recipe`` (its manifest's
-    ``quantisation``), averaged over :func:`n_weights`: a 4-bit file's head is at its
-    own ``head_bits`` (export.build.HEAD_BITS)."""
+    ``quantisation``), averaged over :func:`n_weights`: a 4-bit file's head and its
+    ``wide_products`` are at its own ``head_bits`` (export.build.HEAD_BITS)."""
     method, bits = recipe.get("method", "dynamic"), recipe.get("bits", 8)
     per = int8_bytes_per_weight(method, bits)
     if (head_bits := recipe.get("head_bits")) is None:
         return per
-    head_share = d.n_embd * d.vocab_size / n_weights(d)
-    return per + (int8_bytes_per_weight(method, head_bits) - per) * head_share
+    wide = d.n_embd * d.vocab_size + d.n_layer * sum(
+        product_weights(d, k) for k in recipe.get("wide_products", ())
+    )
+    return per + (int8_bytes_per_weight(method, head_bits) - per) * wide / n_weights(d)
+
+
+def product_weights(d: Dims, kind: str) -> int:
+    """The weights of one layer's product of ``kind`` (model.modeldir.PRODUCT_KINDS)."""
+    C, kv, F = d.n_embd, d.n_kv_head * d.head_dim, d.ffn_hidden
+    return {"qkv": C * (C + 2 * kv), "o": C * C, "gate_up": 2 * C * F, "down": C * F}[kind]
 
 
 def int8_bytes_per_weight(method: str, bits: int = 8) -> float:

@@ -21,6 +21,7 @@ import shutil
 import tempfile
 import time
 import warnings
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -33,6 +34,7 @@ from export.gptq import (
     apply_table,
     calibration_ids,
     describe,
+    product_keys,
     quantise_model,
     weight_keys,
 )
@@ -63,6 +65,7 @@ from model.modeldir import (
     ROWS_FILES,
     TOKENIZER,
     WEIGHT_BITS,
+    WIDE_PRODUCTS,
     Attention,
     Variant,
     default_model_dir,
@@ -107,6 +110,8 @@ class BuildOptions:
     int8_method: Int8Method = "blockwise"
     bits: int = WEIGHT_BITS  # blockwise only: 4 or 8 bits a weight (WEIGHT_BITS)
     gptq_sequences: int = GPTQ_SEQUENCES  # 4 bits only (GPTQ_SEQUENCES)
+    # 4 bits only: the layer products kept at HEAD_BITS (model.modeldir.WIDE_PRODUCTS)
+    wide_products: tuple[str, ...] = WIDE_PRODUCTS
     # replies per pass of the batched graph built beside the fp32 and int8 files
     # (model/batch.py); 0 or 1: none, every reply's steps run alone
     batch_rows: int = BATCH_ROWS
@@ -198,10 +203,12 @@ def quantize_int8(
     bits: int = WEIGHT_BITS,
     table: Table | None = None,
     head_bits: int | None = None,
+    wide: Collection[str] = (),
 ) -> Path:
     """int8 weights for the CPU, by ``method`` (see :class:`BuildOptions`); 4-bit
     weights from ``table`` (GPTQ's) where given; ``head_bits``: the head's (the product
-    that reads the embedding table, :func:`head_product`), where not ``bits``.
+    that reads the embedding table, :func:`head_product`) and the products whose weights
+    have the :func:`export.gptq.weight_key` in ``wide``, where not ``bits``.
 
     SmolLM2 has large activation outliers on a few positions. Dynamic quantisation puts
     one scale on a whole call's activations, so those outliers crush every other value:
@@ -221,25 +228,30 @@ def quantize_int8(
 
             quantize_dynamic(src, dst, weight_type=QuantType.QInt8, per_channel=per_channel)
         else:
-            _quantize_blockwise(src, dst, bits, table, head_bits)
+            _quantize_blockwise(src, dst, bits, table, head_bits, wide)
     finally:
         root.setLevel(level)
     return dst
 
 
 def _quantize_blockwise(
-    src: Path, dst: Path, bits: int, table: Table | None, head_bits: int | None
+    src: Path,
+    dst: Path,
+    bits: int,
+    table: Table | None,
+    head_bits: int | None,
+    wide: Collection[str],
 ) -> None:
     import onnx
 
     for name in ("onnxruntime.quantization.matmul_nbits_quantizer", "onnx_ir"):
         logging.getLogger(name).setLevel(logging.WARNING)  # one INFO line per node
     model = onnx.load(str(src))
-    keys = weight_keys(model) if table is not None else {}  # before the quantiser's edits
-    if head_bits not in (None, bits):  # the head first: the second pass leaves it be
+    keys = weight_keys(model) if table is not None or wide else {}  # before the quantiser's edits
+    if head_bits not in (None, bits):  # the wide products first: the second pass leaves them
+        widened = {head_product(model)} | _products_with(model, keys, wide)
         others = [n.name for n in model.graph.node if n.op_type == "MatMul"]
-        others.remove(head_product(model))
-        model = _blockwise(model, head_bits, others)
+        model = _blockwise(model, head_bits, [n for n in others if n not in widened])
     model = _blockwise(model, bits)
     if table is not None:
         apply_table(model, keys, table, INT8_BLOCK)
@@ -264,6 +276,22 @@ def _blockwise(model: Any, bits: int, exclude: list[str] | None = None) -> Any:
     quantizer = MatMulNBitsQuantizer(model, algo_config=config, nodes_to_exclude=exclude, **q)
     quantizer.process()
     return quantizer.model.model
+
+
+def _products_with(model: Any, keys: dict[str, str], wide: Collection[str]) -> set[str]:
+    """The MatMuls of ``model`` whose weights' keys (``keys``, by initializer) are in
+    ``wide``; every key must be found, or the graph is not the model's."""
+    found = {
+        n.name: keys[n.input[1]]
+        for n in model.graph.node
+        if n.op_type == "MatMul" and keys.get(n.input[1]) in wide
+    }
+    if len(set(found.values())) != len(set(wide)):
+        raise ValueError(
+            f"{len(set(wide)) - len(set(found.values()))} of the products to "
+            "keep at 8 bits are not in the graph"
+        )
+    return set(found)
 
 
 def head_product(model: Any) -> str:
@@ -298,6 +326,7 @@ def build(out: Path, options: BuildOptions, source: Source | None = None) -> dic
     built["fp32"] = fp32
     tok = Tokenizer(src.tokenizer)
     table, gptq_info = _gptq(model, tok, options)
+    wide = product_keys(model, wide_products(options))
     if options.int8:
         built["int8"] = _timed(
             f"quantising ({_int8_words(options)})",
@@ -309,6 +338,7 @@ def build(out: Path, options: BuildOptions, source: Source | None = None) -> dic
                 options.bits,
                 table,
                 head_bits(options),
+                wide,
             ),
         )
     if options.fp16:
@@ -317,7 +347,7 @@ def build(out: Path, options: BuildOptions, source: Source | None = None) -> dic
             "exporting fp16 (plain attention, for GPUs)",
             lambda: export_onnx(half, out / FILES["fp16"], ATTENTION["fp16"]),
         )
-    batched = _batched(out, model, built, options, table)
+    batched = _batched(out, model, built, options, table, wide)
     rows: list[Path] = []
     if "int8" in built and options.int8_method == "blockwise" and options.rows_graphs:
         twin = batched.get("int8")
@@ -380,6 +410,7 @@ def _batched(
     built: dict[Variant, Path],
     options: BuildOptions,
     table: Table | None = None,
+    wide: Collection[str] = (),
 ) -> dict[Variant, Path]:
     """The batched graph beside the fp32 file, and beside the int8 one quantised the
     same way (its rows' logits are the one-reply graph's: tests/export/test_batch.py)."""
@@ -402,6 +433,7 @@ def _batched(
                 options.bits,
                 table,
                 head_bits(options),
+                wide,
             ),
         )
     if "fp16" in built:
@@ -456,7 +488,9 @@ def _gptq(
     table = _timed(
         f"choosing 4-bit weights with GPTQ ({len(seqs)} calibration sequences, "
         f"{sum(map(len, seqs))} tokens)",
-        lambda: quantise_model(model, seqs, INT8_BLOCK, head=head_bits(options) is None),
+        lambda: quantise_model(
+            model, seqs, INT8_BLOCK, head=head_bits(options) is None, skip=wide_products(options)
+        ),
     )
     return table, describe(table, seqs, time.perf_counter() - t0)
 
@@ -467,10 +501,17 @@ def head_bits(options: BuildOptions) -> int | None:
     return HEAD_BITS if blockwise_4 else None
 
 
+def wide_products(options: BuildOptions) -> tuple[str, ...]:
+    """The layer products a file keeps at :func:`head_bits` (none where every weight has
+    the same bits)."""
+    return options.wide_products if head_bits(options) else ()
+
+
 def _int8_words(options: BuildOptions) -> str:
     if options.int8_method == "dynamic":
         return "int8, dynamic"
-    head = f" (the head {b}-bit)" if (b := head_bits(options)) else ""
+    wide = ", ".join(("the head", *wide_products(options)))
+    head = f" ({wide} {b}-bit)" if (b := head_bits(options)) else ""
     return f"{options.bits}-bit weights{head} in blocks of {INT8_BLOCK}, int8 activations"
 
 
@@ -483,7 +524,11 @@ def _int8_recipe(options: BuildOptions) -> dict[str, Any]:
         "symmetric": options.bits == 8,
         "block": INT8_BLOCK,
         "accuracy_level": 4,
-    } | ({"head_bits": b} if (b := head_bits(options)) else {})
+    } | (
+        {"head_bits": b, "wide_products": list(wide_products(options))}
+        if (b := head_bits(options))
+        else {}
+    )
 
 
 def _manifest(

@@ -11,7 +11,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from model.modeldir import BATCH_ROWS, GPTQ_SEQUENCES, WEIGHT_BITS, default_model_dir
+from model.modeldir import (
+    BATCH_ROWS,
+    GPTQ_SEQUENCES,
+    PRODUCT_KINDS,
+    WEIGHT_BITS,
+    WIDE_PRODUCTS,
+    default_model_dir,
+)
 
 
 def register(sub: Any) -> None:
@@ -38,10 +45,11 @@ def register(sub: Any) -> None:
     ex.add_argument(
         "--bits",
         type=int,
-        default=WEIGHT_BITS,
+        default=None,
         choices=(4, 8),
-        help="blockwise: bits a weight of the CPU file (4: a scale and zero point a block of "
-        "32, as the GGUF's Q4_1; 8: a scale a block). Activations are int8 either way",
+        help=f"blockwise: bits a weight of the CPU file (4: a scale and zero point a block of "
+        "32, as the GGUF's Q4_1, the head and --wide-products at 8; 8: a scale a block). "
+        f"Activations are int8 either way (default {WEIGHT_BITS}; 8 with --rows-graphs)",
     )
     ex.add_argument(
         "--gptq-sequences",
@@ -51,6 +59,15 @@ def register(sub: Any) -> None:
         help=f"4 bits: the calibration sequences GPTQ chooses the weights on (default "
         f"{GPTQ_SEQUENCES}, from the adapters' training sets; 0: round each weight to its "
         "block's nearest level)",
+    )
+    ex.add_argument(
+        "--wide-products",
+        type=_products,
+        default=",".join(WIDE_PRODUCTS),  # a string default goes through type
+        metavar="KINDS",
+        help="4 bits: the layer products kept at 8 bits with the head, comma-separated "
+        f"from {','.join(PRODUCT_KINDS)}, or none (default {','.join(WIDE_PRODUCTS)}: the most "
+        "KL back per byte, docs/export.md)",
     )
     ex.add_argument(
         "--per-channel", action="store_true", help="dynamic int8: weight scales per channel"
@@ -72,6 +89,16 @@ def register(sub: Any) -> None:
     ex.set_defaults(run=run_export)
 
 
+def _products(text: str) -> tuple[str, ...]:
+    """``--wide-products``' value: kinds from PRODUCT_KINDS, comma-separated, or none."""
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip() and k.strip() != "none")
+    if unknown := [k for k in kinds if k not in PRODUCT_KINDS]:
+        raise argparse.ArgumentTypeError(
+            f"no product {', '.join(unknown)}: choose from {','.join(PRODUCT_KINDS)} or none"
+        )
+    return kinds
+
+
 def run_export(args: argparse.Namespace) -> int:
     from export.build import BuildOptions, build_atomic
     from export.tensorrt import TensorRTUnavailableError
@@ -84,8 +111,9 @@ def run_export(args: argparse.Namespace) -> int:
         tensorrt=args.tensorrt,
         check=not args.no_check,
         int8_method=args.int8_method,
-        bits=args.bits,
+        bits=args.bits or (8 if args.rows_graphs else WEIGHT_BITS),  # rows graphs: 8-bit only
         gptq_sequences=args.gptq_sequences,
+        wide_products=args.wide_products,
         per_channel=args.per_channel,
         batch_rows=args.batch_rows,
         rows_graphs=args.rows_graphs,

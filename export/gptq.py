@@ -24,7 +24,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -217,11 +217,44 @@ def _hessians(mods: dict[str, nn.Linear], run: Callable[[], object]) -> dict[str
     return {name: s.h for name, s in seen.items()}
 
 
-def quantise_model(model: Llama, seqs: list[list[int]], block: int, head: bool = True) -> Table:
+# A layer's products as the export packs them (export/graph.py): q, k and v one product,
+# gate and up one (model.modeldir.PRODUCT_KINDS; a 4-bit file keeps WIDE_PRODUCTS at 8 bits)
+PRODUCTS: dict[str, tuple[str, ...]] = {
+    "qkv": ("attn.q_proj", "attn.k_proj", "attn.v_proj"),
+    "o": ("attn.o_proj",),
+    "gate_up": ("mlp.gate_proj", "mlp.up_proj"),
+    "down": ("mlp.down_proj",),
+}
+
+
+def product_weight(blk: nn.Module, kind: str) -> torch.Tensor:
+    """The (N, K) weight of one of a layer's :data:`PRODUCTS`, its parts stacked."""
+    return torch.cat(
+        [cast(nn.Linear, blk.get_submodule(n)).weight.detach() for n in PRODUCTS[kind]]
+    )
+
+
+def product_keys(model: Llama, kinds: Collection[str]) -> set[str]:
+    """The :func:`weight_key` of every layer's products of ``kinds``, as the fp32 graph's
+    MatMuls read them (transposed): how the export finds them among its initializers."""
+    return {
+        weight_key(product_weight(blk, kind).t().contiguous().float().numpy())
+        for blk in model.blocks
+        for kind in kinds
+    }
+
+
+def quantise_model(
+    model: Llama, seqs: list[list[int]], block: int, head: bool = True, skip: Collection[str] = ()
+) -> Table:
     """The :data:`Table` of every product the export quantises: per layer q, k and v
-    (one product), o, gate and up (one product) and down, and (``head``) the tied head. Each
-    layer's inputs come from the layers before it as quantised; ``model`` is left as
-    it was (a copy is quantised)."""
+    (one product), o, gate and up (one product) and down, but the :data:`PRODUCTS` in
+    ``skip`` (kept at 8 bits: the layers after them see their exact weights), and
+    (``head``) the tied head. Each layer's inputs come from the layers before it as
+    quantised; ``model`` is left as it was (a copy is quantised)."""
+    unknown = set(skip) - PRODUCTS.keys()
+    if unknown:
+        raise ValueError(f"no such products {sorted(unknown)}: choose from {sorted(PRODUCTS)}")
     model = copy.deepcopy(model).float().eval()
     cfg = model.config
     table: Table = {}
@@ -239,7 +272,7 @@ def quantise_model(model: Llama, seqs: list[list[int]], block: int, head: bool =
             ) -> list[torch.Tensor]:
                 return [b(x, r, "causal", None, i, True) for x, r in zip(xs, ropes, strict=True)]
 
-            _quantise_block(table, cast(Block, blk), run, block)
+            _quantise_block(table, cast(Block, blk), run, block, skip)
             xs = run()  # through the quantised layer
             log.info("GPTQ: layer %d of %d (%.0f s)", i + 1, cfg.n_layer, time.perf_counter() - t0)
         if not head:
@@ -252,16 +285,16 @@ def quantise_model(model: Llama, seqs: list[list[int]], block: int, head: bool =
     return table
 
 
-def _quantise_block(table: Table, blk: Block, run: Callable[[], object], block: int) -> None:
-    """A layer's four products, each on its inputs' Hessian through the layer as it
-    was; the layer then holds the quantised weights."""
-    a, m = blk.attn, blk.mlp
-    mods = {"qkv": a.q_proj, "o": a.o_proj, "gate_up": m.gate_proj, "down": m.down_proj}
+def _quantise_block(
+    table: Table, blk: Block, run: Callable[[], object], block: int, skip: Collection[str]
+) -> None:
+    """A layer's products (those not in ``skip``), each on its inputs' Hessian through
+    the layer as it was; the layer then holds the quantised weights."""
+    kinds = [k for k in PRODUCTS if k not in skip]
+    mods = {k: cast(nn.Linear, blk.get_submodule(PRODUCTS[k][0])) for k in kinds}
     hs = _hessians(mods, run)
-    _add(table, [a.q_proj, a.k_proj, a.v_proj], hs["qkv"], block)
-    _add(table, [a.o_proj], hs["o"], block)
-    _add(table, [m.gate_proj, m.up_proj], hs["gate_up"], block)
-    _add(table, [m.down_proj], hs["down"], block)
+    for k in kinds:
+        _add(table, [cast(nn.Linear, blk.get_submodule(n)) for n in PRODUCTS[k]], hs[k], block)
 
 
 def _add(table: Table, parts: list[nn.Linear], hessian: torch.Tensor, block: int) -> None:

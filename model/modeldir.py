@@ -55,20 +55,28 @@ TOKENIZER = "tokenizer.json"
 # one-reply graph (several replies' steps in one pass, model/batch.py); 6: q, k and v in
 # one weight product, RoPE inside the fused attention node, the gate and up projections
 # in one product (the CPU graphs: a one-token pass 0.8x v5's); 7: a batched row with no
-# step has no tokens (its products cost nothing; it was one token a row).
-FORMAT_VERSION = 7
+# step has no tokens (its products cost nothing; it was one token a row); 8: the int8
+# files' weights 4-bit by default, the head, q/k/v and down at 8 bits (WEIGHT_BITS).
+FORMAT_VERSION = 8
 # Bits of a weight in the CPU file's blockwise products (``quicksilver export --bits``).
-# 8 (served): symmetric, a scale a block of 32. 4 (asymmetric: a scale and a zero point
-# a block, the layout of the GGUF's Q4_1; the tied head stays 8-bit, as the GGUF's
-# Q8_0 embedding: export.build.HEAD_BITS) reads ~2/3 of 8's bytes a pass, and a
-# one-token pass is memory-bound (bench llm's served row 1.6x llama.cpp's tokens/s
-# against 1.3x on the AMD EPYC), but its logits are 20x further from the model's and its
-# replies under the tools prompt end cleanly 0.925 of the time (the bar: 0.95;
-# docs/results/2026-12-four-bit-fidelity.md). The activations stay int8 either way.
-WEIGHT_BITS = 8
+# 4 (served): asymmetric, a scale and a zero point a block of 32 (the GGUF's Q4_1
+# layout), the codes chosen by GPTQ; the tied head and WIDE_PRODUCTS stay 8-bit
+# (export.build.HEAD_BITS). A one-token pass is memory-bound and reads ~3/4 of 8 bits'
+# bytes: bench llm's served row 1.51x / 1.55x llama.cpp's tokens/s against 1.25x /
+# 1.36x, first sentence 0.50x / 0.49x against 0.66x / 0.56x on the AMD EPYC, with the
+# held-out bars met (clean ends 1.0 under the tools prompt; 8 bits 0.975). 8: symmetric,
+# a scale a block; the rows graphs' weights (docs/results/2026-12-mixed-bits.md).
+WEIGHT_BITS = 4
 # 4 bits: the calibration sequences GPTQ chooses the weights on (export/gptq.py); 0: each
 # weight rounded to its block's nearest level
 GPTQ_SEQUENCES = 128
+# A layer's weight products as the export packs them (export.gptq.PRODUCTS), and those a
+# 4-bit file keeps at 8 bits with its head, as llama.cpp's Q4_K_M keeps its most
+# sensitive ones wider: q/k/v (16% of a layer's weights) and down (25%) bring the most KL
+# to the model back per byte (held out, 0.067 -> 0.029 with both; o 0.063, gate/up 0.042
+# for half the weights; docs/results/2026-12-mixed-bits.md)
+PRODUCT_KINDS: tuple[str, ...] = ("qkv", "o", "gate_up", "down")
+WIDE_PRODUCTS: tuple[str, ...] = ("qkv", "down")
 DEFAULT_NAME = f"smollm2-135m-instruct-onnx-v{FORMAT_VERSION}"
 
 

@@ -201,6 +201,10 @@ def test_bytes_of_a_step_are_its_weights_once_whatever_the_chunk() -> None:
     mixed = recipe_bytes_per_weight(four | {"head_bits": 8}, d)
     share = 576 * 49152 / n_weights(d)
     assert mixed == pytest.approx((1 - share) * (0.5 + 4.5 / 32) + share * 1.125)
+    # ... and its wide products: q/k/v (576 x 960) and down (1536 x 576) in each layer
+    wide = recipe_bytes_per_weight(four | {"head_bits": 8, "wide_products": ["qkv", "down"]}, d)
+    share += 30 * (576 * 960 + 1536 * 576) / n_weights(d)
+    assert wide == pytest.approx((1 - share) * (0.5 + 4.5 / 32) + share * 1.125)
 
 
 def test_the_floor_is_the_slower_of_compute_and_memory_per_pass() -> None:
@@ -335,3 +339,14 @@ def test_bench_reports_the_speedup_of_every_round(
     with pytest.raises(SystemExit):
         main(["bench", "llm", "--rounds", "0"])
     assert "needs 1 or more, got 0" in capsys.readouterr().err
+
+
+def test_wide_products_are_named_kinds_or_none(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--wide-products`` takes kinds from PRODUCT_KINDS (or none) and says which exist."""
+    from export.commands import _products
+
+    assert _products("qkv, down") == ("qkv", "down") and _products("none") == ()
+    with pytest.raises(SystemExit) as exc:
+        main(["export", "--wide-products", "qkv,attn"])
+    assert exc.value.code == 2
+    assert "no product attn: choose from qkv,o,gate_up,down or none" in capsys.readouterr().err

@@ -14,7 +14,8 @@ from onnxruntime.capi._pybind_state import quantize_matmul_4bits
 
 import export.build
 from export.build import BuildOptions, build_atomic, quantize_int8
-from export.gptq import Quantised, Table, gptq, pack, quantise_model, weight_key
+from export.gptq import Quantised, Table, gptq, pack, product_keys, quantise_model, weight_key
+from model.modeldir import WIDE_PRODUCTS
 from tests.export.conftest import tiny_source
 from tests.export.test_quantize import matmul_model, run
 
@@ -88,8 +89,8 @@ def test_a_four_bit_build_takes_gptqs_weights_and_says_so(
     """The tiny model built at 4 bits on 8 calibration sequences: the manifest names
     GPTQ, and every 4-bit product of both graphs holds the table GPTQ chose for its
     fp32 weight, packed; without calibration the quantiser's own rounding. The head
-    (the product that reads the embedding table) is 8-bit in both, as the GGUF's, and
-    not in the table."""
+    (the product that reads the embedding table) and every layer's WIDE_PRODUCTS are
+    8-bit in both, and not in the table; with none wide, the head alone."""
     tables: list[Table] = []
 
     def spy(*args: object, **kwargs: object) -> Table:
@@ -102,11 +103,25 @@ def test_a_four_bit_build_takes_gptqs_weights_and_says_so(
         options = BuildOptions(bits=4, gptq_sequences=n, batch_rows=2, check=False)
         out[n] = build_atomic(tmp_path / f"m{n}", options, tiny_source())
     (table,) = tables  # GPTQ ran for the calibrated build only
+    source = tiny_source()
+    wide = product_keys(source.model, WIDE_PRODUCTS)
+    assert len(wide) == 2 * source.model.config.n_layer and not wide & table.keys()
+    narrow = BuildOptions(bits=4, gptq_sequences=8, batch_rows=0, check=False, wide_products=())
+    built = build_atomic(tmp_path / "narrow", narrow, source)
+    (_, narrow_table) = tables
+    assert len(narrow_table) == len(table) + len(wide)  # GPTQ chose them too
+    nodes = [
+        n
+        for n in onnx.load(str(built / "model.int8.onnx")).graph.node
+        if n.op_type == "MatMulNBits"
+    ]
+    assert [helper.get_node_attr_value(n, "bits") for n in nodes].count(8) == 1  # the head
     files = json.loads((out[8] / "manifest.json").read_text())["files"]
     recipe = files["model.int8.onnx"]["quantisation"]
     assert recipe["gptq"]["method"] == "gptq" and recipe["gptq"]["calibration_sequences"] == 8
     assert files["model.int8.batch.onnx"]["quantisation"] == recipe
     assert recipe["bits"] == 4 and recipe["head_bits"] == 8
+    assert recipe["wide_products"] == list(WIDE_PRODUCTS)
     rounded = json.loads((out[0] / "manifest.json").read_text())["files"]
     assert "gptq" not in rounded["model.int8.onnx"]["quantisation"]
     for fp32, int8 in (
@@ -119,8 +134,12 @@ def test_a_four_bit_build_takes_gptqs_weights_and_says_so(
         nodes = [n for n in onnx.load(str(out[8] / int8)).graph.node if n.op_type == "MatMulNBits"]
         bits = {n.name: helper.get_node_attr_value(n, "bits") for n in nodes}
         products = [n for n in nodes if bits[n.name] == 4]
-        (head,) = [n for n in nodes if bits[n.name] == 8]
-        assert head.input[1].startswith("embed_t")  # the tied embedding's product
+        eight = [n for n in nodes if bits[n.name] == 8]
+        heads = [n for n in eight if n.input[1].startswith("embed_t")]  # the tied embedding's
+        assert len(heads) == 1 and len(eight) == 1 + len(wide)
+        for node in eight:
+            key = weight_key(numpy_helper.to_array(weights[node.input[1].removesuffix("_Q8")]))
+            assert node in heads or key in wide
         assert len(products) == len(table)
         for node in products:
             w = numpy_helper.to_array(weights[node.input[1].removesuffix("_Q4")])

@@ -43,7 +43,7 @@ def test_blockwise_int8_keeps_ordinary_rows_exact_beside_an_outlier_row(tmp_path
     ordinary = np.arange(16) != 3
     err = {}
     for method in ("blockwise", "dynamic"):
-        dst = quantize_int8(src, tmp_path / f"mm.{method}.onnx", method)  # type: ignore[arg-type]
+        dst = quantize_int8(src, tmp_path / f"mm.{method}.onnx", method, bits=8)  # type: ignore[arg-type]
         got = run(dst, x)
         err[method] = np.abs(got - want)[ordinary].max() / np.abs(want[ordinary]).max()
     ops = {n.op_type for n in onnx.load(str(tmp_path / "mm.blockwise.onnx")).graph.node}
