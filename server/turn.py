@@ -40,6 +40,7 @@ from model.ask import (
 )
 from model.confirm import question, template, tool_named
 from model.engine import ChatMessage, GenerationStats, ReplyChunk, ReplyEnd
+from model.live import unavailable
 from model.tools import Tool, ToolCall
 
 from .runtime import Runtime, WorkerKind
@@ -304,9 +305,18 @@ async def _asking(
     the confirmation ("Call your sister?", "Who should I call?"). Each ends the
     model's reply: what it would have said confirms a call not made. A reply that
     calls nothing where tools were offered is held for its first words, and one that
-    claims to do something (model.ask.claims) is "Sorry, I can't do that." instead."""
+    claims to do something (model.ask.claims) is "Sorry, I can't do that." instead, and
+    one to a request for live information no tool gives (model.live: "What's the
+    temperature outside?") says so ("Sorry, I can't check the weather from here.")."""
     held: str | None = "" if tools else None  # the opening, until it shows what it says
+    first = True
     async for chunk in reply:
+        calls_nothing = first and not isinstance(chunk, ToolCall)
+        if calls_nothing and (cannot := unavailable(heard.text, tools)) is not None:
+            yield cannot
+            yield ReplyEnd(_CUT)
+            return
+        first = False
         if held is not None and isinstance(chunk, str):
             held += chunk
             if claims(held) is None:  # not enough words yet to tell

@@ -130,3 +130,27 @@ async def test_a_request_no_tool_does_is_refused_out_loud(server: ServerProcess)
             assert not [e for e in events if isinstance(e, p.Action)], (text, events)
             reply = " ".join(e.text for e in events if isinstance(e, p.ReplyText))
             assert reply == CANT, (text, reply)
+
+
+async def test_live_information_no_tool_gives_is_said_to_be_out_of_reach(
+    server: ServerProcess,
+) -> None:
+    """The served model makes up what it cannot know ("The temperature outside is
+    currently 100 degrees Fahrenheit.", "It's 2:30 AM."); asked for it where no tool
+    gives it, the user hears that it cannot be checked (model.live), and a question
+    about the topic in general still gets the model's answer."""
+    for text, said in (
+        ("What's the temperature outside?", "Sorry, I can't check the weather from here."),
+        ("What time is it?", "Sorry, I can't check the time from here."),
+    ):
+        async with connect(server.url) as ws:
+            await start_session(ws, 16000, "test")
+            events = await typed_turn(ws, text)
+            assert not [e for e in events if isinstance(e, p.Action)], (text, events)
+            reply = " ".join(e.text for e in events if isinstance(e, p.ReplyText))
+            assert reply == said, (text, reply)
+    async with connect(server.url) as ws:
+        await start_session(ws, 16000, "test")
+        events = await typed_turn(ws, "Why is the sky blue?")
+        reply = " ".join(e.text for e in events if isinstance(e, p.ReplyText))
+        assert "blue" in reply.lower() and "can't check" not in reply, reply

@@ -906,6 +906,49 @@ async def test_a_reply_that_claims_what_no_call_did_is_a_refusal(
     assert " ".join(s.text for s in turn.of(ReplySentence)) == said
 
 
+WEATHER_TOOL = Tool("weather.get", "Get the weather forecast for a place.")
+REMIND = ToolCall("reminder.create", {"text": "check the weather", "when": "tomorrow"})
+
+
+@pytest.mark.parametrize(
+    ("text", "pieces", "tools", "said"),
+    [
+        (
+            "What's the temperature outside?",
+            ["The temperature outside ", "is 100 degrees."],
+            DEFAULT_TOOLS,
+            "Sorry, I can't check the weather from here.",
+        ),
+        ("What time is it?", ["It's 2:30 AM."], (), "Sorry, I can't check the time from here."),
+        (
+            "What's the weather like tomorrow?",
+            ["Let me check."],
+            (*DEFAULT_TOOLS, WEATHER_TOOL),
+            "Let me check.",
+        ),
+        ("Why does it rain?", ["Clouds get heavy."], DEFAULT_TOOLS, "Clouds get heavy."),
+    ],
+)
+async def test_live_information_no_tool_gives_is_not_made_up(
+    make_turn: Any, text: str, pieces: list[str], tools: tuple[Tool, ...], said: str
+) -> None:
+    """A reply that calls nothing to a request for live information (model.live) is
+    replaced by what cannot be checked, unless a tool offered gives it."""
+    turn = make_turn(FakeEngine(pieces))
+    turn.released.set()
+    await turn.start(text=text, tools=tools)
+    assert turn.of(ReplyAction) == []
+    assert " ".join(s.text for s in turn.of(ReplySentence)) == said
+
+
+async def test_a_call_on_words_about_live_information_is_still_made(make_turn: Any) -> None:
+    """model.live replaces a reply that calls nothing, never a call."""
+    turn = make_turn(FakeEngine([REMIND, "Okay, I'll remind you."]))
+    turn.released.set()
+    await turn.start(text="Remind me to check the weather tomorrow.", tools=DEFAULT_TOOLS)
+    assert [a.call.name for a in turn.of(ReplyAction)] == ["reminder.create"]
+
+
 def test_the_second_hearing_is_the_other_offline_model() -> None:
     """--asr-check auto: base beside tiny.en (the CPU), tiny.en beside base (a GPU);
     none beside a model directory of the user's, or when asked for none."""
