@@ -124,12 +124,16 @@ async def test_a_request_no_tool_does_is_refused_out_loud(server: ServerProcess)
         "Add milk to my shopping list.",
     )
     for text in requests:  # each the session's first words, as a new user says them
-        async with connect(server.url) as ws:
-            await start_session(ws, 16000, "test")
-            events = await typed_turn(ws, text)
-            assert not [e for e in events if isinstance(e, p.Action)], (text, events)
-            reply = " ".join(e.text for e in events if isinstance(e, p.ReplyText))
-            assert reply == CANT, (text, reply)
+        assert await said_to_first_words(server, text) == CANT, text
+
+
+async def said_to_first_words(server: ServerProcess, text: str) -> str:
+    """The reply to ``text`` typed as a new session's first words; nothing acts on it."""
+    async with connect(server.url) as ws:
+        await start_session(ws, 16000, "test")
+        events = await typed_turn(ws, text)
+        assert not [e for e in events if isinstance(e, p.Action)], (text, events)
+        return " ".join(e.text for e in events if isinstance(e, p.ReplyText))
 
 
 async def test_live_information_no_tool_gives_is_said_to_be_out_of_reach(
@@ -143,14 +147,6 @@ async def test_live_information_no_tool_gives_is_said_to_be_out_of_reach(
         ("What's the temperature outside?", "Sorry, I can't check the weather from here."),
         ("What time is it?", "Sorry, I can't check the time from here."),
     ):
-        async with connect(server.url) as ws:
-            await start_session(ws, 16000, "test")
-            events = await typed_turn(ws, text)
-            assert not [e for e in events if isinstance(e, p.Action)], (text, events)
-            reply = " ".join(e.text for e in events if isinstance(e, p.ReplyText))
-            assert reply == said, (text, reply)
-    async with connect(server.url) as ws:
-        await start_session(ws, 16000, "test")
-        events = await typed_turn(ws, "Why is the sky blue?")
-        reply = " ".join(e.text for e in events if isinstance(e, p.ReplyText))
-        assert "blue" in reply.lower() and "can't check" not in reply, reply
+        assert await said_to_first_words(server, text) == said, text
+    reply = await said_to_first_words(server, "Why is the sky blue?")
+    assert "blue" in reply.lower() and "can't check" not in reply, reply
