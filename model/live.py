@@ -29,6 +29,7 @@ class Topic:
     name: str  # what the answer says cannot be checked
     asks: re.Pattern[str]  # the user's words ask for it as it is now
     words: tuple[str, ...]  # a tool whose name or description has one gives it
+    unless: re.Pattern[str] | None = None  # ... but these words ask about it in general
 
 
 def _now(pattern: str) -> re.Pattern[str]:
@@ -44,7 +45,7 @@ TOPICS: tuple[Topic, ...] = (
     Topic(
         "the weather",
         _now(
-            rf"\bweather\b(?!\s+(?:usually|typically|generally))[^.?!]*\b{_SOON}\b"
+            rf"\bweather\b[^.?!]*\b{_SOON}\b|\b(?:what(?:'s| is)|how(?:'s| is)) the weather\b"
             r"|\bforecast\b"
             rf"|\b(?:is|will) it (?:going to )?(?:rain|snow|be (?:sunny|cloudy|windy|cold|hot|"
             rf"warm|nice))\b[^.?!]*\b{_SOON}\b"
@@ -53,6 +54,11 @@ TOPICS: tuple[Topic, ...] = (
             r"|\btemperature (?:is it )?outside\b"
         ),
         ("weather", "forecast"),
+        _now(
+            r"\b(?:january|february|march|april|may|june|july|august|september|october|"
+            r"november|december|spring|summer|autumn|fall|winter|usually|typically|"
+            r"generally|on average|climate|ago|last year|history)\b|\b(?:1[0-9]|20)\d\d\b"
+        ),
     ),
     Topic(
         "the time",
@@ -104,7 +110,7 @@ def unavailable(text: str, tools: Sequence[Tool]) -> str | None:
     gives (:data:`TOPICS`): "Sorry, I can't check the weather from here."; None for
     anything else, a turn the reply model answers."""
     for topic in TOPICS:
-        if topic.asks.search(text) is None:
+        if topic.asks.search(text) is None or (topic.unless and topic.unless.search(text)):
             continue
         if any(_names(tool, topic) for tool in tools):
             return None  # the session offers a tool for it: the model calls it

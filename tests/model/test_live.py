@@ -19,6 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
     [
         ("What's the temperature outside?", "the weather"),
         ("What's the weather like in Paris tomorrow?", "the weather"),
+        ("What's the weather like?", "the weather"),
+        ("How is the weather in Berlin?", "the weather"),
         ("Will it rain today?", "the weather"),
         ("Is it going to snow?", "the weather"),
         ("What's the forecast for the weekend?", "the weather"),
@@ -46,6 +48,8 @@ def test_a_request_for_live_information_is_said_to_be_out_of_reach(text: str, to
     [
         "What is the weather like in Rome in January?",
         "What is the weather usually like in France?",
+        "What was the weather like in 1999?",
+        "What was the weather like a hundred years ago?",
         "What is the difference between weather and climate?",
         "Why does it rain?",
         "What time is it in the universe?",
