@@ -492,13 +492,13 @@ async def test_a_requested_reply_reads_the_last_user_words_as_the_answer(make_tu
 
 
 async def test_other_words_or_an_untrusted_yes_go_to_the_reply_model(make_turn: Any) -> None:
-    for said, trusted in (("What time is it?", True), ("Yes.", False)):
-        turn = make_turn(FakeEngine(["It is nine."]), transcript=said)
+    for said, trusted in (("How many legs does a spider have?", True), ("Yes.", False)):
+        turn = make_turn(FakeEngine(["Eight."]), transcript=said)
         turn.asr.trusted = trusted
         turn.released.set()
         await turn.start(audio=QUESTION_AUDIO, tools=DEFAULT_TOOLS, pending=MESSAGE)
         assert len(turn.engine.calls) == 1, said
-        assert [s.text for s in turn.of(ReplySentence)] == ["It is nine."]
+        assert [s.text for s in turn.of(ReplySentence)] == ["Eight."]
 
 
 @pytest.mark.parametrize(("asked", "budget"), [(None, 33), (7, 7), (500, 33)])
@@ -850,14 +850,14 @@ async def test_a_request_no_tool_does_is_refused_not_sent_to_the_nearest_tool(
 
 @pytest.mark.parametrize(
     ("said", "answer"),
-    [("My sister.", "Call your sister?"), ("What time is it?", "It is nine.")],
+    [("My sister.", "Call your sister?"), ("How many legs does a spider have?", "Eight.")],
 )
 async def test_a_name_answered_to_who_should_i_call_is_the_call_s_contact(
     make_turn: Any, said: str, answer: str
 ) -> None:
     """Its tool is asked about, so the completed call is asked about in turn (the
     session keeps it); words that are no name go to the reply model."""
-    engine = FakeEngine(["It is nine."])
+    engine = FakeEngine(["Eight."])
     turn = make_turn(engine, transcript=said)
     turn.released.set()
     await turn.start(audio=QUESTION_AUDIO, tools=DEFAULT_TOOLS, pending=ToolCall("call.start"))
