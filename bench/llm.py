@@ -40,7 +40,7 @@ from model.chat import build_prompt
 from model.diffusion_engine import DiffusionOptions, served_options, smollm2_diffusion_config
 from model.engine import ChatMessage, GenerationStats, drain
 from model.generate import greedy
-from model.modeldir import default_model_dir, is_complete, load_tokenizer
+from model.modeldir import PRODUCT_KINDS, default_model_dir, is_complete, load_tokenizer
 from model.runtime import RuntimeConfig
 from model.sampler import SENTENCE_BREAK, sample
 from model.schedule import NARROW, WIDE, host_schedule, sampler_for
@@ -100,9 +100,9 @@ def step_bytes(d: Dims, T: int, P: int, weight_bytes: float, kv_bytes: int) -> f
 
 
 def n_weights(d: Dims) -> int:
-    """The weights a step reads: every layer's projections and the (tied) head."""
-    C, kv = d.n_embd, d.n_kv_head * d.head_dim
-    return d.n_layer * (C * C * 2 + 2 * C * kv + 3 * C * d.ffn_hidden) + C * d.vocab_size
+    """The weights a step reads: every layer's products and the (tied) head."""
+    layer = sum(product_weights(d, kind) for kind in PRODUCT_KINDS)
+    return d.n_layer * layer + d.n_embd * d.vocab_size
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from torch import nn
 
 from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt
 from model.engine import ChatMessage
+from model.modeldir import PRODUCT_KINDS
 from model.nn.diffusion import embedding_with_mask_row
 from model.nn.llama import Block, Llama, rope_cos_sin
 from model.tokenizer import Tokenizer
@@ -217,14 +218,21 @@ def _hessians(mods: dict[str, nn.Linear], run: Callable[[], object]) -> dict[str
     return {name: s.h for name, s in seen.items()}
 
 
-# A layer's products as the export packs them (export/graph.py): q, k and v one product,
-# gate and up one (model.modeldir.PRODUCT_KINDS; a 4-bit file keeps WIDE_PRODUCTS at 8 bits)
-PRODUCTS: dict[str, tuple[str, ...]] = {
-    "qkv": ("attn.q_proj", "attn.k_proj", "attn.v_proj"),
-    "o": ("attn.o_proj",),
-    "gate_up": ("mlp.gate_proj", "mlp.up_proj"),
-    "down": ("mlp.down_proj",),
-}
+# A layer's products as the export packs them (export/graph.py), by their kinds
+# (model.modeldir.PRODUCT_KINDS; a 4-bit file keeps WIDE_PRODUCTS at 8 bits): q, k and v
+# one product, o, gate and up one, down
+PRODUCTS: dict[str, tuple[str, ...]] = dict(
+    zip(
+        PRODUCT_KINDS,
+        (
+            ("attn.q_proj", "attn.k_proj", "attn.v_proj"),
+            ("attn.o_proj",),
+            ("mlp.gate_proj", "mlp.up_proj"),
+            ("mlp.down_proj",),
+        ),
+        strict=True,
+    )
+)
 
 
 def product_weight(blk: nn.Module, kind: str) -> torch.Tensor:

@@ -32,7 +32,7 @@ class Topic:
     unless: re.Pattern[str] | None = None  # ... but these words ask about it in general
 
 
-def _now(pattern: str) -> re.Pattern[str]:
+def _pattern(pattern: str) -> re.Pattern[str]:
     return re.compile(pattern, re.I)
 
 
@@ -44,7 +44,7 @@ _SOON = (
 TOPICS: tuple[Topic, ...] = (
     Topic(
         "the weather",
-        _now(
+        _pattern(
             rf"\bweather\b[^.?!]*\b{_SOON}\b|\b(?:what(?:'s| is)|how(?:'s| is)) the weather\b"
             r"|\bforecast\b"
             rf"|\b(?:is|will) it (?:going to )?(?:rain|snow|be (?:sunny|cloudy|windy|cold|hot|"
@@ -54,7 +54,7 @@ TOPICS: tuple[Topic, ...] = (
             r"|\btemperature (?:is it )?outside\b"
         ),
         ("weather", "forecast"),
-        _now(
+        _pattern(
             r"\b(?:january|february|march|april|may|june|july|august|september|october|"
             r"november|december|spring|summer|autumn|fall|winter|usually|typically|"
             r"generally|on average|climate|ago|last year|history)\b|\b(?:1[0-9]|20)\d\d\b"
@@ -62,7 +62,7 @@ TOPICS: tuple[Topic, ...] = (
     ),
     Topic(
         "the time",
-        _now(
+        _pattern(
             r"\bwhat time is it\b(?! in the universe)|\bwhat(?:'s| is) the time\b"
             r"|\bwhat(?:'s| is) (?:the date|today's date)\b|\bwhat day is (?:it|today)\b"
             r"|\bwhat(?:'s| is) the date today\b"
@@ -71,7 +71,7 @@ TOPICS: tuple[Topic, ...] = (
     ),
     Topic(
         "the news",
-        _now(
+        _pattern(
             r"\b(?:latest|today's|breaking) (?:news|headlines)\b|\bnews (?:today|this morning)\b"
             r"|\b(?:read|tell) me the (?:news|headlines)\b|\bwhat(?:'s| is) in the news\b"
         ),
@@ -79,7 +79,7 @@ TOPICS: tuple[Topic, ...] = (
     ),
     Topic(
         "live scores",
-        _now(
+        _pattern(
             r"\b(?:the )?score (?:of|in) (?:the|tonight's|today's|last night's) \w+(?: \w+)? "
             r"(?:game|match)\b|\bwho (?:won|is winning|'s winning) (?:the game|the match|"
             r"last night|tonight)\b"
@@ -88,7 +88,7 @@ TOPICS: tuple[Topic, ...] = (
     ),
     Topic(
         "stock prices",
-        _now(
+        _pattern(
             r"\b(?:stock|share) price\b|\bprice of \w+(?: \w+)? (?:stock|shares)\b"
             r"|\bhow (?:is|are) (?:the )?(?:stock market|markets|stocks) doing\b"
         ),
@@ -96,7 +96,7 @@ TOPICS: tuple[Topic, ...] = (
     ),
     Topic(
         "traffic",
-        _now(
+        _pattern(
             r"\bhow(?:'s| is) (?:the )?traffic\b|\bwhat(?:'s| is) the traffic like\b"
             r"|\bis there (?:any |much |a lot of )?traffic\b|\btraffic (?:report|update)\b"
         ),
