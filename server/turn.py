@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from audio.asr import Transcript
 from audio.resample import float32_to_pcm16, int16_to_float32, resample
 from audio.speech import normalize_words
 from model.ask import (
@@ -109,6 +110,8 @@ async def _run(
 ) -> None:
     loop = asyncio.get_running_loop()
     text, trusted, sure, twice = start.text or "", True, start.sure, False
+    checked = False  # the second model heard the words the turn has (no third hearing)
+    second = False  # ... and only it: a call on them is asked about
     if start.audio is not None:
         t0 = loop.time()
         transcript = await rt.hear(start.audio)
@@ -116,11 +119,12 @@ async def _run(
         asr_ms = _ms(t0, loop.time())
         sure = not unheard(transcript.avg_logprob, transcript.no_speech_prob)
         acts = bool(start.tools) or start.pending is not None  # what being sure decides
-        if not sure and acts and rt.asr_check is not None and transcript.trusted and text.strip():
-            # words Whisper was unsure of, which a second model hears word for word, were
-            # said: acted on as sure ones are (else "Sorry, I didn't catch that.")
-            again = await _heard_again(rt, start.audio)
-            twice = sure = again is not None and normalize_words(again) == normalize_words(text)
+        if (not sure or not text.strip()) and acts and rt.asr_check and transcript.trusted:
+            surer, twice = await _surer(rt, start.audio, transcript)
+            second = surer is not transcript
+            checked = twice or second
+            transcript, text = surer, surer.text
+            sure = twice or not unheard(transcript.avg_logprob, transcript.no_speech_prob)
         await deliver(
             FinalTranscript(
                 start.turn_id,
@@ -149,9 +153,9 @@ async def _run(
     if start.audio is None and start.text is None and last is not None and last.role == "user":
         text = last.content
     check = None
-    if start.audio is not None and rt.asr_check is not None and not twice:
+    if start.audio is not None and rt.asr_check is not None and not checked:
         check = functools.partial(_heard_again, rt, start.audio)
-    heard = _Heard(text, _answer_said(start, text, trusted, sure), sure, check)
+    heard = _Heard(text, _answer_said(start, text, trusted, sure), sure, check, second)
     if heard.said is None:  # words that tell rather than ask get a chat reply, no call
         start = replace(start, tools=offered(start.tools, text))
     chunks: asyncio.Queue[_Chunk | None] = asyncio.Queue()
@@ -174,6 +178,9 @@ class _Heard:
     # the turn's words as a second model hears them (None: typed words, no second
     # hearing served, or the words already heard twice)
     check: Callable[[], Awaitable[str | None]] | None = None
+    # the words are the second model's, which heard other words than the first: one
+    # hearing, as a call heard two ways, so a call on them is asked about
+    second_only: bool = False
 
 
 async def _heard_again(rt: Runtime, audio: np.ndarray) -> str | None:
@@ -181,12 +188,36 @@ async def _heard_again(rt: Runtime, audio: np.ndarray) -> str | None:
     when its decode looped. Two models rarely mishear a turn the same way, so a call is
     made on words both heard alike (model.ask.heard_alike), and asked about otherwise
     (docs/actions.md, "Heard twice")."""
+    again = await _hear_again(rt, audio)
+    return again.text if again.trusted else None
+
+
+async def _hear_again(rt: Runtime, audio: np.ndarray) -> Transcript:
     assert rt.asr_check is not None
     loop = asyncio.get_running_loop()
     t0 = loop.time()
-    again = await rt.worker(WorkerKind.ASR).run(rt.asr_check.transcribe, audio)
+    again: Transcript = await rt.worker(WorkerKind.ASR).run(rt.asr_check.transcribe, audio)
     log.info("heard again in %.0f ms: %r", _ms(t0, loop.time()), again.text)
-    return again.text if again.trusted else None
+    return again
+
+
+async def _surer(rt: Runtime, audio: np.ndarray, first: Transcript) -> tuple[Transcript, bool]:
+    """A turn that may act, whose words (or silence) the serving model was unsure of,
+    heard again by the second model (``rt.asr_check``): the words both heard alike
+    were said (returned with True: heard twice, acted on as sure ones are); where the
+    second heard other words and is sure of them by the same bars (model.ask.unheard),
+    its words are the turn's (the second model is the one that hears better: base beside
+    tiny.en on a CPU): answered as heard, and a call on them asked about, as one heard
+    two ways; else the first hearing stands, unsure ("Sorry, I didn't catch that.") or
+    empty (no reply). docs/actions.md, "Heard twice"."""
+    again = await _hear_again(rt, audio)
+    if not again.trusted or not again.text.strip():
+        return first, False
+    if first.text.strip() and normalize_words(again.text) == normalize_words(first.text):
+        return first, True
+    if unheard(again.avg_logprob, again.no_speech_prob):
+        return first, False
+    return again, False
 
 
 def _answer_said(start: StartTurn, text: str, trusted: bool, sure: bool) -> str | None:
@@ -340,10 +371,12 @@ async def _asking(
             yield NOT_CAUGHT if not heard.sure else CANT
             yield ReplyEnd(_CUT)
             return
-        if heard.check is not None and not asked(call, tool):
+        if heard.second_only:
+            call = replace(call, doubted=True)  # heard two ways: asked about, not made
+        elif heard.check is not None and not asked(call, tool):
             again = await heard.check()
             if again is None or not heard_alike(call, tool, heard.text, again):
-                call = replace(call, doubted=True)  # heard two ways: asked about, not made
+                call = replace(call, doubted=True)
         yield call
         if asked(call, tool):
             yield missing(call, tool) or question(call)

@@ -762,26 +762,54 @@ async def test_a_call_is_made_on_words_a_second_hearing_hears_too(
     assert asked(action.call, DEFAULT_TOOLS[0]) is not acts
 
 
-@pytest.mark.parametrize("heard_again", ["Set a timer for ten minutes.", "Set a time for tea."])
-async def test_unsure_words_a_second_hearing_hears_too_are_acted_on(
-    make_turn: Any, heard_again: str
+@pytest.mark.parametrize(
+    ("first", "heard_again", "again_logprob", "words"),
+    [
+        # heard word for word: the first hearing's words were said
+        ("Set a timer for ten minutes.", "Set a timer for ten minutes.", -1.3, "first"),
+        # other words the second model is sure of: its words are the turn's
+        ("Set a time for tea.", "Set a timer for ten minutes.", -0.2, "again"),
+        ("", "Set a timer for ten minutes.", -0.2, "again"),  # the first heard nothing
+        # other words the second is unsure of too: nothing was caught
+        ("Set a time for tea.", "Set a timer for ten minutes.", -1.3, None),
+        ("Set a time for tea.", "", -0.2, None),
+    ],
+)
+async def test_unsure_words_are_heard_again_and_the_surer_hearing_is_the_turns(
+    make_turn: Any, first: str, heard_again: str, again_logprob: float, words: str | None
 ) -> None:
-    """Words Whisper was unsure of (under the log-probability bar) that the second
-    model hears word for word were said: the call is made, and the session is told
-    (``heard_twice``); heard otherwise, the user is asked to say it again."""
+    """Words Whisper was unsure of (under the log-probability bar), or none, where a
+    call could follow, are heard by the second model: words it hears alike were said
+    (``heard_twice``) and are acted on; other words it is sure of replace them (the
+    better model's hearing: the reply reads them, the session is told them with its
+    figures), and a call on them is asked about, as one heard two ways (no third
+    hearing); else the user is asked to say it again, or an empty turn stays
+    unanswered."""
     engine = FakeEngine([TIMER, "Timer set for ten minutes."])
-    turn = make_turn(engine, "Set a timer for ten minutes.")
+    turn = make_turn(engine, first)
     turn.asr.avg_logprob = -1.3
     again = FakeAsr(heard_again)
+    again.avg_logprob = again_logprob
     turn.rt.asr_check = cast(Any, again)
     turn.released.set()
     await turn.start(audio=QUESTION_AUDIO, tools=DEFAULT_TOOLS)
-    same = heard_again == turn.asr.text
     (final,) = turn.of(FinalTranscript)
-    assert final.heard_twice is same and len(again.calls) == 1  # not heard a third time
-    assert turn.of(ReplyAction) == ([ReplyAction(TURN, TIMER)] if same else [])
+    assert len(again.calls) == 1  # not heard a third time
+    assert final.heard_twice is (words == "first")
+    assert final.text == (heard_again if words == "again" else first)
+    assert final.avg_logprob == (again_logprob if words == "again" else -1.3)
+    calls = [a.call for a in turn.of(ReplyAction)]
     said = " ".join(s.text for s in turn.of(ReplySentence))
-    assert said == ("Timer set for ten minutes." if same else NOT_CAUGHT)
+    if words == "first":  # made
+        assert calls == [TIMER] and not calls[0].doubted
+        assert said == "Timer set for ten minutes."
+    elif words == "again":  # asked about: the session keeps it for a yes
+        assert calls == [TIMER] and calls[0].doubted
+        assert said == "Set a timer for ten minutes?"
+    else:
+        assert calls == [] and said == (NOT_CAUGHT if first else "")
+    if words is not None:
+        assert engine.calls[0][0][-1].content == final.text  # the reply reads the turn's words
 
 
 async def test_unsure_words_nothing_could_act_on_are_not_heard_again(make_turn: Any) -> None:
