@@ -16,11 +16,17 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 
 from model.backend import StepBackend
-from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt, first_message_length, system_head
+from model.chat import (
+    SPOKEN_SYSTEM_PROMPT,
+    build_prompt,
+    first_message_length,
+    next_prompt_start,
+    system_head,
+)
 from model.engine import ChatMessage, GenerationStats
 from model.generate import greedy
 from model.openings import reply_openings
-from model.prefix import PrefixCache
+from model.prefix import PrefixCache, warm
 from model.tokenizer import Tokenizer, decoded
 from model.tools import Tool, ToolCall
 
@@ -67,6 +73,22 @@ class ARGenerator:
         """Prefill the system prompt now and keep it as a head (no tools: this engine
         writes no calls); how many are kept."""
         return int(self.prefixes.prime(system_head(self.tokenizer, self.options.system_prompt)))
+
+    def warm(
+        self,
+        conversation: Sequence[ChatMessage],
+        tools: Sequence[Tool] = (),
+        should_stop: Callable[[], bool] = lambda: False,
+    ) -> int:
+        """As :meth:`model.diffusion_engine.DiffusionGenerator.warm` (no tools: this
+        engine's prompt never lists them)."""
+        tok, opts = self.tokenizer, self.options
+        start = next_prompt_start(
+            tok, conversation, opts.prompt_budget, opts.system_prompt, opts.history_window
+        )
+        return warm(
+            self.prefixes, self.backend, start, first_message_length(tok, start), should_stop
+        )
 
     def generate(
         self,

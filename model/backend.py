@@ -16,6 +16,7 @@ repeatedly and committed once, when its tokens are final.
 from __future__ import annotations
 
 import itertools
+import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -50,6 +51,18 @@ def ends_a_turn() -> None:
     replies' prompt chunks it came too late for 18 of 24 turns (docs/latency.md)."""
     _reply.urgent = True
     _reply.order = -1
+
+
+# The rank of steps nobody waits on (:func:`in_background`): after every reply's
+BACKGROUND = (True, sys.maxsize)
+
+
+def in_background() -> None:
+    """Say, from a thread, that nobody waits on its next steps (the next turn's prompt
+    prefilled between turns, ``model.prefix.warm``): a backend that shares passes runs
+    each of them alone, when no reply's step is waiting (``model/batch.py``)."""
+    _reply.urgent = False
+    _reply.order = sys.maxsize
 
 
 def spoke() -> None:

@@ -44,7 +44,7 @@ import numpy as np
 import onnxruntime as ort
 from numpy.typing import NDArray
 
-from model.backend import Attend, Logits, Rows, reply_rank
+from model.backend import BACKGROUND, Attend, Logits, Rows, reply_rank
 from model.runtime import OrtBackend, OrtCache, session_options
 
 _order = itertools.count()
@@ -438,7 +438,8 @@ class StepLoop:
 
     def _take(self) -> list[Request] | None:
         """The next pass: waiting requests in rank order, as many as :attr:`shape`
-        lets share it (the first always goes)."""
+        lets share it (the first always goes); a background request
+        (:func:`model.backend.in_background`) only alone, when no other waits."""
         with self._cond:
             while not self._waiting and not self._closed:
                 self._cond.wait()
@@ -450,6 +451,9 @@ class StepLoop:
             left: list[Request] = []
             wide = narrow = 0
             for r in self._waiting:
+                if taken and (r.rank == BACKGROUND or taken[0].rank == BACKGROUND):
+                    left.append(r)  # nobody waits on it: alone, when nothing else waits
+                    continue
                 is_wide = len(r.ids) > NARROW
                 fits = len(taken) < self.runner.rows and (
                     wide < self.shape.wide if is_wide else narrow < self.shape.narrow

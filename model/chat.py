@@ -95,6 +95,24 @@ def trim_history(
     return head + body[drop:]
 
 
+def next_prompt_start(
+    tok: Tokenizer,
+    conversation: Sequence[ChatMessage],
+    budget: int,
+    system_prompt: str = SPOKEN_SYSTEM_PROMPT,
+    window: int | None = None,
+) -> list[int]:
+    """Token ids the prompt of ``conversation``'s next turn starts with: every message
+    :func:`build_prompt` will keep of it once a user message comes, up to where that
+    message goes. The history is trimmed as for a short next message (a long one may
+    trim more: its prompt then shares less of this start)."""
+    coming = ChatMessage("user", "")
+    messages = trim_history(
+        tok, with_system_prompt([*conversation, coming], system_prompt), budget, window
+    )
+    return encode_chat(tok, messages[:-1], add_generation_prompt=False)
+
+
 def system_head(tok: Tokenizer, system_prompt: str = SPOKEN_SYSTEM_PROMPT) -> list[int]:
     """Token ids every prompt with ``system_prompt`` starts with: its first message, as
     :func:`build_prompt` encodes it and :func:`first_message_length` measures it."""

@@ -32,12 +32,18 @@ from model.actions import (
     shape_names,
 )
 from model.backend import Prefix, StepBackend, last_row
-from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt, first_message_length, system_head
+from model.chat import (
+    SPOKEN_SYSTEM_PROMPT,
+    build_prompt,
+    first_message_length,
+    next_prompt_start,
+    system_head,
+)
 from model.confirm import Confirmation, tool_named
 from model.engine import ChatMessage, GenerationStats
 from model.modeldir import adapter_calls_tools
 from model.openings import Opening, reply_openings
-from model.prefix import PrefixCache
+from model.prefix import PrefixCache, warm
 from model.router import ToolRouter, tool_of
 from model.sampler import (
     SENTENCE_BREAK,
@@ -175,6 +181,27 @@ class DiffusionGenerator:
         tool_sets = tool_sets if self.supports_tools else [()]
         systems = {tools_system_prompt(self.options.system_prompt, t) for t in tool_sets}
         return sum(self.prefixes.prime(system_head(self.tokenizer, s)) for s in systems)
+
+    def warm(
+        self,
+        conversation: Sequence[ChatMessage],
+        tools: Sequence[Tool] = (),
+        should_stop: Callable[[], bool] = lambda: False,
+    ) -> int:
+        """Prefill what the prompt of ``conversation``'s next turn starts with, offered
+        ``tools``, and keep it (:func:`model.prefix.warm`): called between turns, it
+        takes the last reply and a moved history start off the next reply's path.
+        Returns the tokens prefilled."""
+        if self.model.attention != "block":  # generate keeps no cache either
+            return 0
+        opts, tok = self.options, self.tokenizer
+        system = tools_system_prompt(opts.system_prompt, tools if self.supports_tools else ())
+        start = next_prompt_start(
+            tok, conversation, opts.prompt_budget, system, opts.history_window
+        )
+        return warm(
+            self.prefixes, self.backend, start, first_message_length(tok, start), should_stop
+        )
 
     def generate(
         self,

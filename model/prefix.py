@@ -202,6 +202,42 @@ class PrefixCache:
         )
 
 
+# Tokens a pass while a conversation's next prompt is prefilled between turns: a reply
+# that asks meanwhile waits for at most one such pass (model/batch.py runs them alone)
+WARM_CHUNK = 32
+
+
+def warm(
+    prefixes: PrefixCache,
+    backend: StepBackend,
+    start: Sequence[int],
+    head: int = 0,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> int:
+    """Prefill ``start`` (what a conversation's next prompt starts with,
+    :func:`model.chat.next_prompt_start`) into the kept cache that holds most of it, and
+    keep it (``head``: as :meth:`PrefixCache.put`): the next turn then prefills only its
+    new words, where it would prefill the last reply too, or after the history's start
+    moved, the whole history. Causal, in passes of :data:`WARM_CHUNK`: the cache holds
+    what the next turn's own prefill would have written. Stops between passes once
+    ``should_stop``, keeping what it wrote. Returns the tokens prefilled."""
+    toks = np.asarray(start, dtype=np.int64)
+    if toks.size == 0:
+        return 0
+    prefix = prefixes.take(start)
+    cache, done = prefix.cache, min(prefix.length, toks.size)
+    backend.truncate(cache, done)
+    try:
+        for lo in range(done, toks.size, WARM_CHUNK):
+            if should_stop():
+                break
+            chunk = toks[lo : lo + WARM_CHUNK]
+            backend.step(cache, chunk, "causal", commit=True, rows=np.array([chunk.size - 1]))
+    finally:
+        prefixes.put(start, cache, head)
+    return backend.cache_length(cache) - done
+
+
 def _drop_oldest(kept: OrderedDict[int, Any]) -> bool:
     """Drop the least recently used of ``kept``; False when it is empty."""
     if not kept:

@@ -21,6 +21,7 @@ import re
 import secrets
 import socket
 import ssl
+import threading
 import time
 import urllib.parse
 import uuid
@@ -36,6 +37,9 @@ from websockets.http11 import Request, Response
 from websockets.server import ServerProtocol
 from websockets.streams import StreamReader
 from websockets.typing import Subprotocol
+
+from model.engine import ChatMessage
+from model.tools import Tool
 
 from . import auth, metrics, realtime
 from . import protocol as p
@@ -67,6 +71,7 @@ from .session import (
     StartTurn,
     State,
     VadResult,
+    WarmNext,
 )
 from .store import Parking, RedisStore, TextBudget
 from .turn import Pacing, run_turn
@@ -251,6 +256,7 @@ class Connection:
         self.write_waiters: list[asyncio.Future[None]] = []  # woken by each frame written
         self.aborted = False
         self.closed = asyncio.Event()  # run() has returned
+        self._warming = threading.Event()  # set: the next turn's prefill stops (WarmNext)
 
     async def run(self) -> None:
         log.info("session %s connected from %s", self.session.id, self.ws.remote_address)
@@ -281,6 +287,7 @@ class Connection:
             for timer in timers:
                 timer.cancel()
             await self.apply(self.session.receive(Disconnected(), self.loop.time()))
+            self._warming.set()
             for task in [*self.tasks, *(t for t, _ in self.turns.values())]:
                 task.cancel()
             for task in [*self.tasks, *(t for t, _ in self.turns.values())]:
@@ -338,6 +345,7 @@ class Connection:
                 case StartPartial():
                     self._spawn(self._partial(effect))
                 case StartTurn():
+                    self._warming.set()  # the turn prefills the rest itself
                     released = asyncio.Event()
                     task = asyncio.create_task(
                         run_turn(self.rt, effect, released, self.deliver, self.config.pacing)
@@ -348,6 +356,10 @@ class Connection:
                     # a turn whose transcript came back empty may have ended already
                     if (entry := self.turns.get(turn_id)) is not None:
                         entry[1].set()
+                case WarmNext(history=history, tools=tools):
+                    self._warming.set()
+                    self._warming = threading.Event()
+                    self._spawn(self._warm(history, tools, self._warming))
                 case CancelTurn(turn_id=turn_id):  # its queued audio no longer plays
                     await self._cancel(turn_id)
                 case Close(code=code):
@@ -491,6 +503,19 @@ class Connection:
         task: asyncio.Task[object] = asyncio.ensure_future(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+
+    async def _warm(
+        self, history: tuple[ChatMessage, ...], tools: tuple[Tool, ...], stop: threading.Event
+    ) -> None:
+        """Prefill the next turn's prompt (WarmNext); a failure (the cache pool full,
+        say) costs the next turn its prefill, nothing else."""
+        try:
+            n = await self.rt.warm_next(history, tools, stop)
+        except Exception as exc:
+            log.warning("prefilling session %s's next turn failed: %s", self.session.id, exc)
+            return
+        if n:
+            log.debug("session %s's next turn: %d tokens prefilled", self.session.id, n)
 
     async def _partial(self, job: StartPartial) -> None:
         """At most one per session; skipped while the ASR worker has a queue."""

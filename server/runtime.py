@@ -15,7 +15,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -37,17 +37,21 @@ from audio.tts import Synthesizer
 from audio.vad import SileroVad
 from model.ar import ARGenerator
 from model.assemble import DEFAULT_ENGINE, Batching, EngineName, load_generator, reply_on_cpu
+from model.backend import in_background
 from model.batch import BatchedBackend
 from model.diffusion_engine import DiffusionGenerator
-from model.engine import ReplyEngine, TextGenerator, ThreadedReplyEngine
+from model.engine import ChatMessage, ReplyEngine, TextGenerator, ThreadedReplyEngine
 from model.openai_chat import ChatServerOptions
 from model.runtime import Device
-from model.tools import DEFAULT_TOOLS
+from model.tools import DEFAULT_TOOLS, Tool
 
 from .speech import SpeechFirst
 from .turn_end import EndOfTurnModel
 
 log = logging.getLogger("quicksilver")
+
+# model.diffusion_engine.DiffusionGenerator.warm: (history, tools, should_stop) -> tokens
+Warm = Callable[[Sequence[ChatMessage], Sequence[Tool], Callable[[], bool]], int]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -67,6 +71,7 @@ class WorkerKind(StrEnum):
     TTS = "tts"
     REPLY = "reply"
     TURN_END = "turn_end"
+    WARM = "warm"
 
 
 # Replies from a chat server (engine "openai-chat") spend their time waiting on its
@@ -210,6 +215,9 @@ class Runtime:
     asr_check: Transcriber | None = None
     # final transcripts heard in one Whisper call at most (--asr-batch; 1: one a call)
     asr_batch: int = 1
+    # prefills a conversation's next prompt between turns (WarmNext, warm_next); None
+    # where nothing would run it behind the replies (no step loop) or nothing keeps it
+    warm: Warm | None = None
     _finals: Finals | None = field(default=None, init=False, repr=False)
 
     async def hear(self, audio: Any) -> Transcript:
@@ -243,6 +251,22 @@ class Runtime:
 
     def worker(self, kind: WorkerKind) -> Worker:
         return self.workers[kind]
+
+    async def warm_next(
+        self, history: Sequence[ChatMessage], tools: Sequence[Tool], stop: threading.Event
+    ) -> int:
+        """Prefill the prompt a conversation's next turn starts with, in the warm worker's
+        thread, its passes behind every reply's (model.backend.in_background); stops
+        between passes once ``stop`` is set. The tokens prefilled (0 without a warm)."""
+        if self.warm is None:
+            return 0
+        warm = self.warm
+
+        def run() -> int:
+            in_background()
+            return warm(history, tools, stop.is_set)
+
+        return await self.worker(WorkerKind.WARM).run(run)
 
     def close(self) -> None:
         for w in self.workers.values():
@@ -364,6 +388,11 @@ def load_runtime(options: RuntimeOptions) -> Runtime:
     if threads > 1 and options.engine != "openai-chat":
         log.info("replies share the reply model's passes: up to %d a pass", threads)
     reply = ThreadedReplyEngine(generator, workers[WorkerKind.REPLY].executor)
+    # between turns, a conversation's next prompt is prefilled behind the replies (the
+    # step loop runs such passes alone, when no reply's step waits): not without one
+    warm = getattr(generator, "warm", None) if shared is not None else None
+    if warm is not None:
+        workers[WorkerKind.WARM] = Worker(WorkerKind.WARM.value)
     turn_end = turn_end_model(generator) if options.turn_model else None
     log.info(
         "end of turn: %s", "scored by the reply model" if turn_end else "silence and words only"
@@ -381,6 +410,7 @@ def load_runtime(options: RuntimeOptions) -> Runtime:
         shared,
         asr_check,
         options.asr_batch,
+        warm,
     )
 
 

@@ -373,6 +373,16 @@ class StartTurn:
 
 
 @dataclass(frozen=True)
+class WarmNext:
+    """A reply is over and no turn runs: the conversation's next turn will start with
+    this history and these tools, and its prompt may be prefilled while the user
+    listens (``Runtime.warm_next``); the next StartTurn stops what is left of it."""
+
+    history: tuple[ChatMessage, ...]
+    tools: tuple[Tool, ...] = ()
+
+
+@dataclass(frozen=True)
 class ReleaseTurn:
     """The turn is final: its audio may be sent."""
 
@@ -396,6 +406,7 @@ Effect = (
     | RunVad
     | StartPartial
     | StartTurn
+    | WarmNext
     | ReleaseTurn
     | CancelTurn
     | Close
@@ -956,6 +967,17 @@ class Session:
         turn.speculative = not u.ended
         return self._begin_turn(turn, audio=self._utterance_audio(u), text=None, release=False)
 
+    def _warm_next(self, turn: _Turn) -> list[Effect]:
+        """The next turn's prompt, to prefill now (WarmNext): after a reply the
+        conversation kept, while no turn runs. A barge-in's too: the user's next words
+        are still coming."""
+        if self._turn is not None or not turn.shape.keep or not self.conversation:
+            return []
+        history = tuple(self.conversation)
+        if self.instructions is not None:  # as _begin_turn lays out a turn's history
+            history = (ChatMessage("system", self.instructions), *history)
+        return [WarmNext(history, self.tools)]
+
     def _on_speech_paused(self, end: int, now: float) -> list[Effect]:
         u = self._utterance
         if u is None:
@@ -1441,7 +1463,7 @@ class Session:
         self._to(State.LISTENING)
         out += self._end_reply(turn, "completed", None, text)
         out += [Send(p.ReplyDone(turn.id, text)), *self._closed(turn, self._metrics(turn, event))]
-        return [*out, *self._after_reply()]
+        return [*out, *self._after_reply(), *self._warm_next(turn)]
 
     def _metrics(self, turn: _Turn, done: ReplyFinished | None) -> p.Metrics:
         def ms(a: float | None, b: float | None) -> float | None:
@@ -1510,7 +1532,7 @@ class Session:
             out.append(TurnWithdrawn(turn.id, tuple(i for i in items if i is not None)))
         cancelled = p.ReplyCancelled(turn.id, reason, spoken)
         out += [Send(cancelled), *self._closed(turn, self._metrics(turn, None))]
-        return [*out, *self._after_reply()]
+        return [*out, *self._after_reply(), *self._warm_next(turn)]
 
     def _on_disconnect(self) -> list[Effect]:
         out = self._cancel_turn("closed") + self._drop_speculation()

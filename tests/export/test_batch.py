@@ -15,7 +15,15 @@ import numpy as np
 import pytest
 
 import model.batch
-from model.backend import StepBackend, begin_reply, ends_a_turn, reply_rank, spoke
+from model.backend import (
+    BACKGROUND,
+    StepBackend,
+    begin_reply,
+    ends_a_turn,
+    in_background,
+    reply_rank,
+    spoke,
+)
 from model.batch import (
     NARROW,
     PREFILL_CHUNK,
@@ -306,6 +314,41 @@ def test_a_long_prefill_runs_in_chunks_between_other_replies_steps(tiny_dir: Pat
     assert chunks == [chunk] * 3  # never one pass of the whole prompt
     # the short reply's one-token steps ran in passes beside the chunks
     assert any(chunk in p and 1 in p for p in passes)
+
+
+def test_a_background_prefill_runs_alone_and_only_when_no_reply_waits(tiny_dir: Path) -> None:
+    """The next turn's prompt prefilled between turns (``model.prefix.warm``) runs in
+    passes of its own, never beside a reply's step, and writes what it writes alone."""
+    runner = runner_of(tiny_dir)
+    chunk = 32
+    long_prompt = [int(i) for i in np.random.default_rng(1).integers(3, VOCAB, 3 * chunk)]
+    cold = OrtCache(runner.single)
+    expected = runner.single.step(cold, np.asarray(long_prompt, np.int64), "causal", True)
+    passes: list[list[tuple[bool, int]]] = []  # each pass: (background, width) per row
+    loop = StepLoop(
+        runner,
+        on_pass=lambda taken: passes.append([(r.rank == BACKGROUND, len(r.ids)) for r in taken]),
+    )
+    warmed: list[np.ndarray] = []
+
+    def warm() -> None:
+        in_background()
+        shared = BatchedBackend(loop)
+        cache = shared.new_cache()
+        for lo in range(0, len(long_prompt), chunk):
+            ids = np.asarray(long_prompt[lo : lo + chunk], np.int64)
+            warmed.append(shared.step(cache, ids, "causal", True))
+
+    try:
+        shared = BatchedBackend(loop)
+        short, _ = in_threads([lambda: ar(shared, PROMPTS[1], 120), warm])
+    finally:
+        loop.close()
+    assert short == ar(runner.single, PROMPTS[1], 120)
+    np.testing.assert_allclose(np.concatenate(warmed), expected, rtol=1e-5, atol=1e-5)
+    background = [p for p in passes if any(bg for bg, _ in p)]
+    assert [len(p) for p in background] == [1, 1, 1]  # each chunk alone
+    assert all(not bg for p in passes if len(p) > 1 for bg, _ in p)
 
 
 def test_a_pass_holds_no_more_wide_rows_than_its_shape_lets(tiny_dir: Path) -> None:

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from model.chat import build_prompt
+from model.chat import build_prompt, encode_chat, encode_message
 from model.diffusion_engine import (
     DiffusionGenerator,
     DiffusionOptions,
@@ -27,7 +27,7 @@ from model.nn.backend import TorchBackend
 from model.nn.diffusion import add_mask_row, block_causal_mask, load_smollm2_diffusion
 from model.nn.gguf import gguf_tokenizer
 from model.nn.llama import Llama, LlamaConfig
-from model.prefix import PrefixCache
+from model.prefix import WARM_CHUNK, PrefixCache
 from model.sampler import DiffusionConfig, SamplerSettings, sample
 from tests.model.conftest import tiny_tokenizer
 
@@ -222,6 +222,35 @@ def test_engine_turns_reuse_the_conversation_cache() -> None:
     cold, cold_prefills = tiny_generator()
     assert reply_text(cold, turn2)[0] == text2
     assert prefills[1] < cold_prefills[0]  # only the new part was prefilled
+
+
+@pytest.mark.parametrize("window", [None, 2, 3])
+def test_a_warmed_next_turn_prefills_only_its_new_words_and_replies_as_a_cold_one(
+    window: int | None,
+) -> None:
+    """Between turns the engine prefills what the next prompt starts with (the last
+    reply; with a history window, the history from its new start): the next turn then
+    prefills only the user's new message and the assistant's header, and writes the
+    tokens a cold engine writes."""
+    gen, prefills = tiny_generator(history_window=window)
+    conversation: list[ChatMessage] = []
+    for i, question in enumerate(["hi there", "and then?", "why so?", "tell me more"]):
+        conversation.append(ChatMessage("user", question))
+        prefills.clear()
+        text, _ = reply_text(gen, conversation)
+        cold, _ = tiny_generator(history_window=window)
+        assert reply_text(cold, conversation)[0] == text
+        if i:  # after a warm: the new message and the header, at most
+            tok = gen.tokenizer
+            new = len(encode_message(tok, conversation[-1])) + len(encode_chat(tok, []))
+            assert prefills[0] <= new, (i, prefills)
+        conversation.append(ChatMessage("assistant", text or "ok"))
+        prefills.clear()
+        # the last reply, or the kept history after its start moved (nothing where the
+        # window dropped it all: the system prompt is held)
+        assert gen.warm(conversation) == sum(prefills) and (i or prefills)
+        assert all(n <= WARM_CHUNK for n in prefills)
+        assert gen.warm(conversation) == 0  # held already
 
 
 def test_engine_counts_passes_and_respects_max_tokens() -> None:

@@ -45,6 +45,7 @@ from server.session import (
     TurnFailed,
     UserText,
     VadResult,
+    WarmNext,
 )
 from server.turn_end import TurnEndPolicy
 
@@ -405,6 +406,27 @@ def test_a_reply_without_audio_still_sends_its_text() -> None:
     d.send(ReplySentence(turn, 0, "...", 40.0))  # nothing Piper can say
     out = d.send(ReplyFinished(turn, None, 1.0))
     assert [type(m) for m in sent(out)] == [p.ReplyText, p.ReplyDone, p.Metrics]
+
+
+def test_a_finished_reply_asks_for_the_next_turns_prompt_to_be_prefilled() -> None:
+    """Once a reply is over and the conversation keeps it, the session hands the
+    history the next turn starts with (and its tools) to be prefilled while the user
+    listens (WarmNext); the next turn starts from that same history."""
+    d = make()
+    d.send(Configure(ENDPOINT, instructions="Be brief."))
+    turn = released_turn(d)
+    assert not of(d.send(ReplySentence(turn, 0, "Paris.", 40.0)), WarmNext)
+    out = d.send(ReplyFinished(turn, None, 1.0))
+    (warm,) = of(out, WarmNext)
+    assert isinstance(warm, WarmNext)
+    assert warm.history == (
+        ChatMessage("system", "Be brief."),
+        ChatMessage("user", "What is the capital of France?"),
+        ChatMessage("assistant", "Paris."),
+    )
+    assert warm.tools == d.s.tools
+    (start,) = of(d.speak() + d.silence(7), StartTurn)
+    assert isinstance(start, StartTurn) and start.history == warm.history
 
 
 def test_a_low_score_holds_the_turn_open() -> None:

@@ -33,6 +33,7 @@ import pytest
 
 from audio.asr import Transcript
 from model.ask import CANT, NOT_CAUGHT, asked
+from model.backend import BACKGROUND, reply_rank
 from model.engine import ChatMessage, GenerationStats, ReplyChunk, ReplyEnd
 from model.tools import DEFAULT_TOOLS, Tool, ToolCall, kept_reply, render_call
 from server.runtime import Runtime, Worker, WorkerKind
@@ -998,3 +999,26 @@ async def test_a_spoken_turn_s_final_is_heard_through_the_batcher(make_turn: Any
     assert turn.rt.finals()["calls"] == 0
     await turn.start(audio=QUESTION_AUDIO)
     assert turn.rt.finals() == {"calls": 1, "turns": 1, "batched_calls": 0, "largest": 1}
+
+
+async def test_the_next_turns_prompt_is_prefilled_in_the_background_until_stopped(
+    make_turn: Any,
+) -> None:
+    """Runtime.warm_next runs the engine's warm in the warm worker's thread, its steps
+    marked as nobody's to wait on (model.backend.in_background: a shared pass runs them
+    alone, behind every reply), and hands it the stop flag the next turn sets."""
+    turn = make_turn(FakeEngine(REPLY))
+    seen: list[tuple[tuple[ChatMessage, ...], tuple[Tool, ...], bool, bool]] = []
+
+    def warm(history: Any, tools: Any, should_stop: Callable[[], bool]) -> int:
+        seen.append((tuple(history), tuple(tools), reply_rank() == BACKGROUND, should_stop()))
+        return 7
+
+    history = (ChatMessage("user", "Hi."), ChatMessage("assistant", "Hello."))
+    stop = threading.Event()
+    assert await turn.rt.warm_next(history, DEFAULT_TOOLS, stop) == 0  # no warm served
+    turn.rt.warm = warm
+    assert await turn.rt.warm_next(history, DEFAULT_TOOLS, stop) == 7
+    stop.set()
+    await turn.rt.warm_next(history, (), stop)
+    assert seen == [(history, tuple(DEFAULT_TOOLS), True, False), (history, (), True, True)]
