@@ -16,13 +16,7 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 
 from model.backend import StepBackend
-from model.chat import (
-    SPOKEN_SYSTEM_PROMPT,
-    build_prompt,
-    first_message_length,
-    next_prompt_start,
-    system_head,
-)
+from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt, first_message_length, system_head
 from model.engine import ChatMessage, GenerationStats
 from model.generate import greedy
 from model.openings import reply_openings
@@ -82,13 +76,9 @@ class ARGenerator:
     ) -> int:
         """As :meth:`model.diffusion_engine.DiffusionGenerator.warm` (no tools: this
         engine's prompt never lists them)."""
-        tok, opts = self.tokenizer, self.options
-        start = next_prompt_start(
-            tok, conversation, opts.prompt_budget, opts.system_prompt, opts.history_window
-        )
-        return warm(
-            self.prefixes, self.backend, start, first_message_length(tok, start), should_stop
-        )
+        opts, be, tok = self.options, self.backend, self.tokenizer
+        budget, system, window = opts.prompt_budget, opts.system_prompt, opts.history_window
+        return warm(self.prefixes, be, tok, conversation, budget, system, window, should_stop)
 
     def generate(
         self,

@@ -53,7 +53,7 @@ def ends_a_turn() -> None:
     _reply.order = -1
 
 
-# The rank of steps nobody waits on (:func:`in_background`): after every reply's
+# The rank of steps nobody waits on (:func:`in_background`): after every reply's steps
 BACKGROUND = (True, sys.maxsize)
 
 
@@ -62,7 +62,7 @@ def in_background() -> None:
     prefilled between turns, ``model.prefix.warm``): a backend that shares passes runs
     each of them alone, when no reply's step is waiting (``model/batch.py``)."""
     _reply.urgent = False
-    _reply.order = sys.maxsize
+    _reply.order = BACKGROUND[1]
 
 
 def spoke() -> None:

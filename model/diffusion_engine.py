@@ -32,13 +32,7 @@ from model.actions import (
     shape_names,
 )
 from model.backend import Prefix, StepBackend, last_row
-from model.chat import (
-    SPOKEN_SYSTEM_PROMPT,
-    build_prompt,
-    first_message_length,
-    next_prompt_start,
-    system_head,
-)
+from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt, first_message_length, system_head
 from model.confirm import Confirmation, tool_named
 from model.engine import ChatMessage, GenerationStats
 from model.modeldir import adapter_calls_tools
@@ -194,14 +188,11 @@ class DiffusionGenerator:
         Returns the tokens prefilled."""
         if self.model.attention != "block":  # generate keeps no cache either
             return 0
-        opts, tok = self.options, self.tokenizer
+        opts = self.options
         system = tools_system_prompt(opts.system_prompt, tools if self.supports_tools else ())
-        start = next_prompt_start(
-            tok, conversation, opts.prompt_budget, system, opts.history_window
-        )
-        return warm(
-            self.prefixes, self.backend, start, first_message_length(tok, start), should_stop
-        )
+        budget, window = opts.prompt_budget, opts.history_window
+        be, tok = self.backend, self.tokenizer
+        return warm(self.prefixes, be, tok, conversation, budget, system, window, should_stop)
 
     def generate(
         self,

@@ -12,6 +12,9 @@ from typing import Any
 import numpy as np
 
 from model.backend import Prefix, StepBackend
+from model.chat import first_message_length, next_prompt_start
+from model.engine import ChatMessage
+from model.tokenizer import Tokenizer
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -210,17 +213,22 @@ WARM_CHUNK = 32
 def warm(
     prefixes: PrefixCache,
     backend: StepBackend,
-    start: Sequence[int],
-    head: int = 0,
+    tok: Tokenizer,
+    conversation: Sequence[ChatMessage],
+    budget: int,
+    system_prompt: str,
+    window: int | None,
     should_stop: Callable[[], bool] = lambda: False,
 ) -> int:
-    """Prefill ``start`` (what a conversation's next prompt starts with,
-    :func:`model.chat.next_prompt_start`) into the kept cache that holds most of it, and
-    keep it (``head``: as :meth:`PrefixCache.put`): the next turn then prefills only its
-    new words, where it would prefill the last reply too, or after the history's start
-    moved, the whole history. Causal, in passes of :data:`WARM_CHUNK`: the cache holds
-    what the next turn's own prefill would have written. Stops between passes once
-    ``should_stop``, keeping what it wrote. Returns the tokens prefilled."""
+    """Prefill what the prompt of ``conversation``'s next turn starts with
+    (:func:`model.chat.next_prompt_start`, with the engine's ``budget``,
+    ``system_prompt`` and history ``window``) into the kept cache that holds most of it,
+    and keep it: the next turn then prefills only its new words, where it would prefill
+    the last reply too, or after the history's start moved, the whole history. Causal,
+    in passes of :data:`WARM_CHUNK`: the cache holds what the next turn's own prefill
+    would have written. Stops between passes once ``should_stop``, keeping what it
+    wrote. Returns the tokens prefilled."""
+    start = next_prompt_start(tok, conversation, budget, system_prompt, window)
     toks = np.asarray(start, dtype=np.int64)
     if toks.size == 0:
         return 0
@@ -234,7 +242,7 @@ def warm(
             chunk = toks[lo : lo + WARM_CHUNK]
             backend.step(cache, chunk, "causal", commit=True, rows=np.array([chunk.size - 1]))
     finally:
-        prefixes.put(start, cache, head)
+        prefixes.put(start, cache, first_message_length(tok, start))
     return backend.cache_length(cache) - done
 
 

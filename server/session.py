@@ -496,6 +496,16 @@ def _action(call: CallAdded) -> p.Action:
     return p.Action(call.turn_id, call.call_id, call.name, call.arguments)
 
 
+def _instructed(
+    history: tuple[ChatMessage, ...], instructions: str | None
+) -> tuple[ChatMessage, ...]:
+    """A turn's history as the reply engines take it: the system prompt given (None: the
+    engine's own) as a leading system message."""
+    if instructions is None:
+        return history
+    return (ChatMessage("system", instructions), *history)
+
+
 class Session:
     def __init__(
         self,
@@ -973,9 +983,7 @@ class Session:
         are still coming."""
         if self._turn is not None or not turn.shape.keep or not self.conversation:
             return []
-        history = tuple(self.conversation)
-        if self.instructions is not None:  # as _begin_turn lays out a turn's history
-            history = (ChatMessage("system", self.instructions), *history)
+        history = _instructed(tuple(self.conversation), self.instructions)
         return [WarmNext(history, self.tools)]
 
     def _on_speech_paused(self, end: int, now: float) -> list[Effect]:
@@ -1116,8 +1124,7 @@ class Session:
                 self._pending = None
         turn.answers = self._pending if shape.keep else None  # out of band: not its answer
         history = tuple(self.conversation) if shape.history is None else shape.history
-        if shape.instructions is not None:  # the reply engines take a leading system message
-            history = (ChatMessage("system", shape.instructions), *history)
+        history = _instructed(history, shape.instructions)
         start = StartTurn(
             turn.id,
             audio,

@@ -110,8 +110,7 @@ async def _run(
 ) -> None:
     loop = asyncio.get_running_loop()
     text, trusted, sure, twice = start.text or "", True, start.sure, False
-    checked = False  # the second model heard the words the turn has (no third hearing)
-    second = False  # ... and only it: a call on them is asked about
+    second = False  # the words are the second model's alone: a call on them is asked about
     if start.audio is not None:
         t0 = loop.time()
         transcript = await rt.hear(start.audio)
@@ -122,7 +121,6 @@ async def _run(
         if (not sure or not text.strip()) and acts and rt.asr_check and transcript.trusted:
             surer, twice = await _surer(rt, start.audio, transcript)
             second = surer is not transcript
-            checked = twice or second
             transcript, text = surer, surer.text
             sure = twice or not unheard(transcript.avg_logprob, transcript.no_speech_prob)
         await deliver(
@@ -153,7 +151,8 @@ async def _run(
     if start.audio is None and start.text is None and last is not None and last.role == "user":
         text = last.content
     check = None
-    if start.audio is not None and rt.asr_check is not None and not checked:
+    # no third hearing of words the second model heard already
+    if start.audio is not None and rt.asr_check is not None and not (twice or second):
         check = functools.partial(_heard_again, rt, start.audio)
     heard = _Heard(text, _answer_said(start, text, trusted, sure), sure, check, second)
     if heard.said is None:  # words that tell rather than ask get a chat reply, no call
@@ -188,11 +187,11 @@ async def _heard_again(rt: Runtime, audio: np.ndarray) -> str | None:
     when its decode looped. Two models rarely mishear a turn the same way, so a call is
     made on words both heard alike (model.ask.heard_alike), and asked about otherwise
     (docs/actions.md, "Heard twice")."""
-    again = await _hear_again(rt, audio)
+    again = await _second_hearing(rt, audio)
     return again.text if again.trusted else None
 
 
-async def _hear_again(rt: Runtime, audio: np.ndarray) -> Transcript:
+async def _second_hearing(rt: Runtime, audio: np.ndarray) -> Transcript:
     assert rt.asr_check is not None
     loop = asyncio.get_running_loop()
     t0 = loop.time()
@@ -210,7 +209,7 @@ async def _surer(rt: Runtime, audio: np.ndarray, first: Transcript) -> tuple[Tra
     tiny.en on a CPU): answered as heard, and a call on them asked about, as one heard
     two ways; else the first hearing stands, unsure ("Sorry, I didn't catch that.") or
     empty (no reply). docs/actions.md, "Heard twice"."""
-    again = await _hear_again(rt, audio)
+    again = await _second_hearing(rt, audio)
     if not again.trusted or not again.text.strip():
         return first, False
     if first.text.strip() and normalize_words(again.text) == normalize_words(first.text):
