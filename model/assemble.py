@@ -59,7 +59,16 @@ from model.modeldir import (
 from model.openai_chat import ChatServerOptions, OpenAIChatGenerator
 from model.prefix import PrefixCache
 from model.router import ADAPTER_DIRS, find_router, fitted_places
-from model.runtime import Device, OrtBackend, RuntimeConfig, choose_providers, grown_capacity
+from model.runtime import (
+    Device,
+    IntegerProductError,
+    OrtBackend,
+    RuntimeConfig,
+    choose_providers,
+    grown_capacity,
+    integer_product_exact,
+    integer_product_recipe,
+)
 from model.schedule import (
     Schedule,
     host_kernel,
@@ -158,9 +167,18 @@ def load_onnx_backend(
                 f"{model_dir} has no rows graphs: build them with `quicksilver export "
                 "--rows-graphs`"
             )
-        return OrtBackend(rows, config, name=f"onnx-{variant}", rows=True)
+        backend = OrtBackend(rows, config, name=f"onnx-{variant}", rows=True)
+        _check_integer_product(backend)
+        return backend
     backend = OrtBackend(model_dir / name, config, name=f"onnx-{variant}")
+    _check_integer_product(backend)
     if kernel == "blockwise" or variant != "int8" or backend.device != "cpu" or rows is None:
+        return backend
+    if not integer_product_exact():
+        log.info(
+            "int8 kernel: the blockwise files (ONNX Runtime's integer product, which the "
+            "rows graphs use, saturates on this CPU: it has no VNNI)"
+        )
         return backend
     if not fitted_for_rows(model_dir):
         log.info(
@@ -187,6 +205,24 @@ def load_onnx_backend(
     chosen, measured = host_kernel(model_dir, host_key(backend.providers), measure)
     log.info("int8 kernel on this host%s: %s", " (measured now)" if measured else "", chosen.why())
     return twin() if chosen.rows else backend
+
+
+def _check_integer_product(backend: OrtBackend) -> None:
+    """Refuse ``backend`` where its file multiplies with ONNX Runtime's integer product
+    and this CPU's is not exact: its logits would be wrong, every reply with them."""
+    recipe = integer_product_recipe(backend.path)
+    if recipe is None or backend.device != "cpu" or integer_product_exact():
+        return
+    fix = {
+        "rows": 'serve the blockwise files (the host\'s kernel, or `kernel="blockwise"`)',
+        "dynamic": "rebuild the model directory with `quicksilver export --int8-method "
+        "blockwise` (the default)",
+    }[recipe]
+    raise IntegerProductError(
+        f"{backend.path} multiplies with ONNX Runtime's integer product, which saturates "
+        f"on this CPU (it has no VNNI: 16-bit sums of u8 x s8 pairs), so its logits would "
+        f"be wrong here: {fix}"
+    )
 
 
 def fitted_for_rows(model_dir: Path, places: Sequence[Path] = ADAPTER_DIRS) -> bool:

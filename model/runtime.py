@@ -13,6 +13,7 @@ error that says so.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,60 @@ _PROVIDERS = {
     "cpu": "CPUExecutionProvider",
 }
 MANIFEST = "manifest.json"
+
+
+# The int8 recipes whose files multiply with ONNX Runtime's integer product
+# (MatMulInteger, MatMulIntegerToFloat: MLAS QGEMM, u8 activations by s8 weights): the
+# rows graphs (export/rows_graph.py) and quantize_dynamic's files; the blockwise files
+# (MatMulNBits) have kernels of their own
+INTEGER_PRODUCT_RECIPES = ("rows", "dynamic")
+
+
+class IntegerProductError(RuntimeError):
+    """A file that multiplies with ONNX Runtime's integer product, on a CPU where that
+    product is not exact (:func:`integer_product_exact`)."""
+
+
+@functools.cache
+def integer_product_exact() -> bool:
+    """Whether ONNX Runtime's u8 x s8 integer product is exact on this CPU.
+
+    Without VNNI (AVX2 only, or AVX-512 without VNNI) MLAS multiplies with VPMADDUBSW,
+    which sums two u8 x s8 products in 16 bits and saturates: 2 x 255 x 127 does not
+    fit. The rows graphs' activations sit around their zero point of 128, so most sums
+    overflow: on an AMD EPYC with AVX2 only every output of this probe was wrong, by up
+    to half its size, while the blockwise files' kernel stayed exact. A product of
+    activations at the ends of their range by weights at the ends of theirs, checked
+    against numpy's, once a process (tens of ms, with onnx imported: only where such a
+    file is to be loaded)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    k, n = 64, 8
+    rng = np.random.default_rng(0)
+    w = rng.choice(np.array([-127, 127], np.int8), size=(k, n))
+    a = np.where(w.T > 0, 255, 0).astype(np.uint8)  # each row's sums at their largest
+    graph = helper.make_graph(
+        [helper.make_node("MatMulInteger", ["a", "w", "zp"], ["y"])],
+        "integer_product_probe",
+        [helper.make_tensor_value_info("a", TensorProto.UINT8, [n, k])],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, [n, n])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array(128, np.uint8), "zp")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = session.run(None, {"a": a})[0]
+    return bool(np.array_equal(got, (a.astype(np.int64) - 128) @ w.astype(np.int64)))
+
+
+def integer_product_recipe(path: Path) -> str | None:
+    """The int8 recipe of ``path`` (its model directory's manifest) when it is one of
+    :data:`INTEGER_PRODUCT_RECIPES`."""
+    try:
+        entry = json.loads((path.parent / MANIFEST).read_text())["files"][path.name]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    method = (entry.get("quantisation") or {}).get("method")
+    return method if method in INTEGER_PRODUCT_RECIPES else None
 
 
 class ProviderUnavailableError(RuntimeError):

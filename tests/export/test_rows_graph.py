@@ -5,6 +5,8 @@ row, one reply's graph and the batched one; served where the host runs them fast
 from __future__ import annotations
 
 import json
+import platform
+import re
 import shutil
 from pathlib import Path
 
@@ -24,7 +26,13 @@ from model.modeldir import (
     rows_file,
 )
 from model.router import ROUTER_FILE, ROWS_DIR
-from model.runtime import OrtBackend, OrtCache, RuntimeConfig
+from model.runtime import (
+    IntegerProductError,
+    OrtBackend,
+    OrtCache,
+    RuntimeConfig,
+    integer_product_exact,
+)
 from model.schedule import KERNELS, Kernel, host_kernel
 from tests.export.conftest import TINY, ort_backend, tiny_source
 from tests.model.test_router import a_router
@@ -77,8 +85,12 @@ def test_the_rows_graph_is_near_the_fp32_file(tiny_dir: Path) -> None:
     rows = prefill(rows_backend(tiny_dir), ids)
     assert not np.array_equal(rows, blockwise)  # another graph
     scale = float(np.abs(fp32).max())
-    assert np.abs(rows - fp32).max() < 0.05 * scale, np.abs(rows - fp32).max() / scale
     assert np.abs(blockwise - fp32).max() < 0.05 * scale
+    if integer_product_exact():
+        assert np.abs(rows - fp32).max() < 0.05 * scale, np.abs(rows - fp32).max() / scale
+    else:  # its products saturate on this CPU: it is never served here
+        with pytest.raises(IntegerProductError):
+            load_onnx_backend(tiny_dir, "int8", RuntimeConfig(device="cpu"), kernel="rows")
 
 
 def test_a_row_s_logits_do_not_depend_on_the_rows_beside_it(tiny_dir: Path) -> None:
@@ -170,6 +182,46 @@ def test_the_measured_passes_are_timed_on_both_kernels(tiny_dir: Path) -> None:
     assert all(v > 0 for v in costs.values())
 
 
+@pytest.fixture
+def exact_product(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host whose integer product is exact (VNNI, AMX), whatever this one is: what
+    the host chooses between is tested apart from the probe (tested below)."""
+    monkeypatch.setattr("model.assemble.integer_product_exact", lambda: True)
+
+
+def test_the_integer_product_probe_agrees_with_the_cpu(tiny_dir: Path) -> None:
+    """ONNX Runtime's u8 x s8 product is exact where the CPU has VNNI or AMX and
+    saturates without (MLAS's VPMADDUBSW path): the probe says which this host is."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if platform.machine() not in ("x86_64", "AMD64") or not cpuinfo.exists():
+        pytest.fail("the probe's expectation is known for x86-64 Linux hosts only")
+    flags = set(re.findall(r"^flags\s*:(.*)$", cpuinfo.read_text(), re.M)[0].split())
+    assert integer_product_exact() == bool(flags & {"avx512_vnni", "avx_vnni", "amx_int8"})
+
+
+def test_a_host_whose_integer_product_saturates_never_serves_the_rows_graphs(
+    tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a CPU without VNNI the rows graphs' products are wrong: the host serves the
+    blockwise files without timing the rows graphs, and asking for them is an error
+    that says why; a quantize_dynamic file is refused the same way."""
+    monkeypatch.setattr("model.assemble.integer_product_exact", lambda: False)
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_dir, model_dir)
+    config = RuntimeConfig(device="cpu")
+    backend = load_onnx_backend(model_dir, "int8", config)
+    assert (backend.rows, backend.path.name) == (False, "model.int8.onnx")
+    assert not (model_dir / KERNELS).exists()  # nothing timed, nothing kept
+    with pytest.raises(IntegerProductError, match=r"saturates on this CPU.*blockwise"):
+        load_onnx_backend(model_dir, "int8", config, kernel="rows")
+    manifest = read_manifest(model_dir)
+    manifest["files"]["model.int8.onnx"]["quantisation"] = {"method": "dynamic"}
+    (model_dir / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(IntegerProductError, match="--int8-method blockwise"):
+        load_onnx_backend(model_dir, "int8", config)
+
+
+@pytest.mark.usefixtures("exact_product")
 def test_the_server_loads_the_kernel_the_host_chose(tiny_dir: Path, tmp_path: Path) -> None:
     model_dir = tmp_path / "model"
     shutil.copytree(tiny_dir, model_dir)
@@ -203,6 +255,7 @@ def test_the_rows_graphs_serve_only_with_probes_fitted_on_them(tmp_path: Path) -
     assert fitted_for_rows(model_dir, [place])
 
 
+@pytest.mark.usefixtures("exact_product")
 def test_a_kernel_asked_for_is_loaded_unmeasured(tiny_dir: Path, tmp_path: Path) -> None:
     """What the probes' fits read (``quicksilver router --rows``): the kernel asked for,
     whatever the host would choose; asking for rows graphs a directory lacks is an error."""
