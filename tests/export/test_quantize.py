@@ -73,7 +73,11 @@ def test_four_bit_weights_are_packed_asymmetric_and_their_rows_stay_their_own(
         assert attrs["bits"] == bits and len(node.input) == (4 if bits == 4 else 3)  # zero points
         got = run(dst, x)
         err[bits] = np.abs(got - want).max() / np.abs(want).max()
-        assert np.array_equal(run(dst, x[2:3])[0], got[2])
+        # per row and block, not per call: the row alone gets its batched product. To
+        # float rounding: MLAS's AVX2 kernels sum a lone row in another order than a
+        # batch's (1e-7 apart; bit for bit with AVX-512), where a scale shared by the
+        # batch would move it by about 1e-2
+        np.testing.assert_allclose(run(dst, x[2:3])[0], got[2], rtol=0, atol=1e-5)
     print(f"relative error: {err}")
     assert err[8] < err[4] < 0.2
     with pytest.raises(ValueError, match="4 or 8 bits"):
