@@ -214,7 +214,8 @@ def _check_integer_product(backend: OrtBackend) -> None:
     if recipe is None or backend.device != "cpu" or integer_product_exact():
         return
     fix = {
-        "rows": 'serve the blockwise files (the host\'s kernel, or `kernel="blockwise"`)',
+        "rows": "serve the blockwise files (the host's choice; `quicksilver router` and "
+        "`spans` without `--rows`)",
         "dynamic": "rebuild the model directory with `quicksilver export --int8-method "
         "blockwise` (the default)",
     }[recipe]
