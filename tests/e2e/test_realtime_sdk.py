@@ -363,8 +363,8 @@ async def test_a_function_tool_is_called_and_its_output_taken(acting_client: Any
 
     The functions are the default device tools, which the shipped router was fitted on;
     with timer.set alone the act-or-speak decision is the prompt row's greedy token,
-    and the weights one host's GPTQ chose (the AMD EPYC with AVX2 only) answered this
-    command "Set a timer to five minutes." without a call."""
+    and on the AMD EPYC with AVX2 only the served model answered this command "Set a
+    timer to five minutes." without a call."""
     from model.tools import DEFAULT_TOOLS
 
     tools = [{"type": "function", **t.schema()} for t in DEFAULT_TOOLS]  # timer.set first

@@ -16,9 +16,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.models]
 # Peter."; asked without that turn it makes one up ("My brother's name is Alex."), so
 # only a reply that was given the earlier turn passes. Whisper hears both sentences
 # exactly from Piper, so the spoken tests (test_fleet.py) use them too. The words are
-# the ones the reply can copy: each host builds its own 4-bit weights (GPTQ's rounding
-# follows the CPU's float sums), and on the AMD EPYC with AVX2 only "My brother is
-# called Peter." then "What is my brother called?" was answered "My brother is Alex.".
+# the ones the reply can copy: a 135M model's greedy reply turns on near ties, and on
+# the AMD EPYC with AVX2 only "My brother is called Peter." then "What is my brother
+# called?" was answered "My brother is Alex." (docs/results/2026-12-avx2-host.md).
 # ("I live in Toronto." is taken for a message to send to Toronto: issue 39.)
 FACT = "My brother's name is Peter."
 RECALL = Question("What is my brother's name?", ("Peter",))
