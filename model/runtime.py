@@ -61,7 +61,7 @@ def integer_product_exact() -> bool:
     which sums two u8 x s8 products in 16 bits and saturates: 2 x 255 x 127 does not
     fit. The rows graphs' activations sit around their zero point of 128, so most sums
     overflow: on an AMD EPYC with AVX2 only every output of this probe was wrong, by up
-    to half its size, while the blockwise files' kernel stayed exact. A product of
+    to 37% of the largest, while the blockwise files' kernel stayed exact. A product of
     activations at the ends of their range by weights at the ends of theirs, checked
     against numpy's, once a process (tens of ms, with onnx imported: only where such a
     file is to be loaded)."""
