@@ -22,7 +22,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from model.ar import ARGenerator, AROptions
 from model.backend import StepBackend
@@ -60,6 +60,7 @@ from model.openai_chat import ChatServerOptions, OpenAIChatGenerator
 from model.prefix import PrefixCache
 from model.router import ADAPTER_DIRS, find_router, fitted_places
 from model.runtime import (
+    INTEGER_PRODUCT_RECIPES,
     Device,
     IntegerProductError,
     OrtBackend,
@@ -67,7 +68,6 @@ from model.runtime import (
     choose_providers,
     grown_capacity,
     integer_product_exact,
-    integer_product_recipe,
 )
 from model.schedule import (
     Schedule,
@@ -168,10 +168,10 @@ def load_onnx_backend(
                 "--rows-graphs`"
             )
         backend = OrtBackend(rows, config, name=f"onnx-{variant}", rows=True)
-        _check_integer_product(backend)
+        _check_integer_product(backend, manifest)
         return backend
     backend = OrtBackend(model_dir / name, config, name=f"onnx-{variant}")
-    _check_integer_product(backend)
+    _check_integer_product(backend, manifest)
     if kernel == "blockwise" or variant != "int8" or backend.device != "cpu" or rows is None:
         return backend
     if not integer_product_exact():
@@ -207,11 +207,15 @@ def load_onnx_backend(
     return twin() if chosen.rows else backend
 
 
-def _check_integer_product(backend: OrtBackend) -> None:
-    """Refuse ``backend`` where its file multiplies with ONNX Runtime's integer product
-    and this CPU's is not exact: its logits would be wrong, every reply with them."""
-    recipe = integer_product_recipe(backend.path)
-    if recipe is None or backend.device != "cpu" or integer_product_exact():
+def _check_integer_product(backend: OrtBackend, manifest: dict[str, Any]) -> None:
+    """Refuse ``backend`` where its file (its int8 recipe in the model directory's
+    ``manifest``) multiplies with ONNX Runtime's integer product and this CPU's is not
+    exact: its logits would be wrong, every reply with them."""
+    entry = manifest["files"].get(backend.path.name) or {}
+    recipe = (entry.get("quantisation") or {}).get("method")
+    if recipe not in INTEGER_PRODUCT_RECIPES or backend.device != "cpu":
+        return
+    if integer_product_exact():
         return
     fix = {
         "rows": "serve the blockwise files (the host's choice; `quicksilver router` and "

@@ -84,17 +84,6 @@ def integer_product_exact() -> bool:
     return bool(np.array_equal(got, (a.astype(np.int64) - 128) @ w.astype(np.int64)))
 
 
-def integer_product_recipe(path: Path) -> str | None:
-    """The int8 recipe of ``path`` (its model directory's manifest) when it is one of
-    :data:`INTEGER_PRODUCT_RECIPES`."""
-    try:
-        entry = json.loads((path.parent / MANIFEST).read_text())["files"][path.name]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    method = (entry.get("quantisation") or {}).get("method")
-    return method if method in INTEGER_PRODUCT_RECIPES else None
-
-
 class ProviderUnavailableError(RuntimeError):
     """The configured execution provider is not in this onnxruntime build."""
 

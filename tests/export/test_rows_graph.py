@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import platform
-import re
 import shutil
 from pathlib import Path
 
@@ -36,6 +35,7 @@ from model.runtime import (
 from model.schedule import KERNELS, Kernel, host_kernel
 from tests.export.conftest import TINY, ort_backend, tiny_source
 from tests.model.test_router import a_router
+from training.precision import cpu_flags
 
 VOCAB = TINY.vocab_size
 
@@ -192,10 +192,9 @@ def exact_product(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_integer_product_probe_agrees_with_the_cpu(tiny_dir: Path) -> None:
     """ONNX Runtime's u8 x s8 product is exact where the CPU has VNNI or AMX and
     saturates without (MLAS's VPMADDUBSW path): the probe says which this host is."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if platform.machine() not in ("x86_64", "AMD64") or not cpuinfo.exists():
+    flags = cpu_flags()
+    if platform.machine() not in ("x86_64", "AMD64") or flags is None:
         pytest.fail("the probe's expectation is known for x86-64 Linux hosts only")
-    flags = set(re.findall(r"^flags\s*:(.*)$", cpuinfo.read_text(), re.M)[0].split())
     assert integer_product_exact() == bool(flags & {"avx512_vnni", "avx_vnni", "amx_int8"})
 
 
