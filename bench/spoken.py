@@ -63,6 +63,7 @@ from audio.resample import SAMPLE_RATE, float32_to_int16
 from audio.speech import SpeechFactory, edit_distance, normalize_words, pad
 from clients.common import ClientError, Inbox, Pacer, Pcm, frames, open_session, silence
 from model.confirm import is_question, problems, tool_named
+from model.cpu import read_cpu
 from model.tools import DEFAULT_TOOLS, ToolCall
 from server import protocol as p
 from training.eval_actions import read_cases, same_call
@@ -556,20 +557,12 @@ def report(
     return {
         "server": dict(server),
         "options": {**asdict(opts), "data": str(opts.data), "noise": [n.label for n in opts.noise]},
-        "machine": {"cpu": cpu_name(), "cores": os.cpu_count()},
+        "machine": {"cpu": read_cpu().name, "cores": os.cpu_count()},
         "goals": GOALS,
         "summary": conditions["all"],
         "conditions": conditions,
         "rows": rows,
     }
-
-
-def cpu_name() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 # --- command line ---------------------------------------------------------------------
@@ -740,7 +733,7 @@ def asr_compare(
                 log(f"asr: {i + 1}/{len(turns)} turns")
     seconds = [len(a) / SAMPLE_RATE for _, _, a in turns]
     return {
-        "machine": {"cpu": cpu_name(), "cores": os.cpu_count()},
+        "machine": {"cpu": read_cpu().name, "cores": os.cpu_count()},
         "turns": len(turns),
         "audio_s_p50": statistics.median(seconds),
         "wer": {s: {k: round(e / w, 4) for k, (e, w) in errors[s].items()} for s in models},

@@ -30,7 +30,6 @@ import gc
 import itertools
 import json
 import os
-import platform
 import threading
 import time
 import weakref
@@ -45,6 +44,7 @@ import onnxruntime as ort
 from numpy.typing import NDArray
 
 from model.backend import BACKGROUND, Attend, Logits, Rows, reply_rank
+from model.cpu import read_cpu
 from model.runtime import OrtBackend, OrtCache, session_options
 
 _order = itertools.count()
@@ -382,16 +382,10 @@ def keep_host_record(path: Path, key: str, record: dict[str, Any]) -> None:
 def host_key(providers: Sequence[str]) -> str:
     """The processor (its name, cores and the flags that decide int8 kernels) and the
     execution providers: what a pass's cost depends on besides the model."""
-    name, flags = platform.machine(), set()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                name = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-    isa = sorted(flags & {"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8"})
-    return f"{name} x{os.cpu_count()} {'+'.join(isa)} {','.join(providers)}"
+    cpu = read_cpu()
+    kernels = {"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8"}
+    isa = sorted((cpu.flags or frozenset()) & kernels)
+    return f"{cpu.name} x{os.cpu_count()} {'+'.join(isa)} {','.join(providers)}"
 
 
 class StepLoop:

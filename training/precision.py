@@ -14,20 +14,16 @@ from pathlib import Path
 
 import torch
 
+from model.cpu import CPUINFO, read_cpu
+
 _FAST_BF16_FLAGS = {"avx512_bf16", "amx_bf16"}
 _CPU = torch.device("cpu")
 
 
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str] | None:
+def cpu_flags(cpuinfo: Path = CPUINFO) -> set[str] | None:
     """The CPU's feature flags (Linux), or None where they cannot be read."""
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.partition(":")[2].split())
-    return None
+    flags = read_cpu(cpuinfo).flags
+    return None if flags is None else set(flags)
 
 
 def bf16_is_fast(device: torch.device, flags: set[str] | None = None) -> bool:
