@@ -64,7 +64,8 @@ Text = Generator[str, None, GenerationStats]
 # what _act leaves the sampler: head, forced ids, passes, last logits, the call made
 _Acted = tuple[list[int], list[int], int, NDArray[np.float32], ToolCall | None]
 
-# What a reply says when the model began a call it could not finish validly.
+# What a reply says when the model began a call it could not finish validly, or the
+# router read a request for a tool the session has not.
 CANNOT_ACT = "Sorry, I can't do that."
 
 
@@ -269,7 +270,8 @@ class DiffusionGenerator:
         logits of the last cached row (so the sampler prefills nothing again) and the
         call (None: it speaks); None when the call could not be written (cancelled, or
         nothing valid in its passes: the sampler would only write the call's text
-        again)."""
+        again), or the router reads a request for a tool it knows that the session has
+        not (``ToolRouter.absent``)."""
         be, cache = self.backend, prefix.cache
         shapes = shape_names(tools) if self.router is not None else []
         router = self.router if self.router is not None and self.router.knows(shapes) else None
@@ -290,6 +292,8 @@ class DiffusionGenerator:
             acts = call_starts(self.tokenizer, last, {o[0] for o in avoid})
         if not acts:
             return prompt, [], 1, last, None
+        if router is not None and router.absent(last, shapes, user_text):
+            return None  # a tool the session lacks: "Sorry, I can't do that.", not the nearest
         block = call_block(self.options.sampler.block_size)
         prior = self._content_free(tools) if self.options.actions.calibrate else None
         routed = None

@@ -125,11 +125,27 @@ class ToolRouter:
         return [n for n in self.names if "(" in n and n not in (SPEAK, ACT)]
 
     def knows(self, shapes: Sequence[str]) -> bool:
-        """The session's tools are the ones it was fitted on (the same tools, so the
-        same system prompt: a session with other tools, even a part of them, lists
-        them otherwise, and the model's state moves with the prompt), and every shape
-        it knows is one of the session's."""
-        return {tool_of(s) for s in shapes} == set(self.tools) and set(self.shapes) <= set(shapes)
+        """The session's tools are among the ones it was fitted on, each with every
+        shape it knows for it (a tool of the same name with another schema is another
+        tool). A session with a part of them lists fewer in its system prompt, and the
+        state moves with the prompt, but the probe still reads it: with each command's
+        own tool alone it chose right where the model's first token spoke
+        (docs/actions.md, "Sessions with some of the tools")."""
+        session = {tool_of(s) for s in shapes}
+        if not session or not session <= set(self.tools):
+            return False
+        return {s for s in self.shapes if tool_of(s) in session} <= set(shapes)
+
+    def absent(
+        self, logits: NDArray[np.float32], shapes: Sequence[str], text: str | None = None
+    ) -> str | None:
+        """The tool a request asks for, when it is one the router knows and the session
+        lacks (``shapes``: the session's): the nearest of the session's tools is no
+        answer to it ("I need a timer" in a session without ``timer.set`` was
+        ``timer.cancel``). None when the best tool is the session's."""
+        scores = dict(zip(self.names, self.scores(logits, text).tolist(), strict=True))
+        tool = max(self.tools, key=scores.__getitem__)
+        return None if tool in {tool_of(s) for s in shapes} else tool
 
     def acts(self, logits: NDArray[np.float32], text: str | None = None) -> bool | None:
         """Whether the request asks for an action, when the router is sure either way

@@ -173,6 +173,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="string values from the adapter's span pointers where it has them "
         "(model/spans.py); --no-spans: the model writes them",
     )
+    acts.add_argument(
+        "--tool-set",
+        choices=(
+            "default",
+            "own",
+            "without",
+        ),  # training.eval_actions.TOOL_SETS (not imported here)
+        default="default",
+        help="the session's tools: the default set; each command's own tool alone; or the "
+        "set less each command's tool, where a call is wrong (docs/actions.md)",
+    )
     acts.set_defaults(run=_eval_actions)
 
     calls = _held_out_parser(
@@ -578,6 +589,7 @@ def _eval_actions(args: argparse.Namespace) -> int:
         threads=args.threads,
         calibrate=args.calibrate,
         spans=args.spans,
+        tool_set=args.tool_set,
     )
     try:
         report = run_actions_eval(opts, log=_log)

@@ -9,6 +9,11 @@ diffusion model, the default device tools, ``model/actions.py``'s constrained de
   (strings compared without case, spacing or end punctuation: Whisper's spelling of what
   the user said, numbers as numbers);
 * a chat question is a **false trigger** when the engine calls anything;
+* ``--tool-set``: the session's tools. ``default``: the default device set for every
+  line. ``own``: each command's own tool alone (a chat question: one of the set, in
+  turn), as a client that gives a session only the tools it needs. ``without``: the set
+  less each command's own tool (a chat question: less one, in turn), where the only
+  right answer is no call: the nearest tool is a **wrong call**;
 * **passes per call** are the model passes the call took (no pass for the decision,
   one per branching position and per slot pass, one per block committed), and **time to
   action** the wall time from the reply's start to the call being ready (prefill
@@ -31,7 +36,7 @@ from typing import Any
 
 from model.diffusion_engine import DiffusionGenerator
 from model.engine import ChatMessage
-from model.tools import DEFAULT_TOOLS, ToolCall, split_call
+from model.tools import DEFAULT_TOOLS, Tool, ToolCall, split_call
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,10 @@ class ActionsEvalOptions:
     threads: int = 2
     calibrate: bool = False  # the call's branches calibrated (model.actions.ContentFree)
     spans: bool = True  # string values pointed at (model/spans.py) where the adapter has pointers
+    tool_set: str = "default"  # the session's tools a line: TOOL_SETS
+
+
+TOOL_SETS = ("default", "own", "without")
 
 
 @dataclass(frozen=True)
@@ -86,13 +95,29 @@ def _norm_args(args: Mapping[str, Any]) -> dict[str, Any]:
     return {k: _norm(v) for k, v in args.items()}
 
 
-def run_case(gen: DiffusionGenerator, case: Case, max_tokens: int) -> dict[str, Any]:
-    """One turn: the call the engine made (if any), when, and the words it spoke."""
+def session_tools(case: Case, tool_set: str, turn: int) -> list[Tool]:
+    """The tools a line's session has under ``tool_set`` (:data:`TOOL_SETS`); ``turn``
+    picks a chat question's tool in turn."""
+    if tool_set == "default":
+        return list(DEFAULT_TOOLS)
+    if tool_set not in TOOL_SETS:
+        raise ValueError(f"tool set {tool_set!r}: one of {', '.join(TOOL_SETS)}")
+    name = case.expected.name if case.expected else DEFAULT_TOOLS[turn % len(DEFAULT_TOOLS)].name
+    own = tool_set == "own"
+    return [t for t in DEFAULT_TOOLS if (t.name == name) == own]
+
+
+def run_case(
+    gen: DiffusionGenerator, case: Case, max_tokens: int, tools: Sequence[Tool] = DEFAULT_TOOLS
+) -> dict[str, Any]:
+    """One turn in a session with ``tools``: the call the engine made (if any), when,
+    and the words it spoke. A command whose tool the session lacks is right with no
+    call."""
     t0 = time.perf_counter()
     call: ToolCall | None = None
     t_call: float | None = None
     words: list[str] = []
-    it = gen.generate([ChatMessage("user", case.text)], max_tokens, lambda: False, DEFAULT_TOOLS)
+    it = gen.generate([ChatMessage("user", case.text)], max_tokens, lambda: False, tools)
     while True:
         try:
             item = next(it)
@@ -103,11 +128,14 @@ def run_case(gen: DiffusionGenerator, case: Case, max_tokens: int) -> dict[str, 
             call, t_call = item, time.perf_counter()
         else:
             words.append(item)
+    offered = {t.name for t in tools}
+    want = case.expected if case.expected and case.expected.name in offered else None
     return {
         "text": case.text,
+        "tools": sorted(offered) if len(offered) < len(DEFAULT_TOOLS) else "default",
         "expected": _call_json(case.expected),
         "call": _call_json(call),
-        "exact": same_call(call, case.expected),
+        "exact": same_call(call, want),
         "passes": call.passes if call is not None else None,
         "action_ms": round((t_call - t0) * 1000, 1) if t_call is not None else None,
         "reply": "".join(words).strip(),
@@ -125,8 +153,9 @@ def _call_json(call: ToolCall | None) -> dict[str, Any] | None:
 def summarize(
     commands: Sequence[Mapping[str, Any]], chat: Sequence[Mapping[str, Any]]
 ) -> dict[str, Any]:
-    """Per tool and overall: exact rate, passes p50, time to action p50 / p95; false
-    triggers on chat."""
+    """Per tool and overall: exact rate, wrong calls (a command's call that is not
+    right: a wrong tool or value, or any call where the session lacks the tool), passes
+    p50, time to action p50 / p95; false triggers on chat."""
     by_tool: dict[str, list[Mapping[str, Any]]] = {}
     for row in commands:
         by_tool.setdefault(row["expected"]["name"], []).append(row)
@@ -135,6 +164,7 @@ def summarize(
     return {
         "commands": len(commands),
         **_rates(commands),
+        "wrong_calls": sum(r["call"] is not None and not r["exact"] for r in commands),
         "chat": len(chat),
         "false_triggers": triggers,
         "false_trigger_rate": round(triggers / len(chat), 4) if chat else None,
@@ -170,8 +200,13 @@ def run_actions_eval(
     gen.options = dataclasses.replace(gen.options, actions=actions)
     if not opts.spans:
         gen.spans = None
+    tools = {
+        "default": "the default device set",
+        "own": "each command's own tool alone",
+        "without": "the default set less each command's tool",
+    }
     log(
-        f"eval actions: {model_dir} ({opts.onnx_variant}), tools: the default device set, "
+        f"eval actions: {model_dir} ({opts.onnx_variant}), tools: {tools[opts.tool_set]}, "
         f"branches {'calibrated' if opts.calibrate else 'as the model ranks them'}, "
         f"string values {'pointed at' if gen.spans is not None else 'written by the model'}"
     )
@@ -180,7 +215,7 @@ def run_actions_eval(
     rows: dict[str, list[dict[str, Any]]] = {"commands": [], "chat": []}
     for kind, cases in (("commands", commands), ("chat", chat)):
         for i, case in enumerate(cases):
-            row = run_case(gen, case, opts.max_tokens)
+            row = run_case(gen, case, opts.max_tokens, session_tools(case, opts.tool_set, i))
             rows[kind].append(row)
             mark = "ok" if row["exact"] else "MISS"
             got = f"{row['call']} {row['reply']!r}"
@@ -190,6 +225,7 @@ def run_actions_eval(
         "variant": opts.onnx_variant,
         "router": gen.router is not None,
         "spans": gen.spans is not None,
+        "tool_set": opts.tool_set,
         "summary": summarize(rows["commands"], rows["chat"]),
         **rows,
     }

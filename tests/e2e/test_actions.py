@@ -5,6 +5,7 @@ as it starts by default (its adapter is trained to call tools)."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from audio.speech import SpeechFactory, normalize_words, word_error_rate
 from clients.common import Pcm
 from clients.glasses import first_turn, start_session, stream_audio
 from model.ask import CANT
+from model.tools import DEFAULT_TOOLS
 from server import protocol as p
 from tests.serverproc import ServerProcess, next_event
 from tests.speech import in_each_voice, speak
@@ -127,10 +129,32 @@ async def test_a_request_no_tool_does_is_refused_out_loud(server: ServerProcess)
         assert await said_to_first_words(server, text) == CANT, text
 
 
-async def said_to_first_words(server: ServerProcess, text: str) -> str:
-    """The reply to ``text`` typed as a new session's first words; nothing acts on it."""
+async def test_a_session_with_part_of_the_tools_acts_with_them_and_no_other(
+    server: ServerProcess,
+) -> None:
+    """A car head unit gives its session the cabin's tools only. A command for one of
+    them acts; a command for a default tool it left out is refused out loud, not made
+    with the nearest tool it has ("I need a timer for two minutes." in a session
+    without timer.set was timer.cancel, "Timer cancelled."; docs/actions.md, "Sessions
+    with some of the tools")."""
+    cabin = [t.schema() for t in DEFAULT_TOOLS if t.name in ("climate.set", "timer.cancel")]
     async with connect(server.url) as ws:
-        await start_session(ws, 16000, "test")
+        ready = await start_session(ws, 16000, "car", tools=cabin)
+        assert sorted(ready.tools) == ["climate.set", "timer.cancel"]
+        events = await typed_turn(ws, "Set the temperature to 21 degrees.")
+        actions = [(a.name, a.arguments) for a in events if isinstance(a, p.Action)]
+        assert actions == [("climate.set", {"temperature_c": 21})], events
+    text = "I need a timer for two minutes."
+    assert await said_to_first_words(server, text, tools=cabin) == CANT
+
+
+async def said_to_first_words(
+    server: ServerProcess, text: str, tools: list[Any] | None = None
+) -> str:
+    """The reply to ``text`` typed as a new session's first words (the session's
+    ``tools``: None, the default set); nothing acts on it."""
+    async with connect(server.url) as ws:
+        await start_session(ws, 16000, "test", tools=tools)
         events = await typed_turn(ws, text)
         assert not [e for e in events if isinstance(e, p.Action)], (text, events)
         return " ".join(e.text for e in events if isinstance(e, p.ReplyText))

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from model.engine import ChatMessage, drain
 from model.tools import CALL_OPEN, DEFAULT_TOOLS, ToolCall
-from training.eval_actions import Case, read_cases, run_case, same_call, summarize
+from training.eval_actions import Case, read_cases, run_case, same_call, session_tools, summarize
 
 from .test_actions import CallsFirst
 from .test_diffusion import tiny_diffusion, tiny_generator
@@ -55,6 +57,24 @@ def test_the_summary_counts_exact_calls_per_tool_and_false_triggers() -> None:
     assert s["exact_rate"] == 0.5 and s["called_rate"] == 0.5 and s["passes_p50"] == 3
     assert s["false_triggers"] == 1 and s["false_trigger_rate"] == 0.25
     assert s["per_tool"]["timer.set"]["n"] == 2
+    other = {"name": "timer.cancel", "arguments": {}}
+    wrong = {"expected": call, "call": other, "exact": False, "passes": 2, "action_ms": 80.0}
+    assert s["wrong_calls"] == 0 and summarize([*commands, wrong], chat)["wrong_calls"] == 1
+
+
+def test_a_line_s_session_has_the_set_its_own_tool_alone_or_the_set_less_it() -> None:
+    timer = Case("Set a timer for 5 minutes.", ToolCall("timer.set", {"seconds": 300}))
+    names = [t.name for t in DEFAULT_TOOLS]
+    assert [t.name for t in session_tools(timer, "default", 0)] == names
+    assert [t.name for t in session_tools(timer, "own", 0)] == ["timer.set"]
+    assert [t.name for t in session_tools(timer, "without", 0)] == [
+        n for n in names if n != "timer.set"
+    ]
+    chat = Case("Why is the sky blue?", None)  # a tool of the set in turn
+    assert [t.name for t in session_tools(chat, "own", 1)] == [names[1]]
+    assert len(session_tools(chat, "without", 1)) == len(names) - 1
+    with pytest.raises(ValueError, match="one of default, own, without"):
+        session_tools(timer, "some", 0)
 
 
 def test_one_turn_through_the_engine_reports_its_call_and_reply() -> None:
@@ -77,3 +97,8 @@ def test_one_turn_through_the_engine_reports_its_call_and_reply() -> None:
     assert run_case(gen, Case(text, made), 24)["exact"] is True
     other = "media.pause" if made.name != "media.pause" else "media.next"
     assert run_case(gen, Case(text, ToolCall(other)), 24)["exact"] is False
+    # a session without the command's tool: any call is wrong, none is right
+    (tool,) = [t for t in DEFAULT_TOOLS if t.name == made.name]
+    others = [t for t in DEFAULT_TOOLS if t is not tool]
+    row = run_case(gen, Case(text, made), 24, others)
+    assert row["exact"] is (row["call"] is None) and len(row["tools"]) == len(others)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from model.actions import CallOptions, decode_call, said_shapes, shape_names, shapes
-from model.diffusion_engine import smollm2_diffusion_config
+from model.diffusion_engine import CANNOT_ACT, smollm2_diffusion_config
 from model.engine import ChatMessage, drain
 from model.modeldir import SHIPPED_ADAPTER
 from model.nn.backend import TorchBackend
@@ -138,18 +138,35 @@ def test_it_tells_acting_from_speaking_when_it_was_fitted_to() -> None:
     assert a_router("timer.cancel()", names=NAMES[2:]).margin(row) is None
 
 
-def test_it_chooses_among_the_session_s_shapes_only_for_the_tools_it_was_fitted_on() -> None:
+def test_it_chooses_among_the_session_s_shapes_for_tools_it_was_fitted_on() -> None:
     router = a_router("lights.set(on=true)")
     row = np.zeros(8, np.float32)
     both = ["lights.set(on=true)", "lights.set(on=false)", "timer.cancel()"]
     assert router.choose(row, both) == "lights.set(on=true)"
     router = a_router("lights.set(on=false)")
     assert router.choose(row, both) == "lights.set(on=false)"
-    # other tools, or a part of them, make another prompt: the model decides
+    # a part of them: it still chooses (the probe reads the state of a shorter list)
+    assert (
+        router.choose(row, ["lights.set(on=false)", "lights.set(on=true)"])
+        == "lights.set(on=false)"
+    )
+    # a tool it does not know, or one of its own with another schema: the model decides
     assert router.choose(row, [*both, "doors.lock()"]) is None
-    assert router.choose(row, ["lights.set(on=false)", "lights.set(on=true)"]) is None
-    assert router.choose(row, ["timer.cancel(reason)", *both[:2]]) is None  # another schema
+    assert router.choose(row, ["timer.cancel(reason)", *both[:2]]) is None
+    assert router.choose(row, ["lights.set(on=true)"]) is None  # a shape of it missing
     assert router.choose(row, []) is None
+
+
+def test_a_request_for_a_tool_the_session_lacks_is_told_from_the_nearest_one() -> None:
+    router = a_router("timer.cancel()")
+    router.bias[NAMES.index("lights.set")] = 4.0  # the next best tool
+    row = np.zeros(8, np.float32)
+    lights = ["lights.set(on=true)", "lights.set(on=false)"]
+    assert router.absent(row, lights) == "timer.cancel"  # never lights.set
+    assert router.absent(row, [*lights, "timer.cancel()"]) is None
+    # the words decide with the state: "lights" tips it to the session's own tool
+    expert = words_for(NAMES, {"lights": ("lights.set",)})
+    assert dataclasses.replace(router, words=expert).absent(row, lights, "lights") is None
 
 
 def test_a_number_said_decides_whether_an_optional_number_is_in_the_call() -> None:
@@ -438,6 +455,14 @@ def test_the_engine_asks_its_router_whether_to_act_and_which_call() -> None:
     other = [*TOOLS[:1], dataclasses.replace(TOOLS[0], name="doors.lock")]
     items, _ = drain(gen.generate(convo, 16, lambda: False, other))
     assert any(isinstance(i, ToolCall) for i in items)
+    # a session with a part of its tools: it acts with the session's tool it reads,
+    # and on a request for one the session lacks the user hears so, not its nearest
+    gen.router = a_router("timer.cancel()", backend.vocab_size, names=tuple(names))
+    part = [tools["timer.cancel"], tools["lights.set"]]
+    items, _ = drain(gen.generate(convo, 16, lambda: False, part))
+    assert [i.name for i in items if isinstance(i, ToolCall)] == ["timer.cancel"]
+    items, _ = drain(gen.generate(convo, 16, lambda: False, [tools["lights.set"]]))
+    assert items == [CANNOT_ACT]
 
 
 def test_rows_are_asked_alone_or_after_others_as_a_session_keeps_them(tmp_path: Path) -> None:
