@@ -422,6 +422,63 @@ _TOOL_WORDS = {
 }
 
 
+# Words that name no tool: articles, pronouns, fillers, and the verbs any command may
+# open with ("set", "turn", "make"), which tie "Set a timer" to ``thermostat.set`` no more
+# than to anything else
+_GENERIC_WORDS = (
+    "a an the to of for in on at by with from and or my me your you i it this that is are "
+    "be can could would will please um uh okay ok hey so now some set get turn make do "
+    "start stop go put give let want need like"
+)
+_GENERIC = frozenset(_GENERIC_WORDS.split())
+
+
+def _stems(text: str) -> set[str]:
+    """``text``'s content words cut to a common root ("locked", "locks", "lock"; "brewing",
+    "brew"): lower case, split at dots, dashes, underscores and camel case."""
+    text = re.sub(r"([a-z])([A-Z])", r"\1 \2", text).lower()
+    words = re.findall(r"[a-z]+", text)
+    return {_stem(w) for w in words if w not in _GENERIC and len(w) > 2}
+
+
+def _stem(word: str) -> str:
+    for end in ("ing", "ed", "es", "s", "er"):
+        if word.endswith(end) and len(word) - len(end) >= 3:
+            return word[: -len(end)]
+    return word
+
+
+def untied(call: ToolCall, tool: Tool, text: str | None) -> bool:
+    """``call`` is of a session's own tool (not a default one, which :func:`outside`
+    reads with words fitted to it) and nothing in the request (``text``) names the tool:
+    no content word of its name, description or parameters (names, descriptions, enum
+    values) is one of the request's. The model then chose among the session's tools
+    for a request none of them may do ("Play some jazz." in a session with
+    ``shopping.add`` -> ``{item: "jazz"}``), or for one that says it in other words
+    ("Turn the heat up to 23." -> ``thermostat.set``): the call is asked about, not
+    made. The call's own argument values are not the tool's words (strings are copied
+    from the request)."""
+    if text is None or is_default(tool):
+        return False
+    return not _tool_stems(tool) & _stems(text)
+
+
+def named_tools(tools: Sequence[Tool], text: str) -> list[Tool]:
+    """The ``tools`` whose own words (as :func:`untied` reads them) the request has: what
+    the model chooses among, where no router names the tool ("Put eggs on the shopping
+    list." among ``garage.open``, ``doors.lock`` and ``shopping.add``: ``shopping.add``
+    alone, where the model's branches chose ``doors.lock``). Empty when none is named."""
+    said = _stems(text)
+    return [t for t in tools if _tool_stems(t) & said]
+
+
+def _tool_stems(tool: Tool) -> set[str]:
+    named = _stems(f"{tool.name} {tool.description}")
+    for p in tool.params:
+        named |= _stems(" ".join([p.name, p.description, *p.enum]))
+    return named
+
+
 def claims(opening: str) -> bool | None:
     """A reply that made no call opens by saying it does something a tool would
     ("Add milk to my shopping list." answered "I'll add milk to my shopping list."):

@@ -31,6 +31,7 @@ from model.actions import (
     said_shapes,
     shape_names,
 )
+from model.ask import named_tools
 from model.backend import Prefix, StepBackend, last_row
 from model.chat import SPOKEN_SYSTEM_PROMPT, build_prompt, first_message_length, system_head
 from model.confirm import Confirmation, tool_named
@@ -38,7 +39,7 @@ from model.engine import ChatMessage, GenerationStats
 from model.modeldir import adapter_calls_tools
 from model.openings import Opening, reply_openings
 from model.prefix import PrefixCache, warm
-from model.router import ToolRouter, tool_of
+from model.router import SURE, ToolRouter, tool_of
 from model.sampler import (
     SENTENCE_BREAK,
     DiffusionConfig,
@@ -288,6 +289,8 @@ class DiffusionGenerator:
         last = logits[-1]
         acts = router.acts(last, user_text) if router is not None else None
         margin = router.margin(last, user_text) if router is not None else None
+        if router is None and self.router is not None:
+            acts, margin = self._own_tools_act(last, user_text)
         if acts is None:  # no router for these tools, or it is unsure: the model's token
             acts = call_starts(self.tokenizer, last, {o[0] for o in avoid})
         if not acts:
@@ -303,8 +306,10 @@ class DiffusionGenerator:
         if routed is not None and where is not None:
             pointed = self._point(logits[:-1], where, user_text, tool_of(routed))
         options = CallOptions(block, self.options.actions, prior, routed, pointed)
+        # no router names the tool: the model chooses among those the request names, if any
+        among = (named_tools(tools, user_text) or tools) if routed is None else tools
         done = decode_call(
-            be, self.tokenizer, cache, last, tools, user_text, self.model, options, should_stop
+            be, self.tokenizer, cache, last, among, user_text, self.model, options, should_stop
         )
         if done is None:
             be.truncate(cache, len(prompt))
@@ -312,6 +317,22 @@ class DiffusionGenerator:
         yield dataclasses.replace(done.call, margin=margin)  # how sure it was to act
         head = [*prompt, *done.ids[: done.committed]]
         return head, done.ids[done.committed :], 1 + done.call.passes, done.last, done.call
+
+    def _own_tools_act(
+        self, last: NDArray[np.float32], user_text: str
+    ) -> tuple[bool | None, float | None]:
+        """Whether a session with tools of its own acts, where the router can say: it
+        cannot name those tools, but a request it is sure asks for an action is one
+        ("Open the garage door.", "Lock the front door."; the model's token spoke to
+        both), and the call carries that margin. Where it reads speech, or is unsure,
+        the model's token decides alone, with no margin: a question may be a call of
+        the session's own lookup tool ("What's the weather in Paris?" with a
+        ``weather.get``), which the default set never had."""
+        assert self.router is not None
+        margin = self.router.margin(last, user_text)
+        if margin is None or margin < SURE:
+            return None, None
+        return True, margin
 
     def _point(
         self, rows: NDArray[np.float32], where: UserTokens, text: str, tool: str

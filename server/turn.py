@@ -38,6 +38,7 @@ from model.ask import (
     resolve,
     unheard,
     unsaid,
+    untied,
 )
 from model.confirm import question, template, tool_named
 from model.engine import ChatMessage, GenerationStats, ReplyChunk, ReplyEnd
@@ -331,7 +332,8 @@ async def _asking(
     sure of is not made ("Sorry, I didn't catch that."), nor one that is the
     nearest tool to a request no tool does ("Sorry, I can't do that."); a call asked
     about (a tool marked ``confirm``, a router unsure to act, a reference no earlier
-    call resolves) goes to the session to keep, and its question is said instead of
+    call resolves, a session's own tool nothing in the words names: model.ask.untied)
+    goes to the session to keep, and its question is said instead of
     the confirmation ("Call your sister?", "Who should I call?"). Each ends the
     model's reply: what it would have said confirms a call not made. A reply that
     calls nothing where tools were offered is held for its first words, and one that
@@ -370,8 +372,9 @@ async def _asking(
             yield NOT_CAUGHT if not heard.sure else CANT
             yield ReplyEnd(_CUT)
             return
-        if heard.second_only:
-            call = replace(call, doubted=True)  # heard two ways: asked about, not made
+        if heard.second_only or untied(call, tool, heard.text):
+            # heard two ways, or nothing said names the session's own tool: asked about
+            call = replace(call, doubted=True)
         elif heard.check is not None and not asked(call, tool):
             again = await heard.check()
             if again is None or not heard_alike(call, tool, heard.text, again):

@@ -148,6 +148,41 @@ async def test_a_session_with_part_of_the_tools_acts_with_them_and_no_other(
     assert await said_to_first_words(server, text, tools=cabin) == CANT
 
 
+HOME = [
+    {"name": "garage.open", "description": "Open the garage door."},
+    {"name": "doors.lock", "description": "Lock the front door."},
+    {
+        "name": "shopping.add",
+        "description": "Add an item to the shopping list.",
+        "parameters": {
+            "type": "object",
+            "properties": {"item": {"type": "string"}},
+            "required": ["item"],
+        },
+    },
+]
+
+
+async def test_a_session_with_tools_of_its_own_acts_on_them_and_asks_the_rest(
+    server: ServerProcess,
+) -> None:
+    """A smart-home client's own tools. The router cannot name them, but it is sure
+    "Please open the garage for me." asks for an action (the model's token alone
+    answered "I'm sorry ... as a voice assistant"); the model picks the tool. A request
+    none of them does ("Play some jazz.") is not acted on: nothing in it names the tool
+    the model would pick, so that call is asked about (model.ask.untied) and a no drops
+    it. A question acts on nothing (docs/actions.md, "Sessions with tools of their own")."""
+    async with connect(server.url) as ws:
+        ready = await start_session(ws, 16000, "home", tools=HOME)
+        assert sorted(ready.tools) == ["doors.lock", "garage.open", "shopping.add"]
+        events = await typed_turn(ws, "Please open the garage for me.")
+        actions = [(a.name, a.arguments) for a in events if isinstance(a, p.Action)]
+        assert actions == [("garage.open", {})], events
+        for text in ("Play some jazz.", "No.", "What is the capital of Italy?"):
+            events = await typed_turn(ws, text)
+            assert not [e for e in events if isinstance(e, p.Action)], (text, events)
+
+
 async def said_to_first_words(
     server: ServerProcess, text: str, tools: list[Any] | None = None
 ) -> str:

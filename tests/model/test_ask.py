@@ -19,12 +19,14 @@ from model.ask import (
     heard_alike,
     missing,
     named,
+    named_tools,
     offered,
     outside,
     resolve,
     statement,
     unheard,
     unsaid,
+    untied,
 )
 from model.confirm import question
 from model.engine import ChatMessage
@@ -486,3 +488,76 @@ def test_every_own_command_heard_alike_twice_is_made() -> None:
     assert [(t, c) for t, c in calls if not heard_alike(c, TOOLS[c.name], t, t + " ")] == []
     volume = [c for _, c in calls if c.name == "volume.set" and "change" in c.arguments]
     assert len(volume) >= 150  # their directions were read
+
+
+OWN = parse_tools(
+    [
+        {"name": "garage.open", "description": "Open the garage door."},
+        {
+            "name": "thermostat.set",
+            "description": "Set the home thermostat.",
+            "parameters": {
+                "type": "object",
+                "properties": {"degrees": {"type": "number"}},
+                "required": ["degrees"],
+            },
+        },
+        {
+            "name": "shoppingList_add",
+            "description": "",
+            "parameters": {
+                "type": "object",
+                "properties": {"item": {"type": "string"}},
+                "required": ["item"],
+            },
+        },
+    ]
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "tool", "arguments"),
+    [
+        ("Open the garage door.", "garage.open", {}),
+        ("Could you open up the garage?", "garage.open", {}),
+        ("Make it 19 degrees in the house.", "thermostat.set", {"degrees": 19}),
+        ("Set the thermostat to 21.", "thermostat.set", {"degrees": 21}),
+        ("Add milk to my shopping list.", "shoppingList_add", {"item": "milk"}),
+    ],
+)
+def test_a_session_s_own_tool_named_in_the_request_is_tied_to_it(
+    text: str, tool: str, arguments: dict[str, object]
+) -> None:
+    (own,) = [t for t in OWN if t.name == tool]
+    assert not untied(ToolCall(tool, arguments), own, text)
+
+
+@pytest.mark.parametrize(
+    ("text", "tool", "arguments"),
+    [
+        ("Play some jazz.", "shoppingList_add", {"item": "jazz"}),  # the nearest tool
+        ("Navigate to the airport.", "garage.open", {}),
+        ("Set a timer for ten minutes.", "thermostat.set", {"degrees": 10}),  # "set" alone
+        ("Turn the heat up to 23.", "thermostat.set", {"degrees": 23}),  # other words: asked
+    ],
+)
+def test_a_call_of_a_session_s_own_tool_nothing_said_names_is_asked_about(
+    text: str, tool: str, arguments: dict[str, object]
+) -> None:
+    (own,) = [t for t in OWN if t.name == tool]
+    assert untied(ToolCall(tool, arguments), own, text)
+    assert question(ToolCall(tool, arguments)).startswith("Should I do ")
+
+
+def test_the_default_tools_are_read_by_their_own_words_not_tied() -> None:
+    # outside() reads a default tool with words fitted to it; untied leaves it alone
+    call = ToolCall("media.next", {})
+    assert not untied(call, TOOLS["media.next"], "Okay, that's all for now.")
+    assert outside(call, TOOLS["media.next"], "Okay, that's all for now.")
+
+
+def test_the_tools_a_request_names_are_what_the_model_chooses_among() -> None:
+    names = lambda text: [t.name for t in named_tools(OWN, text)]  # noqa: E731
+    assert names("Put eggs on the shopping list.") == ["shoppingList_add"]
+    assert names("Open the garage and set the thermostat.") == ["garage.open", "thermostat.set"]
+    assert names("Play some jazz.") == []  # none: the model chooses among them all

@@ -451,10 +451,21 @@ def test_the_engine_asks_its_router_whether_to_act_and_which_call() -> None:
     gen.router = a_router("timer.cancel()", backend.vocab_size, act=False, names=tuple(names))
     items, _ = drain(gen.generate(convo, 16, lambda: False, TOOLS))
     assert not any(isinstance(i, ToolCall) for i in items)
-    # a session with a tool it does not know: the model's first token decides again
+    # a session with a tool it does not know: where the router reads speech, the
+    # model's first token decides, and its call carries no margin (a question may be a
+    # call of the session's own lookup tool)
     other = [*TOOLS[:1], dataclasses.replace(TOOLS[0], name="doors.lock")]
     items, _ = drain(gen.generate(convo, 16, lambda: False, other))
-    assert any(isinstance(i, ToolCall) for i in items)
+    assert [i.margin for i in items if isinstance(i, ToolCall)] == [None]
+    # where it is sure of an action, the session acts though the model's token speaks;
+    # the model names the tool, and the call carries the router's margin
+    gen.backend = gen.prefixes.backend = TorchBackend(tiny_diffusion(4), max_len=1024)
+    gen.router = a_router("timer.cancel()", backend.vocab_size, names=tuple(names))
+    items, _ = drain(gen.generate(convo, 16, lambda: False, other))
+    assert [i.margin for i in items if isinstance(i, ToolCall)] == [5.0]
+    gen.router.bias[:2] = (0.0, 2.9)  # unsure: the model's token (it speaks)
+    items, _ = drain(gen.generate(convo, 16, lambda: False, other))
+    assert not any(isinstance(i, ToolCall) for i in items)
     # a session with a part of its tools: it acts with the session's tool it reads,
     # and on a request for one the session lacks the user hears so, not its nearest
     gen.router = a_router("timer.cancel()", backend.vocab_size, names=tuple(names))
