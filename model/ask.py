@@ -438,7 +438,7 @@ def _stems(text: str) -> set[str]:
     "brew"): lower case, split at dots, dashes, underscores and camel case."""
     text = re.sub(r"([a-z])([A-Z])", r"\1 \2", text).lower()
     words = re.findall(r"[a-z]+", text)
-    return {_stem(w) for w in words if w not in _GENERIC and len(w) > 2}
+    return {_stem(w) for w in words if w not in _GENERIC and len(w) > 1}
 
 
 def _stem(word: str) -> str:

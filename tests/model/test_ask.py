@@ -561,3 +561,5 @@ def test_the_tools_a_request_names_are_what_the_model_chooses_among() -> None:
     assert names("Put eggs on the shopping list.") == ["shoppingList_add"]
     assert names("Open the garage and set the thermostat.") == ["garage.open", "thermostat.set"]
     assert names("Play some jazz.") == []  # none: the model chooses among them all
+    (tv,) = parse_tools([{"name": "tv.power", "description": "Switch the TV on or off."}])
+    assert named_tools([tv], "Turn on the TV.") == [tv]  # two letters name it too
