@@ -557,7 +557,9 @@ def test_the_default_tools_are_read_by_their_own_words_not_tied() -> None:
 
 
 def test_the_tools_a_request_names_are_what_the_model_chooses_among() -> None:
-    names = lambda text: [t.name for t in named_tools(OWN, text)]  # noqa: E731
+    def names(text: str) -> list[str]:
+        return [t.name for t in named_tools(OWN, text)]
+
     assert names("Put eggs on the shopping list.") == ["shoppingList_add"]
     assert names("Open the garage and set the thermostat.") == ["garage.open", "thermostat.set"]
     assert names("Play some jazz.") == []  # none: the model chooses among them all
