@@ -39,7 +39,7 @@ from model.engine import ChatMessage, GenerationStats
 from model.modeldir import adapter_calls_tools
 from model.openings import Opening, reply_openings
 from model.prefix import PrefixCache, warm
-from model.router import SURE, ToolRouter, tool_of
+from model.router import ToolRouter, tool_of
 from model.sampler import (
     SENTENCE_BREAK,
     DiffusionConfig,
@@ -287,10 +287,17 @@ class DiffusionGenerator:
         rows = last_row(chunk) if where is None else np.append(where.rows - start, len(chunk) - 1)
         logits = be.step(cache, chunk, "causal", commit=True, rows=rows)
         last = logits[-1]
-        acts = router.acts(last, user_text) if router is not None else None
-        margin = router.margin(last, user_text) if router is not None else None
-        if router is None and self.router is not None:
-            acts, margin = self._own_tools_act(last, user_text)
+        # act or speak: the router reads it whatever the tools, though it names only its own
+        judge = router if router is not None else self.router
+        acts = judge.acts(last, user_text) if judge is not None else None
+        margin = judge.margin(last, user_text) if judge is not None else None
+        if router is None and not acts:
+            # tools of the session's own: only its sure "act" counts ("Open the garage
+            # door.", which the model's token spoke to); where it reads speech or is
+            # unsure, the token decides alone, with no margin: a question may call the
+            # session's own lookup tool ("What's the weather in Paris?"), which the
+            # default set it was fitted on never had
+            acts = margin = None
         if acts is None:  # no router for these tools, or it is unsure: the model's token
             acts = call_starts(self.tokenizer, last, {o[0] for o in avoid})
         if not acts:
@@ -317,22 +324,6 @@ class DiffusionGenerator:
         yield dataclasses.replace(done.call, margin=margin)  # how sure it was to act
         head = [*prompt, *done.ids[: done.committed]]
         return head, done.ids[done.committed :], 1 + done.call.passes, done.last, done.call
-
-    def _own_tools_act(
-        self, last: NDArray[np.float32], user_text: str
-    ) -> tuple[bool | None, float | None]:
-        """Whether a session with tools of its own acts, where the router can say: it
-        cannot name those tools, but a request it is sure asks for an action is one
-        ("Open the garage door.", "Lock the front door."; the model's token spoke to
-        both), and the call carries that margin. Where it reads speech, or is unsure,
-        the model's token decides alone, with no margin: a question may be a call of
-        the session's own lookup tool ("What's the weather in Paris?" with a
-        ``weather.get``), which the default set never had."""
-        assert self.router is not None
-        margin = self.router.margin(last, user_text)
-        if margin is None or margin < SURE:
-            return None, None
-        return True, margin
 
     def _point(
         self, rows: NDArray[np.float32], where: UserTokens, text: str, tool: str

@@ -175,11 +175,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     acts.add_argument(
         "--tool-set",
-        choices=(
-            "default",
-            "own",
-            "without",
-        ),  # training.eval_actions.TOOL_SETS (not imported here)
+        # training.eval_actions.TOOL_SETS, not imported while the parser is built
+        choices=("default", "own", "without"),
         default="default",
         help="the session's tools: the default set; each command's own tool alone; or the "
         "set less each command's tool, where a call is wrong (docs/actions.md)",

@@ -53,7 +53,19 @@ class ActionsEvalOptions:
     tool_set: str = "default"  # the session's tools a line: TOOL_SETS
 
 
-TOOL_SETS = ("default", "own", "without")
+# the session's tools a line (``--tool-set``), as the run's log names them
+TOOL_SETS = {
+    "default": "the default device set",
+    "own": "each command's own tool alone",
+    "without": "the default set less each command's tool",
+}
+
+
+def _described(tool_set: str) -> str:
+    """How the log names ``tool_set``; an unknown one is an error naming those there are."""
+    if tool_set not in TOOL_SETS:
+        raise ValueError(f"tool set {tool_set!r}: one of {', '.join(TOOL_SETS)}")
+    return TOOL_SETS[tool_set]
 
 
 @dataclass(frozen=True)
@@ -98,10 +110,9 @@ def _norm_args(args: Mapping[str, Any]) -> dict[str, Any]:
 def session_tools(case: Case, tool_set: str, turn: int) -> list[Tool]:
     """The tools a line's session has under ``tool_set`` (:data:`TOOL_SETS`); ``turn``
     picks a chat question's tool in turn."""
+    _described(tool_set)  # an unknown set is an error
     if tool_set == "default":
         return list(DEFAULT_TOOLS)
-    if tool_set not in TOOL_SETS:
-        raise ValueError(f"tool set {tool_set!r}: one of {', '.join(TOOL_SETS)}")
     name = case.expected.name if case.expected else DEFAULT_TOOLS[turn % len(DEFAULT_TOOLS)].name
     own = tool_set == "own"
     return [t for t in DEFAULT_TOOLS if (t.name == name) == own]
@@ -200,13 +211,8 @@ def run_actions_eval(
     gen.options = dataclasses.replace(gen.options, actions=actions)
     if not opts.spans:
         gen.spans = None
-    tools = {
-        "default": "the default device set",
-        "own": "each command's own tool alone",
-        "without": "the default set less each command's tool",
-    }
     log(
-        f"eval actions: {model_dir} ({opts.onnx_variant}), tools: {tools[opts.tool_set]}, "
+        f"eval actions: {model_dir} ({opts.onnx_variant}), tools: {_described(opts.tool_set)}, "
         f"branches {'calibrated' if opts.calibrate else 'as the model ranks them'}, "
         f"string values {'pointed at' if gen.spans is not None else 'written by the model'}"
     )
