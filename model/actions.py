@@ -54,6 +54,7 @@ from model.tools import (
     Tool,
     ToolCall,
     layout,
+    said_value,
     shape_name,
     validate,
     value_text,
@@ -125,13 +126,17 @@ def shape_names(tools: Sequence[Tool]) -> list[str]:
     return [name for tool in tools for name in _names(tool, _presences(tool))]
 
 
-def _names(tool: Tool, presences: list[list[Param]]) -> list[str]:
-    """The shape names of ``tool``'s calls with these parameters present."""
+def _names(
+    tool: Tool, presences: list[list[Param]], said: Mapping[str, Any] | None = None
+) -> list[str]:
+    """The shape names of ``tool``'s calls with these parameters present, a parameter
+    in ``said`` (its name -> a value) with that value only."""
+    said = said or {}
     out: list[str] = []
     for present in presences:
         choices: list[dict[str, Any]] = [{}]
         for p in present:
-            values = _fixed_values(p) or [None]
+            values = [said[p.name]] if p.name in said else _fixed_values(p) or [None]
             choices = [c | {p.name: v} for c in choices for v in values]
         out += [shape_name(tool, c) for c in choices]
     return out
@@ -142,9 +147,12 @@ def said_shapes(tools: Sequence[Tool], user_text: str) -> list[str]:
     integer or number parameter is present exactly when its value was said
     (``model.spoken.slot_value``). "Put the volume at 8" is ``volume.set(level)``, not
     a ``change`` that drops the 8; "a little louder" is no shape with a ``level`` the
-    call would have to make up. A tool with no shape that fits keeps all of its own."""
+    call would have to make up. An enum the words name one value of
+    (``model.tools.said_value``: "make it quieter") is that value. A tool with no shape
+    that fits keeps all of its own."""
     out: list[str] = []
     for tool in tools:
+        said = {p.name: v for p in tool.params if (v := said_value(tool, p, user_text)) is not None}
         numbers = [
             p
             for p in tool.params
@@ -155,7 +163,8 @@ def said_shapes(tools: Sequence[Tool], user_text: str) -> list[str]:
             for present in _presences(tool)
             if all((p in present) == (slot_value(p, user_text) is not None) for p in numbers)
         ]
-        out += _names(tool, fitting or _presences(tool))
+        names = _names(tool, fitting or _presences(tool), said)
+        out += names or _names(tool, _presences(tool))
     return out
 
 

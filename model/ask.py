@@ -43,7 +43,7 @@ from model.spoken import (
     spoken_duration,
     spoken_numbers,
 )
-from model.tools import Param, Tool, ToolCall, is_default, split_call
+from model.tools import VALUE_WORDS, Param, Tool, ToolCall, is_default, split_call
 
 Answer = Literal["yes", "no"]
 DECLINED = "Okay, I won't."  # said to a no: the call asked about is dropped
@@ -365,7 +365,7 @@ def heard_alike(call: ToolCall, tool: Tool, first: str, again: str) -> bool:
     ("Uh, get rid of the timer." and "Get rid of the timer."). So: words that hold
     every one of the call's strings the first hearing held (its words in order,
     numbers aside), the same numbers (:func:`model.spoken.spoken_numbers`),
-    a volume's direction in both (:data:`_VALUE_WORDS`), and nothing :func:`outside`
+    a volume's direction in both (:data:`model.tools.VALUE_WORDS`), and nothing :func:`outside`
     finds (a tool that copies no words needs its own: "timer", "lights", ...)."""
     if not _WORDS.findall(again.lower()):
         return False
@@ -377,22 +377,10 @@ def heard_alike(call: ToolCall, tool: Tool, first: str, again: str) -> bool:
     if spoken_numbers(first) != spoken_numbers(again):
         return False
     for name, value in call.arguments.items():
-        said = _VALUE_WORDS.get((call.name, name, value))
+        said = VALUE_WORDS.get((call.name, name, value))
         if said is not None and not (said.search(first.lower()) and said.search(again.lower())):
             return False
     return not outside(call, tool, again)
-
-
-# The words that say an enum's value of a default tool, where the value is a choice the
-# decoder makes rather than words it copies: a direction neither hearing has ("Put the
-# volume at nine." heard "But the volume at the eye" -> volume.set {change: down}) is
-# the decoder's guess. Every volume change among the commands of data/actions has one.
-_UP = r"\b(up|loud\w*|raise|increase|crank|blast|pump|boost|higher|more|barely hear|can't hear)\b"
-_DOWN = r"\b(down|quiet\w*|soft\w*|lower|reduce|decrease|less|too loud|notch)\b"
-_VALUE_WORDS = {
-    ("volume.set", "change", "up"): re.compile(_UP),
-    ("volume.set", "change", "down"): re.compile(_DOWN),
-}
 
 
 def _unnumbered(text: str) -> list[str]:

@@ -25,7 +25,7 @@ from model.router import (
     tool_of,
     word_set,
 )
-from model.tools import CALL_OPEN, DEFAULT_TOOLS, ToolCall, shape_name
+from model.tools import CALL_OPEN, DEFAULT_TOOLS, ToolCall, parse_tools, said_value, shape_name
 from training.router import (
     RouterOptions,
     Row,
@@ -40,6 +40,7 @@ from training.router import (
 
 from .conftest import tiny_tokenizer
 from .test_actions import TOOLS, USER, CallsFirst, prefilled
+from .test_ask import own_commands
 from .test_diffusion import tiny_diffusion, tiny_generator
 
 SHAPES = ("lights.set(on=false)", "lights.set(on=true)", "timer.cancel()")
@@ -169,6 +170,55 @@ def test_a_request_for_a_tool_the_session_lacks_is_told_from_the_nearest_one() -
     assert dataclasses.replace(router, words=expert).absent(row, lights, "lights") is None
 
 
+def test_a_direction_said_is_the_only_one_a_volume_change_can_take() -> None:
+    """ "Could you make it quieter?" was ``{change: up}`` in the typed eval: the router
+    chose the shape. The words name the value, so the other is no choice."""
+    (volume,) = [t for t in DEFAULT_TOOLS if t.name == "volume.set"]
+    assert set(said_shapes([volume], "Uh, could you make it quieter please!")) == {
+        "volume.set()",
+        "volume.set(change=down)",
+    }
+    assert set(said_shapes([volume], "a little louder")) == {
+        "volume.set()",
+        "volume.set(change=up)",
+    }
+    both = {"volume.set()", "volume.set(change=up)", "volume.set(change=down)"}
+    assert set(said_shapes([volume], "take it up a notch")) == both  # both directions' words
+    assert set(said_shapes([volume], "the volume please")) == both  # neither
+    # a session's own volume.set may mean other words by its values
+    (own,) = parse_tools(
+        [
+            {
+                "name": "volume.set",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"change": {"type": "string", "enum": ["up", "down"]}},
+                },
+            }
+        ]
+    )
+    assert set(said_shapes([own], "make it quieter")) == {
+        "volume.set()",
+        "volume.set(change=up)",
+        "volume.set(change=down)",
+    }
+
+
+def test_every_volume_change_of_the_project_s_commands_says_its_own_direction() -> None:
+    """The words that name a direction never name the other one in data/actions'
+    volume changes (trained, held out and development): choosing by them never
+    reverses a command the model was taught."""
+    (volume,) = [t for t in DEFAULT_TOOLS if t.name == "volume.set"]
+    (change,) = [p for p in volume.params if p.name == "change"]
+    changes = [
+        (t, c) for t, c in own_commands() if c.name == "volume.set" and "change" in c.arguments
+    ]
+    assert len(changes) >= 150
+    said = [(t, c.arguments["change"], said_value(volume, change, t)) for t, c in changes]
+    assert [s for s in said if s[2] not in (None, s[1])] == []
+    assert sum(s[2] == s[1] for s in said) >= 0.9 * len(said)  # most name theirs
+
+
 def test_a_number_said_decides_whether_an_optional_number_is_in_the_call() -> None:
     (volume,) = [t for t in DEFAULT_TOOLS if t.name == "volume.set"]
     with_level = {
@@ -178,8 +228,8 @@ def test_a_number_said_decides_whether_an_optional_number_is_in_the_call() -> No
     }
     assert set(said_shapes([volume], "Uh put the volume at 8, please.")) == with_level
     rest = set(shape_names([volume])) - with_level
-    assert set(said_shapes([volume], "a little louder")) == rest  # no level to make up
     assert set(said_shapes([volume], "volume at 42")) == rest  # 42 is no level (0-10)
+    assert "volume.set(level)" not in said_shapes([volume], "louder")  # no level to make up
     timer = [t for t in DEFAULT_TOOLS if t.name == "timer.set"]
     assert said_shapes(timer, "a timer please") == shape_names(timer)  # a required number
     # the router picks the tool, then its best shape among the fitting ones
