@@ -451,6 +451,37 @@ def untied(call: ToolCall, tool: Tool, text: str | None) -> bool:
     return not _tool_stems(tool) & _stems(text)
 
 
+# Parameters that name a place, and the people a user names by who they are to them:
+# a place that is one of them is no address ("Navigate to my boss." has none to go to)
+_WHERE = frozenset(["destination", "place", "location", "address"])
+_KIN_WORDS = (
+    "mom mum mommy mother dad daddy father parents sister brother sibling wife husband "
+    "partner girlfriend boyfriend fiance fiancee son daughter kids children baby grandma "
+    "grandmother granny grandpa grandfather aunt uncle cousin niece nephew boss manager "
+    "colleague coworker friend friends neighbor neighbors neighbour neighbours roommate "
+    "family"
+)
+_KIN = frozenset(_KIN_WORDS.split())
+
+
+def unplaced(call: ToolCall, tool: Tool) -> bool:
+    """A place of ``call`` is a person the user names by who they are to them ("my
+    boss", "Mom"): where they are is not in the words, so the call is asked about
+    ("Start directions to your boss?"), not made. "place a call to my boss" heard "place
+    a portal to my boss" was ``navigation.start {destination: "my boss"}``. Places
+    named by a person's trade ("the dentist") or home ("my mom's house") are places;
+    none of the project's own commands is one (tests/model/test_ask.py)."""
+    for p in tool.params:
+        value = call.arguments.get(p.name)
+        if p.name in _WHERE and isinstance(value, str):
+            words = _WORDS.findall(value.lower())
+            if words[:1] in (["my"], ["our"]):
+                words = words[1:]
+            if len(words) == 1 and words[0] in _KIN:
+                return True
+    return False
+
+
 def named_tools(tools: Sequence[Tool], text: str) -> list[Tool]:
     """The ``tools`` whose own words (as :func:`untied` reads them) the request has: what
     the model chooses among, where no router names the tool ("Put eggs on the shopping

@@ -37,6 +37,7 @@ from model.ask import (
     outside,
     resolve,
     unheard,
+    unplaced,
     unsaid,
     untied,
 )
@@ -372,8 +373,9 @@ async def _asking(
             yield NOT_CAUGHT if not heard.sure else CANT
             yield ReplyEnd(_CUT)
             return
-        if heard.second_only or untied(call, tool, heard.text):
-            # heard two ways, or nothing said names the session's own tool: asked about
+        if heard.second_only or untied(call, tool, heard.text) or unplaced(call, tool):
+            # heard two ways, nothing said names the session's own tool, or a place
+            # that is a person: asked about
             call = replace(call, doubted=True)
         elif heard.check is not None and not asked(call, tool):
             again = await heard.check()

@@ -25,6 +25,7 @@ from model.ask import (
     resolve,
     statement,
     unheard,
+    unplaced,
     unsaid,
     untied,
 )
@@ -565,3 +566,18 @@ def test_the_tools_a_request_names_are_what_the_model_chooses_among() -> None:
     assert names("Play some jazz.") == []  # none: the model chooses among them all
     (tv,) = parse_tools([{"name": "tv.power", "description": "Switch the TV on or off."}])
     assert named_tools([tv], "Turn on the TV.") == [tv]  # two letters name it too
+
+
+def test_a_place_that_is_a_person_is_unplaced() -> None:
+    nav = TOOLS["navigation.start"]
+    for place in ("my boss", "Mom", "our neighbours", "my sister."):
+        assert unplaced(ToolCall("navigation.start", {"destination": place}), nav), place
+    for place in ("the dentist", "my mom's house", "my office", "home", "Boss Burgers"):
+        assert not unplaced(ToolCall("navigation.start", {"destination": place}), nav), place
+    # a person is what a call's contact is
+    assert not unplaced(ToolCall("call.start", {"contact": "my boss"}), TOOLS["call.start"])
+
+
+def test_no_trained_or_held_out_command_goes_to_a_person() -> None:
+    calls = own_commands()
+    assert [(t, c) for t, c in calls if unplaced(c, TOOLS[c.name])] == []

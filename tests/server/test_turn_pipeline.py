@@ -854,6 +854,25 @@ async def test_a_call_the_router_was_unsure_of_is_asked_about(make_turn: Any) ->
     assert engine.ended_by == "GeneratorExit"
 
 
+@pytest.mark.parametrize(("place", "made"), [("my boss", False), ("the dentist", True)])
+async def test_directions_to_a_person_are_asked_about(
+    make_turn: Any, place: str, made: bool
+) -> None:
+    """ "place a call to my boss" heard "place a portal to my boss" was
+    ``navigation.start {destination: "my boss"}`` (model.ask.unplaced)."""
+    call = ToolCall("navigation.start", {"destination": place}, margin=30.0)
+    engine = FakeEngine([call, f"Starting directions to {place}."])
+    turn = make_turn(engine)
+    turn.released.set()
+    await turn.start(text=f"I want you to place a portal to {place} now.", tools=DEFAULT_TOOLS)
+    (action,) = turn.of(ReplyAction)
+    assert action.call.doubted is not made
+    said = " ".join(s.text for s in turn.of(ReplySentence))
+    assert said == (
+        f"Starting directions to {place}." if made else "Start directions to your boss?"
+    )
+
+
 @pytest.mark.parametrize(
     ("text", "call"),
     [
