@@ -272,15 +272,44 @@ def unsaid(call: ToolCall, tool: Tool, text: str | None) -> ToolCall:
     did not say: a value is said when it is a number of the request ("nineteen
     degrees", "19"), or for a parameter named for a unit its duration ("half an hour"
     is ``seconds: 1800``), and inside the parameter's ``minimum`` / ``maximum``. The
-    call is then incomplete and :func:`missing` asks for the number."""
+    call is then incomplete and :func:`missing` asks for the number; or, where the one
+    number said is a "-ty" the parameter's bounds refuse and its "-teen" twin fits
+    them (:func:`teen_twin`), the call takes the twin and is asked about
+    (``doubted``): "Set the cabin to sixteen degrees?"."""
     if text is None:
         return call
-    args = dict(call.arguments)
+    args, doubted = dict(call.arguments), call.doubted
     for p in tool.params:
         value = args.get(p.name)
         if _asks_number(p) and isinstance(value, int | float) and not _said(p, value, text):
-            del args[p.name]
-    return replace(call, arguments=args)
+            twin = teen_twin(p, text)
+            if twin is None:
+                del args[p.name]
+            else:
+                args[p.name], doubted = twin, True
+    return replace(call, arguments=args, doubted=doubted)
+
+
+def teen_twin(p: Param, text: str) -> int | None:
+    """The "-teen" number a "-ty" one said in ``text`` may have been: Whisper hears
+    "sixteen degrees" as "60 degrees" (three of the spoken eval's six hearings of
+    "bring the cabin to sixteen degrees"), the two differing in one unstressed
+    syllable. Only where the one number said is a whole ten from thirty to ninety
+    outside ``p``'s bounds and its twin (13-19) inside them: a number that fits is
+    taken as said, and a twin that does not fit either is no better a guess. None
+    otherwise."""
+    said = set(spoken_numbers(text))
+    if len(said) != 1:
+        return None
+    (n,) = said
+    if not (n.is_integer() and 30 <= n <= 90 and n % 10 == 0):
+        return None
+    twin = int(n) // 10 + 10
+
+    def fits(v: float) -> bool:
+        return (p.minimum is None or v >= p.minimum) and (p.maximum is None or v <= p.maximum)
+
+    return twin if fits(twin) and not fits(n) else None
 
 
 def _asks_number(p: Param) -> bool:

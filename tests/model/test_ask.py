@@ -24,6 +24,7 @@ from model.ask import (
     outside,
     resolve,
     statement,
+    teen_twin,
     unheard,
     unplaced,
     unsaid,
@@ -31,6 +32,7 @@ from model.ask import (
 )
 from model.confirm import question
 from model.engine import ChatMessage
+from model.spoken import say_integer
 from model.tools import (
     DEFAULT_TOOLS,
     ToolCall,
@@ -272,8 +274,8 @@ def test_no_trained_or_held_out_command_has_a_number_it_did_not_say() -> None:
     [
         ("Set a timer.", ToolCall("timer.set", {"seconds": 100}), "For how long?"),
         ("That time I went off too early", ToolCall("timer.set", {"seconds": 100}), None),
-        # heard "sixteen" as "60": outside the cabin's range
-        ("Bring the cabin to 60 degrees.", ToolCall("climate.set", {"temperature_c": 60}), None),
+        # outside the cabin's range, and no "-ty" a "-teen" was heard as
+        ("Bring the cabin to 45 degrees.", ToolCall("climate.set", {"temperature_c": 32}), None),
         ("Skip to the next track.", ToolCall("climate.set", {"temperature_c": 20}), None),
     ],
 )
@@ -287,6 +289,36 @@ def test_a_number_the_request_did_not_say_is_dropped_and_asked_for(
     assert missing(incomplete, tool) == expected
     assert asked(incomplete, tool)
     assert unsaid(call, tool, None) == call  # words not known: nothing dropped
+
+
+@pytest.mark.parametrize(
+    ("text", "twin"),
+    [
+        ("Bring the cabinet to 60 degrees now.", 16),  # "sixteen", as Whisper heard it
+        ("bring the cabin to sixty degrees", 16),
+        ("Make it 90 degrees.", 19),
+        ("Set it to 20 degrees.", None),  # fits: taken as said
+        ("Bring it to 45 degrees.", None),  # no whole ten
+        ("Make it 30 or 60 degrees.", None),  # two numbers
+    ],
+)
+def test_a_ty_the_range_refuses_is_asked_about_as_its_teen(text: str, twin: int | None) -> None:
+    tool = TOOLS["climate.set"]
+    (p,) = tool.params
+    assert teen_twin(p, text) == twin
+    call = unsaid(ToolCall("climate.set", {"temperature_c": 32}), tool, text)  # clamped
+    if twin is None:
+        assert not call.doubted
+        return
+    assert call.arguments == {"temperature_c": twin} and call.doubted and asked(call, tool)
+    assert question(call) == f"Set the temperature to {say_integer(twin)} degrees?"
+
+
+def test_a_ty_that_fits_is_never_a_teen() -> None:
+    """A timer of "60 minutes" or a volume of "40" is what it says: only a number the
+    bounds refuse is read as its twin."""
+    (seconds,) = TOOLS["timer.set"].params
+    assert teen_twin(seconds, "Set a timer for 60 minutes.") is None
 
 
 @pytest.mark.parametrize(

@@ -854,6 +854,19 @@ async def test_a_call_the_router_was_unsure_of_is_asked_about(make_turn: Any) ->
     assert engine.ended_by == "GeneratorExit"
 
 
+async def test_a_ty_the_range_refuses_is_asked_about_as_its_teen(make_turn: Any) -> None:
+    """ "bring the cabin to sixteen degrees" heard "... to 60 degrees" (model.ask.teen_twin):
+    the decoder clamped 60 to the cabin's 32."""
+    engine = FakeEngine([ToolCall("climate.set", {"temperature_c": 32}), "Okay."])
+    turn = make_turn(engine)
+    turn.released.set()
+    await turn.start(text="Bring the cabinet to 60 degrees now.", tools=DEFAULT_TOOLS)
+    (action,) = turn.of(ReplyAction)
+    assert action.call.arguments == {"temperature_c": 16} and action.call.doubted
+    said = " ".join(s.text for s in turn.of(ReplySentence))
+    assert said == "Set the temperature to sixteen degrees?"
+
+
 @pytest.mark.parametrize(("place", "made"), [("my boss", False), ("the dentist", True)])
 async def test_directions_to_a_person_are_asked_about(
     make_turn: Any, place: str, made: bool
