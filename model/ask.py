@@ -582,12 +582,18 @@ def named(call: ToolCall, tool: Tool, text: str) -> ToolCall | None:
     (:func:`slot_value`: "Ten minutes." -> ``seconds: 600``). None when the words are no
     such answer: a yes or no, a question, a reference, a new request (more than four
     words, or a word no name has: "Set a timer."), a number out of the tool's range.
-    Those drop the call, as any other words drop a question."""
+    Those drop the call, as any other words drop a question. A "-ty" out of range whose
+    "-teen" fits (:func:`teen_twin`: "Sixty." heard for "Sixteen.") completes it with
+    the twin, asked about."""
     wanted = next((p for p in tool.params if p.required and p.name not in call.arguments), None)
     if wanted is not None and _asks_number(wanted):
-        value = slot_value(wanted, text) if len(_WORDS.findall(text.lower())) <= 6 else None
+        short = len(_WORDS.findall(text.lower())) <= 6
+        value = slot_value(wanted, text) if short else None
         if value is None:
-            return None
+            twin = teen_twin(wanted, text) if short else None
+            if twin is None:
+                return None
+            return replace(call, arguments={**call.arguments, wanted.name: twin}, doubted=True)
         number = float(value)
         said = int(number) if number.is_integer() else number
         return replace(call, arguments={**call.arguments, wanted.name: said})

@@ -314,6 +314,14 @@ def test_a_ty_the_range_refuses_is_asked_about_as_its_teen(text: str, twin: int 
     assert question(call) == f"Set the temperature to {say_integer(twin)} degrees?"
 
 
+def test_a_ty_answered_out_of_range_is_asked_about_as_its_teen() -> None:
+    """ "What temperature?" "Sixteen." heard "60.": the call completed with 16, asked."""
+    tool = TOOLS["climate.set"]
+    done = named(ToolCall("climate.set", {}), tool, "60 degrees.")
+    assert done is not None and done.arguments == {"temperature_c": 16} and done.doubted
+    assert asked(done, tool) and missing(done, tool) is None
+
+
 def test_a_ty_that_fits_is_never_a_teen() -> None:
     """A timer of "60 minutes" or a volume of "40" is what it says: only a number the
     bounds refuse is read as its twin."""
@@ -328,7 +336,7 @@ def test_a_ty_that_fits_is_never_a_teen() -> None:
         (ToolCall("timer.set", {}), "Half an hour, please.", 1800),
         (ToolCall("climate.set", {}), "Nineteen.", 19),
         (ToolCall("climate.set", {}), "Make it 21.5 degrees", 21.5),
-        (ToolCall("climate.set", {}), "60 degrees.", None),  # out of range
+        (ToolCall("climate.set", {}), "45 degrees.", None),  # out of range
         (ToolCall("timer.set", {}), "Yes.", None),
         (ToolCall("timer.set", {}), "What is the capital of France?", None),
         (ToolCall("timer.set", {}), "Play some jazz and set it to ten.", None),  # a request

@@ -315,6 +315,26 @@ def test_a_number_the_request_did_not_say_is_asked_for_and_the_answer_makes_the_
     assert typed(d, "Ten minutes.").pending is None  # answered once
 
 
+def test_a_ty_answered_out_of_range_is_asked_about_as_its_teen_and_a_yes_makes_it() -> None:
+    """ "What temperature?" "Sixteen." heard "60 degrees." (model.ask.teen_twin): the
+    session asks about 16 and makes it on a yes, never 60 or the cabin's bound."""
+    d, _ = acting()
+    start = typed(d, "Set the temperature.")
+    incomplete = ToolCall("climate.set", {})
+    assert not sent(reply(d, start.turn_id, "What temperature?", incomplete), p.Action)
+    answer = typed(d, "60 degrees.")
+    assert answer.pending == incomplete
+    twin = ToolCall("climate.set", {"temperature_c": 16}, doubted=True)
+    out = reply(d, answer.turn_id, "Set the temperature to sixteen degrees?")
+    assert not sent(out, p.Action)
+    yes = typed(d, "Yes.")
+    assert yes.pending == twin
+    out = reply(d, yes.turn_id, "Temperature set to sixteen degrees.")
+    assert sent(out, p.Action) == [
+        p.Action(yes.turn_id, f"call_{yes.turn_id}", "climate.set", {"temperature_c": 16})
+    ]
+
+
 def test_a_name_completes_a_tool_not_asked_about_at_once() -> None:
     """A tool without ``confirm`` (the client's own) is made as soon as it has a name."""
     page = {
