@@ -163,8 +163,7 @@ def said_shapes(tools: Sequence[Tool], user_text: str) -> list[str]:
             for present in _presences(tool)
             if all((p in present) == (slot_value(p, user_text) is not None) for p in numbers)
         ]
-        names = _names(tool, fitting or _presences(tool), said)
-        out += names or _names(tool, _presences(tool))
+        out += _names(tool, fitting or _presences(tool), said)
     return out
 
 

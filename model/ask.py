@@ -275,7 +275,7 @@ def unsaid(call: ToolCall, tool: Tool, text: str | None) -> ToolCall:
     call is then incomplete and :func:`missing` asks for the number; or, where the one
     number said is a "-ty" the parameter's bounds refuse and its "-teen" twin fits
     them (:func:`teen_twin`), the call takes the twin and is asked about
-    (``doubted``): "Set the cabin to sixteen degrees?"."""
+    (``doubted``): "Set the temperature to sixteen degrees?"."""
     if text is None:
         return call
     args, doubted = dict(call.arguments), call.doubted

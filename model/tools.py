@@ -376,7 +376,7 @@ def is_default(tool: Tool) -> bool:
 # the volume at nine." heard "But the volume at the eye" -> volume.set {change: down})
 # is the decoder's guess, and one they have is not its to reverse ("Could you make it
 # quieter?" -> {change: up}). Every volume change among the commands of data/actions
-# has one, and none has only the other's (tests/model/test_actions.py).
+# has one, and none has only the other's (tests/model/test_router.py).
 _UP = r"\b(up|loud\w*|raise|increase|crank|blast|pump|boost|higher|more|barely hear|can't hear)\b"
 _DOWN = r"\b(down|quiet\w*|soft\w*|lower|reduce|decrease|less|too loud|notch)\b"
 VALUE_WORDS: dict[tuple[str, str, Any], re.Pattern[str]] = {
@@ -389,12 +389,14 @@ def said_value(tool: Tool, p: Param, text: str) -> Any | None:
     """The value of a default tool's enum ``p`` that ``text`` says in words
     (:data:`VALUE_WORDS`): None where it says none of them, or more than one ("take it
     up a notch"), or the tool is not the default one."""
+    if not is_default(tool):
+        return None
     said = [
         value
         for (name, param, value), words in VALUE_WORDS.items()
         if name == tool.name and param == p.name and words.search(text.lower())
     ]
-    return said[0] if len(said) == 1 and is_default(tool) else None
+    return said[0] if len(said) == 1 else None
 
 
 def tools_system_prompt(base: str, tools: Sequence[Tool]) -> str:

@@ -96,6 +96,28 @@ async def test_typed_commands_carry_the_user_s_own_words(server: ServerProcess) 
             assert actions == [(name, arguments)], text
 
 
+async def test_a_guess_at_what_was_meant_is_asked_about_before_it_acts(
+    server: ServerProcess,
+) -> None:
+    """Where the words may not be what was meant, the call is asked about, and a yes
+    makes it: "sixty degrees", past the cabin's 16-32 (the engine clamps it to 32), is
+    Whisper's usual hearing of "sixteen" (model.ask.teen_twin); a destination that is a
+    person has no address (model.ask.unplaced)."""
+    async with connect(server.url) as ws:
+        await start_session(ws, 16000, "test")
+        asked = await typed_turn(ws, "Bring the cabin to 60 degrees.")
+        assert not any(isinstance(e, p.Action) for e in asked)
+        question = " ".join(e.text for e in asked if isinstance(e, p.ReplyText))
+        assert question == "Set the temperature to sixteen degrees?", question
+        events = await typed_turn(ws, "Yes.")
+        actions = [(a.name, a.arguments) for a in events if isinstance(a, p.Action)]
+        assert actions == [("climate.set", {"temperature_c": 16})]
+        asked = await typed_turn(ws, "Navigate to my boss.")
+        assert not any(isinstance(e, p.Action) for e in asked)
+        question = " ".join(e.text for e in asked if isinstance(e, p.ReplyText))
+        assert question == "Start directions to your boss?", question
+
+
 async def test_a_question_asked_where_tools_are_gets_its_whole_answer(
     server: ServerProcess,
 ) -> None:
