@@ -69,19 +69,28 @@ async def typed_turn(ws: ClientConnection, text: str) -> list[p.ServerMessage]:
     return events
 
 
+def actions_in(events: list[p.ServerMessage]) -> list[tuple[str, dict[str, Any]]]:
+    """The calls a reply's events made: (name, arguments), in order."""
+    return [(a.name, a.arguments) for a in events if isinstance(a, p.Action)]
+
+
+async def said_to(ws: ClientConnection, text: str) -> str:
+    """What the reply to ``text`` typed into the session says; nothing acts on it."""
+    events = await typed_turn(ws, text)
+    assert not [e for e in events if isinstance(e, p.Action)], (text, events)
+    return " ".join(e.text for e in events if isinstance(e, p.ReplyText))
+
+
 async def test_typed_commands_carry_the_user_s_own_words(server: ServerProcess) -> None:
     """String arguments are spans of what was said (model/spans.py): the contact, the
     message and the destination as the user put them, no carrier words around them. A
     message is asked about first and sent after a yes (docs/actions.md, "Asking first")."""
     async with connect(server.url) as ws:
         await start_session(ws, 16000, "test")
-        asked = await typed_turn(ws, "Send a message to Anna saying I am running late.")
-        assert not any(isinstance(e, p.Action) for e in asked)
-        question = " ".join(e.text for e in asked if isinstance(e, p.ReplyText))
+        question = await said_to(ws, "Send a message to Anna saying I am running late.")
         assert question == "Send 'I am running late' to Anna?", question
         events = await typed_turn(ws, "Yes, please.")
-        actions = [(a.name, a.arguments) for a in events if isinstance(a, p.Action)]
-        assert actions == [("message.send", {"to": "Anna", "text": "I am running late"})]
+        assert actions_in(events) == [("message.send", {"to": "Anna", "text": "I am running late"})]
     want = {
         "Navigate to the nearest gas station, please.": (
             "navigation.start",
@@ -92,8 +101,7 @@ async def test_typed_commands_carry_the_user_s_own_words(server: ServerProcess) 
         await start_session(ws, 16000, "test")
         for text, (name, arguments) in want.items():
             events = await typed_turn(ws, text)
-            actions = [(a.name, a.arguments) for a in events if isinstance(a, p.Action)]
-            assert actions == [(name, arguments)], text
+            assert actions_in(events) == [(name, arguments)], text
 
 
 async def test_a_guess_at_what_was_meant_is_asked_about_before_it_acts(
@@ -105,16 +113,11 @@ async def test_a_guess_at_what_was_meant_is_asked_about_before_it_acts(
     person has no address (model.ask.unplaced)."""
     async with connect(server.url) as ws:
         await start_session(ws, 16000, "test")
-        asked = await typed_turn(ws, "Bring the cabin to 60 degrees.")
-        assert not any(isinstance(e, p.Action) for e in asked)
-        question = " ".join(e.text for e in asked if isinstance(e, p.ReplyText))
+        question = await said_to(ws, "Bring the cabin to 60 degrees.")
         assert question == "Set the temperature to sixteen degrees?", question
         events = await typed_turn(ws, "Yes.")
-        actions = [(a.name, a.arguments) for a in events if isinstance(a, p.Action)]
-        assert actions == [("climate.set", {"temperature_c": 16})]
-        asked = await typed_turn(ws, "Navigate to my boss.")
-        assert not any(isinstance(e, p.Action) for e in asked)
-        question = " ".join(e.text for e in asked if isinstance(e, p.ReplyText))
+        assert actions_in(events) == [("climate.set", {"temperature_c": 16})]
+        question = await said_to(ws, "Navigate to my boss.")
         assert question == "Start directions to your boss?", question
 
 
@@ -164,8 +167,7 @@ async def test_a_session_with_part_of_the_tools_acts_with_them_and_no_other(
         ready = await start_session(ws, 16000, "car", tools=cabin)
         assert sorted(ready.tools) == ["climate.set", "timer.cancel"]
         events = await typed_turn(ws, "Set the temperature to 21 degrees.")
-        actions = [(a.name, a.arguments) for a in events if isinstance(a, p.Action)]
-        assert actions == [("climate.set", {"temperature_c": 21})], events
+        assert actions_in(events) == [("climate.set", {"temperature_c": 21})], events
     text = "I need a timer for two minutes."
     assert await said_to_first_words(server, text, tools=cabin) == CANT
 
@@ -198,11 +200,9 @@ async def test_a_session_with_tools_of_its_own_acts_on_them_and_asks_the_rest(
         ready = await start_session(ws, 16000, "home", tools=HOME)
         assert sorted(ready.tools) == ["doors.lock", "garage.open", "shopping.add"]
         events = await typed_turn(ws, "Please open the garage for me.")
-        actions = [(a.name, a.arguments) for a in events if isinstance(a, p.Action)]
-        assert actions == [("garage.open", {})], events
+        assert actions_in(events) == [("garage.open", {})], events
         for text in ("Play some jazz.", "No.", "What is the capital of Italy?"):
-            events = await typed_turn(ws, text)
-            assert not [e for e in events if isinstance(e, p.Action)], (text, events)
+            await said_to(ws, text)  # acts on nothing
 
 
 async def said_to_first_words(
@@ -212,9 +212,7 @@ async def said_to_first_words(
     ``tools``: None, the default set); nothing acts on it."""
     async with connect(server.url) as ws:
         await start_session(ws, 16000, "test", tools=tools)
-        events = await typed_turn(ws, text)
-        assert not [e for e in events if isinstance(e, p.Action)], (text, events)
-        return " ".join(e.text for e in events if isinstance(e, p.ReplyText))
+        return await said_to(ws, text)
 
 
 async def test_live_information_no_tool_gives_is_said_to_be_out_of_reach(
