@@ -305,11 +305,7 @@ def teen_twin(p: Param, text: str) -> int | None:
     if not (n.is_integer() and 30 <= n <= 90 and n % 10 == 0):
         return None
     twin = int(n) // 10 + 10
-
-    def fits(v: float) -> bool:
-        return (p.minimum is None or v >= p.minimum) and (p.maximum is None or v <= p.maximum)
-
-    return twin if fits(twin) and not fits(n) else None
+    return twin if p.within(twin) and not p.within(n) else None
 
 
 def _asks_number(p: Param) -> bool:
@@ -317,9 +313,7 @@ def _asks_number(p: Param) -> bool:
 
 
 def _said(p: Param, value: float, text: str) -> bool:
-    if (p.minimum is not None and value < p.minimum) or (
-        p.maximum is not None and value > p.maximum
-    ):
+    if not p.within(value):
         return False
     said = spoken_numbers(text)
     if p.name in UNIT_PARAMS and (seconds := spoken_duration(text)) is not None:

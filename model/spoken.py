@@ -168,9 +168,7 @@ def slot_value(p: Param, user: str) -> str | None:
         (value,) = said
     if p.type == "integer" and not value.is_integer():
         return None
-    if (p.minimum is not None and value < p.minimum) or (
-        p.maximum is not None and value > p.maximum
-    ):
+    if not p.within(value):
         return None
     return str(int(value)) if value.is_integer() else str(value)
 

@@ -55,6 +55,12 @@ class Param:
     minimum: float | None = None
     maximum: float | None = None
 
+    def within(self, v: float) -> bool:
+        """``v`` is inside the parameter's ``minimum`` / ``maximum`` (either may be unset)."""
+        return (self.minimum is None or v >= self.minimum) and (
+            self.maximum is None or v <= self.maximum
+        )
+
 
 @dataclass(frozen=True)
 class Tool:
@@ -240,8 +246,7 @@ def _check_value(tool: str, p: Param, v: Any) -> None:
         raise ToolError(f"{tool}: {p.name} must be {p.type}")
     if p.enum and v not in p.enum:
         raise ToolError(f"{tool}: {p.name} must be one of {', '.join(p.enum)}")
-    low = p.minimum is not None and v < p.minimum
-    if low or (p.maximum is not None and v > p.maximum):
+    if not p.within(v):
         raise ToolError(f"{tool}: {p.name} out of range")
 
 
