@@ -250,6 +250,10 @@ def decide(
     position ``end_waits (N,)`` marks (the sentence-end rule: the word before it unwritten).
     """
     where = np.flatnonzero(masked)
+    if where.size == 1 and settings.temperature == 0:
+        # one position commits whatever its confidence (blocks of one: every step), so
+        # only the end bar reads the softmax, and mostly it need not be computed
+        return where, _greedy_one(logits[where], settings.end_bar, end_ids)
     tokens, conf, softmax = _propose(logits[where], settings.temperature, rng)  # (M,), (M,)
     if settings.end_bar is not None and end_ids:
         tokens, conf = _end_at_bar(softmax, tokens, conf, settings.end_bar, end_ids)
@@ -268,6 +272,28 @@ def decide(
     return where[pick], tokens[pick]
 
 
+@functools.lru_cache(maxsize=32)
+def _sorted(ids: frozenset[int]) -> Ids:
+    """``ids`` ascending, as an index array (the end tokens: fixed per model)."""
+    return np.array(sorted(ids), np.int64)
+
+
+def _greedy_one(row: NDArray[np.float32], bar: float | None, end_ids: frozenset[int]) -> Ids:
+    """:func:`decide`'s token for one position at temperature 0: the likeliest, or the
+    likeliest end where the ends together reach ``bar``. The softmax's sum (``exp``
+    over the whole vocabulary, most of a step's sampling time) is computed only where
+    the ends' own terms come near the bar: the sum holds the top token's term, 1, so
+    the ends' probability is at most their terms' sum."""
+    top: Ids = row.argmax(-1).astype(np.int64)
+    if bar is None or not end_ids:
+        return top
+    near = np.exp(row[:, _sorted(end_ids)] - row[0, top[0]]).sum()
+    if near < bar * (1 - 1e-4):  # the margin covers the sums' rounding
+        return top
+    tokens, conf, softmax = _propose(row, 0.0, np.random.default_rng(0))  # greedy: no draw
+    return _end_at_bar(softmax, tokens, conf, bar, end_ids)[0]
+
+
 def _end_at_bar(
     softmax: tuple[NDArray[np.float32], NDArray[np.float32]],
     tokens: Ids,
@@ -278,7 +304,7 @@ def _end_at_bar(
     """``tokens`` with the likeliest end token wherever the end's probability reaches
     ``bar``; its confidence is that probability. ``softmax``: exp(z) and its row sums
     (:func:`_propose`)."""
-    ends = np.array(sorted(end_ids), np.int64)
+    ends = _sorted(end_ids)
     p, total = softmax
     p_end = p[:, ends].sum(-1) / total
     at = p_end >= bar
@@ -521,7 +547,7 @@ def _end_after_sentences(
     ends_sentence = is_in(prev, model.sentence_ends) & (before >= 0)
     written = (prev != model.mask_id) | (before < 0)  # the reply's start: nothing to wait for
     barred = want[~ends_sentence & written]
-    logits[np.ix_(barred, np.array(sorted(model.end_ids), np.int64))] = -np.inf
+    logits[np.ix_(barred, _sorted(model.end_ids))] = -np.inf
     waits = np.zeros(logits.shape[0], bool)
     waits[want[~written]] = True
     return waits

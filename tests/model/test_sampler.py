@@ -19,6 +19,7 @@ from model.sampler import (
     SENTENCE_BREAK,
     DiffusionConfig,
     SamplerSettings,
+    _propose,
     choose,
     cut_at_end,
     decide,
@@ -560,6 +561,25 @@ def test_the_end_bar_ends_where_the_end_is_likely_enough() -> None:
 
     assert decided(None) == 5 and decided(0.35) == 5
     assert decided(0.25) == END  # the likelier end id
+
+
+def test_one_greedy_position_decides_as_the_whole_softmax_would() -> None:
+    """Blocks of one skip the vocabulary's softmax unless the ends come near the bar:
+    the token must be the one the full rule (propose, then the end bar) gives, on rows
+    whose ends sit anywhere around it."""
+    rng = RNG(1)
+    masked = np.array([True])
+    ends = sorted(MODEL.end_ids)
+    for bar in (0.05, 0.3):
+        settings = SamplerSettings(block_size=1, end_bar=bar)
+        for k in range(300):
+            logits = rng.normal(0, 3, V).astype(np.float32)
+            logits[ends] = logits.max() + np.log(rng.uniform(0.01, 1.2)) - k % 3
+            tokens, _, softmax = _propose(logits[None], 0.0, rng)
+            p_end = softmax[0][0, ends].sum() / softmax[1][0]
+            want = ends[int(softmax[0][0, ends].argmax())] if p_end >= bar else int(tokens[0])
+            got = decide(logits[None], masked, settings, 1, RNG(0), MODEL.end_ids)
+            assert got[0].tolist() == [0] and int(got[1][0]) == want, (bar, k, p_end)
 
 
 def test_a_long_reply_wraps_up_at_its_next_sentence_end() -> None:
