@@ -13,15 +13,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from model.modeldir import default_model_dir
-
 
 def register(sub: Any) -> None:
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     llm = bench_sub.add_parser("llm", help="autoregressive vs diffusion reply engines")
     llm.add_argument("--json", type=Path, default=None, help="write the results here")
-    llm.add_argument("--model-dir", type=Path, default=None, help="exported model directory")
+    llm.add_argument(
+        "--model-dir",
+        type=Path,
+        default=None,
+        help="exported model directory (default: the one `quicksilver serve` serves, built "
+        "on first use as serve builds it)",
+    )
     llm.add_argument("--cache-dir", type=Path, default=None)
     llm.add_argument(
         "--prompts", type=_at_least_one, default=20, help="how many of the fixed questions"
@@ -95,13 +99,27 @@ def _at_least_one(text: str) -> int:
     return n
 
 
+def served_model_dir(cache_dir: Path | None) -> Path:
+    """The model directory of what `quicksilver serve` serves by default (the diffusion
+    engine with the shipped adapter), built on first use as serve builds it: the bench's
+    "served" row must time those weights, not the base model's."""
+    from model.assemble import DEFAULT_ENGINE, engine_adapter, engine_model_dir
+    from model.modeldir import is_complete
+
+    model_dir = engine_model_dir(DEFAULT_ENGINE, cache_dir)
+    if is_complete(model_dir):
+        return model_dir
+    from export.build import ensure_model_dir
+
+    return ensure_model_dir(cache_dir, "int8", engine_adapter(DEFAULT_ENGINE))
+
+
 def run_bench(args: argparse.Namespace) -> int:
     from bench.llamacpp import LlamaCppError
     from bench.llm import BenchOptions, print_table, run_llm_bench
 
-    model_dir = args.model_dir or default_model_dir(args.cache_dir)
     options = BenchOptions(
-        model_dir=model_dir,
+        model_dir=args.model_dir or served_model_dir(args.cache_dir),
         prompts=args.prompts,
         budgets=tuple(args.budgets),
         torch_reference=not args.no_torch and args.torch_prompts != 0,
@@ -111,7 +129,7 @@ def run_bench(args: argparse.Namespace) -> int:
     )
     try:
         results = run_llm_bench(options)
-    except LlamaCppError as exc:
+    except (LlamaCppError, FileNotFoundError) as exc:
         print(f"quicksilver bench llm: {exc}", file=sys.stderr)
         return 1
     print_table(results)

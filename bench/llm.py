@@ -34,7 +34,7 @@ from numpy.typing import NDArray
 
 from bench.llamacpp import LLAMA_PYTHON_ENV, LlamaCppWorker, llama_cpp_python
 from export.prompts import QUESTIONS
-from model.assemble import DEFAULT_ENGINE, load_onnx_backend
+from model.assemble import DEFAULT_ENGINE, engine_adapter, load_onnx_backend
 from model.backend import Attend, Rows, StepBackend
 from model.chat import build_prompt
 from model.diffusion_engine import DiffusionOptions, served_options, smollm2_diffusion_config
@@ -424,10 +424,20 @@ def run_llm_bench(options: BenchOptions) -> dict[str, Any]:
     import json
 
     model_dir = options.model_dir
-    if not is_complete(model_dir) and model_dir == default_model_dir(None):
-        from export.build import ensure_model_dir
-
-        model_dir = ensure_model_dir(None)
+    if not is_complete(model_dir):
+        raise FileNotFoundError(
+            f"{model_dir} holds no complete exported model (`quicksilver export`; without "
+            "--model-dir the bench times the one `quicksilver serve` serves)"
+        )
+    # the "served" row is serve's engine and schedule; the weights are serve's only in
+    # its directory (named after the shipped adapter's digest)
+    served_weights = model_dir.name == default_model_dir(None, engine_adapter(DEFAULT_ENGINE)).name
+    if not served_weights:
+        log.warning(
+            'bench: %s is not the model `quicksilver serve` serves: its "served" row is '
+            "serve's schedule on these weights",
+            model_dir,
+        )
     manifest = json.loads((model_dir / "manifest.json").read_text())
     dims = _dims(manifest["config"])
     tok = load_tokenizer(model_dir)
@@ -466,6 +476,7 @@ def run_llm_bench(options: BenchOptions) -> dict[str, Any]:
             llama.close()
     row = served_row(DEFAULT_ENGINE, schedule.block_size)
     results = _results(rows, options, roofs, dims, manifest, questions, row)
+    results["served"]["served_weights"] = served_weights
     results["schedule"] = {"block_size": schedule.block_size, "pass_costs_ms": schedule.costs_ms}
     results["int8_kernel_peak_flops"] = kernel_peaks
     if llama is not None:

@@ -235,6 +235,32 @@ def test_bench_times_the_ar_decoder_and_counts_its_passes(tiny_dir: Path) -> Non
     assert counter.steps == [(3, 0, 1)]
 
 
+def test_bench_llm_times_the_model_serve_serves_by_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without --model-dir the bench times the directory of serve's default engine (the
+    shipped adapter merged), built as serve builds it, not the base model's."""
+    import export.build
+    from bench.commands import served_model_dir
+    from model.modeldir import default_model_dir, shipped_adapter
+
+    built: list[tuple[object, ...]] = []
+
+    def ensure(*args: object) -> Path:
+        built.append(args)
+        return tmp_path / "built"
+
+    monkeypatch.setattr(export.build, "ensure_model_dir", ensure)
+    assert served_model_dir(tmp_path) == tmp_path / "built"
+    assert built == [(tmp_path, "int8", shipped_adapter())]
+    assert default_model_dir(tmp_path, shipped_adapter()) != default_model_dir(tmp_path)
+    missing = tmp_path / "nothing"
+    from bench.llm import BenchOptions, run_llm_bench
+
+    with pytest.raises(FileNotFoundError, match="no complete exported model"):
+        run_llm_bench(BenchOptions(missing, torch_reference=False, llama_cpp="off"))
+
+
 def test_bench_times_the_first_sentence(tiny_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from bench.llm import BenchOptions, print_table, run_llm_bench
     from model.schedule import choose
@@ -254,8 +280,10 @@ def test_bench_times_the_first_sentence(tiny_dir: Path, capsys: pytest.CaptureFi
     width = r["schedule"]["block_size"]
     assert width == choose(r["schedule"]["pass_costs_ms"])
     engine = {16: "diffusion", 1: "diffusion-b1"}[width]
-    assert r["served"] == {"engine": engine, "runtime": "onnx-int8", "budget": 8}
-    assert sum(all(row[k] == v for k, v in r["served"].items()) for row in r["rows"]) == 1
+    row_of = {"engine": engine, "runtime": "onnx-int8", "budget": 8}
+    # the tiny model is not what serve serves: the row is serve's schedule on its weights
+    assert r["served"] == row_of | {"served_weights": False}
+    assert sum(all(row[k] == v for k, v in row_of.items()) for row in r["rows"]) == 1
     for row in r["rows"]:  # each reply's first sentence comes no later than its end
         assert 0 < row["first_sentence_p50_s"] <= row["p50_s"]
         assert row["first_sentence_p95_s"] <= row["p95_s"]
