@@ -103,15 +103,11 @@ def served_model_dir(cache_dir: Path | None) -> Path:
     """The model directory of what `quicksilver serve` serves by default (the diffusion
     engine with the shipped adapter), built on first use as serve builds it: the bench's
     "served" row must time those weights, not the base model's."""
-    from model.assemble import DEFAULT_ENGINE, engine_adapter, engine_model_dir
-    from model.modeldir import is_complete
+    from export.commands import prepare_model
+    from model.assemble import DEFAULT_ENGINE, engine_model_dir
 
-    model_dir = engine_model_dir(DEFAULT_ENGINE, cache_dir)
-    if is_complete(model_dir):
-        return model_dir
-    from export.build import ensure_model_dir
-
-    return ensure_model_dir(cache_dir, "int8", engine_adapter(DEFAULT_ENGINE))
+    prepare_model(DEFAULT_ENGINE, cache_dir, "cpu")  # the int8 files the bench times
+    return engine_model_dir(DEFAULT_ENGINE, cache_dir)
 
 
 def run_bench(args: argparse.Namespace) -> int:

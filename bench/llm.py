@@ -34,13 +34,13 @@ from numpy.typing import NDArray
 
 from bench.llamacpp import LLAMA_PYTHON_ENV, LlamaCppWorker, llama_cpp_python
 from export.prompts import QUESTIONS
-from model.assemble import DEFAULT_ENGINE, engine_adapter, load_onnx_backend
+from model.assemble import DEFAULT_ENGINE, engine_model_dir, load_onnx_backend
 from model.backend import Attend, Rows, StepBackend
 from model.chat import build_prompt
 from model.diffusion_engine import DiffusionOptions, served_options, smollm2_diffusion_config
 from model.engine import ChatMessage, GenerationStats, drain
 from model.generate import greedy
-from model.modeldir import PRODUCT_KINDS, default_model_dir, is_complete, load_tokenizer
+from model.modeldir import PRODUCT_KINDS, is_complete, load_tokenizer
 from model.runtime import RuntimeConfig
 from model.sampler import SENTENCE_BREAK, sample
 from model.schedule import NARROW, WIDE, host_schedule, sampler_for
@@ -431,7 +431,7 @@ def run_llm_bench(options: BenchOptions) -> dict[str, Any]:
         )
     # the "served" row is serve's engine and schedule; the weights are serve's only in
     # its directory (named after the shipped adapter's digest)
-    served_weights = model_dir.name == default_model_dir(None, engine_adapter(DEFAULT_ENGINE)).name
+    served_weights = model_dir.name == engine_model_dir(DEFAULT_ENGINE).name
     if not served_weights:
         log.warning(
             'bench: %s is not the model `quicksilver serve` serves: its "served" row is '

@@ -18,21 +18,16 @@ from typing import NoReturn
 from bench.commands import register as register_bench
 from bench.spoken import add_arguments as add_spoken_arguments
 from bench.spoken import run_command as run_spoken_eval
+from export.commands import prepare_model
 from export.commands import register as register_export
 from model.assemble import (
     DEFAULT_ENGINE,
     ENGINES,
-    ONNX_ENGINES,
     Batching,
-    EngineName,
     engine_adapter,
-    engine_model_dir,
-    serving_variant,
     trained_for_tools,
 )
-from model.modeldir import is_complete
 from model.openai_chat import ChatServerOptions
-from model.runtime import Device
 from model.tools import DEFAULT_TOOLS, Tool, parse_tools
 from server import auth, fleet, realtime
 from server import protocol as p
@@ -460,17 +455,3 @@ def _serve(args: argparse.Namespace) -> int:
         rt.close()
     print("Quicksilver stopped.", flush=True)
     return 0
-
-
-def prepare_model(
-    engine: EngineName, cache_dir: Path | None, device: Device = "auto", adapter: Path | None = None
-) -> None:
-    """Build an ONNX engine's model directory on first start (PyTorch, about a minute);
-    later starts find it complete and never import torch."""
-    if engine not in ONNX_ENGINES:
-        return
-    variant = serving_variant(engine, device)
-    if not is_complete(engine_model_dir(engine, cache_dir, adapter), variant):
-        from export.build import ensure_model_dir
-
-        ensure_model_dir(cache_dir, variant, engine_adapter(engine, adapter))

@@ -11,6 +11,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from model.assemble import (
+    ONNX_ENGINES,
+    EngineName,
+    engine_adapter,
+    engine_model_dir,
+    serving_variant,
+)
 from model.modeldir import (
     BATCH_ROWS,
     GPTQ_SEQUENCES,
@@ -18,7 +25,24 @@ from model.modeldir import (
     WEIGHT_BITS,
     WIDE_PRODUCTS,
     default_model_dir,
+    is_complete,
 )
+from model.runtime import Device
+
+
+def prepare_model(
+    engine: EngineName, cache_dir: Path | None, device: Device = "auto", adapter: Path | None = None
+) -> None:
+    """Build an ONNX engine's model directory on first use (PyTorch, about a minute):
+    `quicksilver serve`'s first start, the benchmarks' default; later calls find it
+    complete and never import torch."""
+    if engine not in ONNX_ENGINES:
+        return
+    variant = serving_variant(engine, device)
+    if not is_complete(engine_model_dir(engine, cache_dir, adapter), variant):
+        from export.build import ensure_model_dir
+
+        ensure_model_dir(cache_dir, variant, engine_adapter(engine, adapter))
 
 
 def register(sub: Any) -> None:

@@ -246,12 +246,11 @@ def test_bench_llm_times_the_model_serve_serves_by_default(
 
     built: list[tuple[object, ...]] = []
 
-    def ensure(*args: object) -> Path:
+    def ensure(*args: object) -> None:
         built.append(args)
-        return tmp_path / "built"
 
     monkeypatch.setattr(export.build, "ensure_model_dir", ensure)
-    assert served_model_dir(tmp_path) == tmp_path / "built"
+    assert served_model_dir(tmp_path) == default_model_dir(tmp_path, shipped_adapter())
     assert built == [(tmp_path, "int8", shipped_adapter())]
     assert default_model_dir(tmp_path, shipped_adapter()) != default_model_dir(tmp_path)
     missing = tmp_path / "nothing"
