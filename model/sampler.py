@@ -253,7 +253,7 @@ def decide(
     if where.size == 1 and settings.temperature == 0:
         # one position commits whatever its confidence (blocks of one: every step), so
         # only the end bar reads the softmax, and mostly it need not be computed
-        return where, _greedy_one(logits[where], settings.end_bar, end_ids)
+        return where, _greedy_one(logits[where], settings.end_bar, end_ids, rng)
     tokens, conf, softmax = _propose(logits[where], settings.temperature, rng)  # (M,), (M,)
     if settings.end_bar is not None and end_ids:
         tokens, conf = _end_at_bar(softmax, tokens, conf, settings.end_bar, end_ids)
@@ -278,7 +278,12 @@ def _sorted(ids: frozenset[int]) -> Ids:
     return np.array(sorted(ids), np.int64)
 
 
-def _greedy_one(row: NDArray[np.float32], bar: float | None, end_ids: frozenset[int]) -> Ids:
+def _greedy_one(
+    row: NDArray[np.float32],
+    bar: float | None,
+    end_ids: frozenset[int],
+    rng: np.random.Generator,
+) -> Ids:
     """:func:`decide`'s token for one position at temperature 0: the likeliest, or the
     likeliest end where the ends together reach ``bar``. The softmax's sum (``exp``
     over the whole vocabulary, most of a step's sampling time) is computed only where
@@ -290,7 +295,7 @@ def _greedy_one(row: NDArray[np.float32], bar: float | None, end_ids: frozenset[
     near = np.exp(row[:, _sorted(end_ids)] - row[0, top[0]]).sum()
     if near < bar * (1 - 1e-4):  # the margin covers the sums' rounding
         return top
-    tokens, conf, softmax = _propose(row, 0.0, np.random.default_rng(0))  # greedy: no draw
+    tokens, conf, softmax = _propose(row, 0.0, rng)  # temperature 0: no draw
     return _end_at_bar(softmax, tokens, conf, bar, end_ids)[0]
 
 
