@@ -518,10 +518,11 @@ class Connection:
             log.debug("session %s's next turn: %d tokens prefilled", self.session.id, n)
 
     async def _partial(self, job: StartPartial) -> None:
-        """At most one per session; skipped while the ASR worker has a queue."""
-        worker = self.rt.worker(WorkerKind.ASR)
+        """At most one per session; skipped while other work needs the ASR worker or,
+        on a CPU host, the cores (Runtime.partial_now)."""
         text: str | None = None
-        if worker.pending == 0:
+        if self.rt.partial_now():
+            worker = self.rt.worker(WorkerKind.ASR)
             text = (await worker.run(self.rt.asr.transcribe, job.audio)).text
         await self.deliver(PartialTranscript(job.turn_id, text))
 
@@ -807,6 +808,7 @@ class App:
             "queued": pending,
             "tasks": len(asyncio.all_tasks()),
             "final_transcripts": self.rt.finals(),
+            "partial_transcripts": dict(self.rt.partials),
             **({"reply_passes": passes} if (passes := self.rt.passes()) is not None else {}),
         }
 

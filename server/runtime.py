@@ -9,13 +9,14 @@ awaits futures.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import heapq
 import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -218,7 +219,15 @@ class Runtime:
     # prefills a conversation's next prompt between turns (WarmNext, warm_next); None
     # where nothing would run it behind the replies (no step loop) or nothing keeps it
     warm: Warm | None = None
+    # Whisper, Piper and (unless it is a GPU's or a chat server's) the reply model share
+    # the CPU's cores: a partial transcript then takes them from the turns being produced
+    cpu: bool = False
     _finals: Finals | None = field(default=None, init=False, repr=False)
+    _producing: int = field(default=0, init=False, repr=False)  # turns (producing())
+    # partial transcripts run and passed over since start, for /stats
+    partials: dict[str, int] = field(
+        default_factory=lambda: {"run": 0, "skipped": 0}, init=False, repr=False
+    )
 
     async def hear(self, audio: Any) -> Transcript:
         """A turn's final transcript, heard with the other turns' that wait (Finals)."""
@@ -226,6 +235,28 @@ class Runtime:
             self._finals = Finals(self.worker(WorkerKind.ASR), self.asr, self.asr_batch)
         transcript: Transcript = await self._finals.hear(audio)
         return transcript
+
+    @contextlib.contextmanager
+    def producing(self) -> Iterator[None]:
+        """Held (on the event loop) while a turn's words are heard, its reply written or
+        its sentences synthesized; not while its audio is paced out."""
+        self._producing += 1
+        try:
+            yield
+        finally:
+            self._producing -= 1
+
+    def partial_now(self) -> bool:
+        """Whether a partial transcript may be heard now, and counts the answer. A
+        partial is shown, never acted on ("best effort, may be skipped under load",
+        docs/protocol.md), so it yields: to any job waiting for the ASR worker, and on a
+        CPU host to every turn being produced. On the 2-core CPUs partials were a sixth
+        of a turn's CPU time (~0.7 of 4.1 CPU seconds: three to four decodes of the
+        growing utterance), and one in the ASR thread made a final that came meanwhile
+        wait for it (docs/latency.md, "Partial transcripts under load")."""
+        busy = self.worker(WorkerKind.ASR).pending > 0 or (self.cpu and self._producing > 0)
+        self.partials["skipped" if busy else "run"] += 1
+        return not busy
 
     def finals(self) -> dict[str, int]:
         """The Whisper calls that heard final transcripts so far, for /stats."""
@@ -411,6 +442,7 @@ def load_runtime(options: RuntimeOptions) -> Runtime:
         asr_check,
         options.asr_batch,
         warm,
+        cpu=device == "cpu",
     )
 
 

@@ -16,6 +16,7 @@ import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import numpy as np
 
@@ -63,6 +64,7 @@ from .speech import Sentence, sentences
 log = logging.getLogger("quicksilver")
 
 Deliver = Callable[[Event], Awaitable[None]]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -115,16 +117,17 @@ async def _run(
     second = False  # the words are the second model's alone: a call on them is asked about
     if start.audio is not None:
         t0 = loop.time()
-        transcript = await rt.hear(start.audio)
-        text = transcript.text
-        asr_ms = _ms(t0, loop.time())
-        sure = not unheard(transcript.avg_logprob, transcript.no_speech_prob)
-        acts = bool(start.tools) or start.pending is not None  # what being sure decides
-        if (not sure or not text.strip()) and acts and rt.asr_check and transcript.trusted:
-            surer, twice = await _surer(rt, start.audio, transcript)
-            second = surer is not transcript
-            transcript, text = surer, surer.text
-            sure = twice or not unheard(transcript.avg_logprob, transcript.no_speech_prob)
+        with rt.producing():
+            transcript = await rt.hear(start.audio)
+            text = transcript.text
+            asr_ms = _ms(t0, loop.time())
+            sure = not unheard(transcript.avg_logprob, transcript.no_speech_prob)
+            acts = bool(start.tools) or start.pending is not None  # what being sure decides
+            if (not sure or not text.strip()) and acts and rt.asr_check and transcript.trusted:
+                surer, twice = await _surer(rt, start.audio, transcript)
+                second = surer is not transcript
+                transcript, text = surer, surer.text
+                sure = twice or not unheard(transcript.avg_logprob, transcript.no_speech_prob)
         await deliver(
             FinalTranscript(
                 start.turn_id,
@@ -162,11 +165,20 @@ async def _run(
     chunks: asyncio.Queue[_Chunk | None] = asyncio.Queue()
     async with asyncio.TaskGroup() as tg:
         if start.audio is not None and not released.is_set():
-            tg.create_task(_score_turn_end(rt, start.turn_id, text, deliver))
-        produced = tg.create_task(_produce(rt, start, conversation, heard, chunks, deliver))
+            tg.create_task(_held(rt, _score_turn_end(rt, start.turn_id, text, deliver)))
+        produced = tg.create_task(
+            _held(rt, _produce(rt, start, conversation, heard, chunks, deliver))
+        )
         tg.create_task(_send(start, released, chunks, deliver, pacing))
     stats, reply_ms = produced.result()
     await deliver(ReplyFinished(start.turn_id, stats, reply_ms))
+
+
+async def _held(rt: Runtime, work: Awaitable[T]) -> T:
+    """``work``, counted as a turn being produced (Runtime.producing: partial
+    transcripts yield to it on a CPU host)."""
+    with rt.producing():
+        return await work
 
 
 @dataclass(frozen=True)
