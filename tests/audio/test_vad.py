@@ -35,6 +35,32 @@ def test_streaming_in_odd_pieces_equals_whole_frames(vad: SileroVad, sentence: n
     np.testing.assert_allclose(singles, whole, atol=1e-5)
 
 
+def test_chunks_that_complete_no_frame_are_held_without_the_model(
+    vad: SileroVad, sentence: np.ndarray
+) -> None:
+    """The server keeps such chunks on its event loop (server/app.py): the stream must
+    score exactly as when every chunk goes through the model."""
+    plain, held = vad.new_state(), vad.new_state()
+    expected, got, skipped = [], [], 0
+    for pos in range(0, len(sentence), 320):  # 20 ms chunks, as clients send them
+        chunk = sentence[pos : pos + 320]
+        expected.append(vad.process(plain, chunk))
+        probs = vad.held(held, chunk)
+        if probs is None:
+            probs = vad.process(held, chunk)
+        else:
+            skipped += 1
+            assert len(probs) == 0
+        got.append(probs)
+    np.testing.assert_array_equal(np.concatenate(got), np.concatenate(expected))
+    assert held.frames == plain.frames and np.array_equal(held.pending, plain.pending)
+    chunks = -(-len(sentence) // 320)
+    assert abs(skipped - chunks * 3 / 8) <= 2  # 3 in 8 chunks of 320 complete no 512-frame
+    state = vad.new_state()
+    assert vad.held(state, sentence[:511]) is not None and len(state.pending) == 511
+    assert vad.held(state, sentence[511:512]) is None and len(state.pending) == 511  # unchanged
+
+
 def test_states_are_independent(vad: SileroVad, sentence: np.ndarray) -> None:
     a, b = vad.new_state(), vad.new_state()
     ref = vad.process(vad.new_state(), sentence)
