@@ -75,11 +75,9 @@ class SileroVad:
         probabilities; the samples wait in ``state``), done without the model, so a
         caller may skip handing it to a worker thread (a 20 ms chunk completes none 3
         times in 8). None, and ``state`` unchanged, when the model has frames to run."""
-        x = np.asarray(audio, dtype=np.float32)
-        if x.ndim != 1 or len(state.pending) + len(x) >= FRAME_SAMPLES:
+        if len(state.pending) + len(audio) >= FRAME_SAMPLES:
             return None
-        state.pending = np.concatenate([state.pending, x]) if len(state.pending) else x.copy()
-        return _zeros(0)
+        return self.process(state, audio)  # completes no frame: never reaches the model
 
     def process(self, state: VadState, audio: NDArray[np.floating]) -> Float32Array:
         """Feed 16 kHz mono samples of any length; returns probabilities of the frames
