@@ -160,3 +160,13 @@ async def until(
 
 def pcm16(audio: np.ndarray) -> bytes:
     return (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
+
+
+MIC_FRAME = 512  # samples, 32 ms at 16 kHz
+
+
+async def stream(ws: ClientConnection, audio: np.ndarray) -> None:
+    """Like a microphone: one 32 ms frame every 32 ms."""
+    for i in range(0, len(audio), MIC_FRAME):
+        await ws.send(pcm16(audio[i : i + MIC_FRAME]))
+        await asyncio.sleep(MIC_FRAME / 16_000)

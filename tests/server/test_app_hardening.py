@@ -18,18 +18,9 @@ import server.app
 from audio.speech import SpeechFactory
 from server.app import Limits, ServerConfig, _BodyReader
 from server.auth import AuthConfig
-from tests.inproc import ScriptedAsr, ScriptedReplies, pcm16, serving, started, until
+from tests.inproc import ScriptedAsr, ScriptedReplies, serving, started, stream, until
 
 pytestmark = pytest.mark.models
-
-FRAME = 512  # samples, 32 ms at 16 kHz
-
-
-async def stream(ws, audio: np.ndarray) -> None:  # type: ignore[no-untyped-def]
-    """Like a microphone: one 32 ms frame every 32 ms."""
-    for i in range(0, len(audio), FRAME):
-        await ws.send(pcm16(audio[i : i + FRAME]))
-        await asyncio.sleep(FRAME / 16_000)
 
 
 async def test_an_empty_speculative_transcript_ends_the_turn_quietly(

@@ -11,11 +11,9 @@ from typing import Any
 import pytest
 
 from audio.speech import SpeechFactory
-from tests.inproc import ScriptedReplies, pcm16, serving, started, until, within
+from tests.inproc import ScriptedReplies, serving, started, stream, until, within
 
 pytestmark = pytest.mark.models
-
-FRAME = 512  # samples, 32 ms at 16 kHz
 
 
 @pytest.mark.parametrize("cpu", [False, True], ids=["gpu-host", "cpu-host"])
@@ -31,10 +29,7 @@ async def test_a_speakers_partials_wait_while_another_turn_is_produced_on_a_cpu_
             await asyncio.to_thread(replies.started.wait)
         speaker, _ = await started(url, tools=[])
         question = "What is the capital of France, and how many people live there today?"
-        audio = speech.piper(question, lead_s=0.3, trail_s=1.2)
-        for i in range(0, len(audio), FRAME):  # a microphone: a 32 ms frame every 32 ms
-            await speaker.send(pcm16(audio[i : i + FRAME]))
-            await asyncio.sleep(FRAME / 16_000)
+        await stream(speaker, speech.piper(question, lead_s=0.3, trail_s=1.2))
         seen: list[dict[str, Any]] = []
         async with within(30, "the speaker's final transcript"):
             while (message := json.loads(await speaker.recv()))["type"] != "transcript_final":
