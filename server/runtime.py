@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal, ParamSpec, TypeVar
 
 import onnxruntime as ort
+from threadpoolctl import threadpool_limits
 
 from audio.asr import (
     BEAM_SIZE,
@@ -347,8 +348,18 @@ def _timed(what: str, fn: Callable[[], T]) -> T:
     return value
 
 
+def one_blas_thread() -> None:
+    """numpy's BLAS on one thread for the rest of the process. Its products here are
+    small (the router's and the span pointers' read of a prefill: 0.4 and 1.8 ms), and
+    OpenBLAS's second thread spun after each for ~50 ms of a core (the time to its
+    next call, up to its timeout) that the reply model and Piper were waiting for:
+    3 ms of CPU a call on one thread against 52 (docs/latency.md, "One BLAS thread")."""
+    threadpool_limits(1, user_api="blas")
+
+
 def load_runtime(options: RuntimeOptions) -> Runtime:
     """Load every model once; say what is happening, since first start takes a while."""
+    one_blas_thread()
     workers = {kind: Worker(kind.value) for kind in WorkerKind}
     vad = _timed("Silero VAD", SileroVad)
     device = resolve_device(options.device)
