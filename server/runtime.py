@@ -259,6 +259,16 @@ class Runtime:
         self.partials["skipped" if busy else "run"] += 1
         return not busy
 
+    def lean_speech(self, first: bool) -> bool:
+        """Whether a sentence is synthesized on Piper's one-thread session: every one
+        but a reply's first while no other turn is being produced. A later sentence is
+        written while the earlier ones play and the reply model decodes; beside other
+        turns' work the cores are taken, and Piper on two threads cost 60% more CPU
+        there and came no sooner (docs/latency.md, "Piper on one thread under load").
+        A lone turn's first sentence has both cores: the reply model pauses for it
+        (speech first)."""
+        return self.tts.has_lean and (not first or self._producing > 1)
+
     def finals(self) -> dict[str, int]:
         """The Whisper calls that heard final transcripts so far, for /stats."""
         sizes = self._finals.sizes if self._finals is not None else []
@@ -395,7 +405,11 @@ def load_runtime(options: RuntimeOptions) -> Runtime:
             f"Whisper {check_name} on {device}, to hear a turn again before acting on it",
             lambda: load_transcriber(check_name, options.cache_dir, check_options),
         )
-    tts = _timed("Piper voice en_US-joe-medium", lambda: Synthesizer(device=device))
+    # and on the CPU its one-thread twin, for sentences no listener waits on alone
+    tts = _timed(
+        "Piper voice en_US-joe-medium",
+        lambda: Synthesizer(device=device, lean=device == "cpu"),
+    )
     speech_first = options.speech_first
     if speech_first is None:
         speech_first = reply_on_cpu(options.engine, options.device)

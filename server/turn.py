@@ -85,7 +85,7 @@ def synthesize(rt: Runtime, text: str, out_rate: int, first: bool = False) -> by
     sentence is what the user is waiting for: the reply model pauses between its
     passes while it is synthesized (``rt.speech_first``, docs/latency.md "Speech first")."""
     with rt.speech_first.synthesizing() if first else contextlib.nullcontext():
-        parts = [int16_to_float32(c) for c in rt.tts.synthesize(text)]
+        parts = [int16_to_float32(c) for c in rt.tts.synthesize(text, lean=rt.lean_speech(first))]
     audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
     return float32_to_pcm16(resample(audio, rt.tts.sample_rate, out_rate))
 

@@ -82,7 +82,7 @@ _SHARED: dict[str, Any] = {}
 def shared_models() -> tuple[SileroVad, Synthesizer]:
     """The real VAD and Piper voice, loaded once per test process."""
     if not _SHARED:
-        _SHARED["vad"], _SHARED["tts"] = SileroVad(), Synthesizer()
+        _SHARED["vad"], _SHARED["tts"] = SileroVad(), Synthesizer(lean=True)  # as serve on a CPU
     return _SHARED["vad"], _SHARED["tts"]
 
 

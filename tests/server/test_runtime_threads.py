@@ -1,4 +1,4 @@
-"""server.runtime.load_runtime: the server process's own thread pools."""
+"""server.runtime: the threads the server's models run on."""
 
 from __future__ import annotations
 
@@ -8,6 +8,10 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
+
+from tests.inproc import ScriptedAsr, ScriptedReplies, runtime
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,3 +60,21 @@ def test_the_server_runs_numpy_blas_on_one_thread_before_it_loads_a_model() -> N
     pools = json.loads(out.stdout.strip().splitlines()[-1])
     assert pools["before"] and all(n == 2 for n in pools["before"])
     assert pools["after"] == [1] * len(pools["before"])
+
+
+@pytest.mark.models
+def test_piper_writes_on_one_thread_unless_a_lone_turn_waits_for_its_first_sentence() -> None:
+    """A reply's first sentence with no other turn being produced gets Piper's
+    all-cores session (the reply model pauses for it); a later sentence, or any
+    sentence beside other turns' work, the one-thread twin."""
+    rt = runtime(ScriptedAsr(), ScriptedReplies())
+    try:
+        assert rt.tts.has_lean
+        with rt.producing():
+            assert not rt.lean_speech(first=True)
+            assert rt.lean_speech(first=False)
+            with rt.producing():  # another session's turn
+                assert rt.lean_speech(first=True) and rt.lean_speech(first=False)
+        assert not rt.lean_speech(first=True)
+    finally:
+        rt.close()

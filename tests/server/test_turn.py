@@ -21,21 +21,36 @@ class HoldWatch:
         self.tts, self.speech_first = tts, speech_first
         self.sample_rate = tts.sample_rate
         self.held: list[bool] = []
+        self.lean: list[bool] = []  # the session each sentence was asked on
 
-    def synthesize(self, text: str) -> Iterator[np.ndarray]:
-        for chunk in self.tts.synthesize(text):
+    def synthesize(self, text: str, lean: bool = False) -> Iterator[np.ndarray]:
+        self.lean.append(lean)
+        for chunk in self.tts.synthesize(text, lean=lean):
             self.held.append(self.speech_first.holding)
             yield chunk
 
 
 @pytest.fixture(scope="module")
 def tts() -> Synthesizer:
-    return Synthesizer()
+    return Synthesizer(lean=True)  # as the server loads it on a CPU
 
 
-def _runtime(tts: Synthesizer) -> Any:
+def _runtime(tts: Synthesizer, lean: bool = False) -> Any:
+    """What ``synthesize`` reads of a Runtime; its ``lean_speech`` answers ``lean`` and
+    keeps what it was asked (the rule itself: test_runtime_threads.py)."""
     speech_first = SpeechFirst()
-    return SimpleNamespace(tts=HoldWatch(tts, speech_first), speech_first=speech_first)
+    asked: list[bool] = []
+
+    def lean_speech(first: bool) -> bool:
+        asked.append(first)
+        return lean
+
+    return SimpleNamespace(
+        tts=HoldWatch(tts, speech_first),
+        speech_first=speech_first,
+        lean_speech=lean_speech,
+        asked=asked,
+    )
 
 
 @pytest.mark.models
@@ -51,3 +66,14 @@ def test_later_sentences_leave_the_model_running(tts: Synthesizer) -> None:
     rt = _runtime(tts)
     synthesize(rt, "It is also the largest city in Italy.", 16_000)
     assert rt.tts.held == [False]
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("lean", [False, True])
+def test_a_sentence_is_synthesized_on_the_session_the_runtime_names(
+    tts: Synthesizer, lean: bool
+) -> None:
+    for first in (True, False):
+        rt = _runtime(tts, lean)
+        synthesize(rt, "The capital of Italy is Rome.", 16_000, first=first)
+        assert rt.asked == [first] and rt.tts.lean == [lean]

@@ -155,9 +155,12 @@ class FakeTts:
         self.go.set()
         self.started = asyncio.Event()  # set from the TTS thread when it is in synthesize
         self.busy: Callable[[], None] = lambda: None  # runs in each call, as FakeAsr's
+        self.has_lean = True  # a one-thread twin, as Piper's on a CPU
+        self.lean: list[bool] = []  # on which session each sentence was asked for
 
-    def synthesize(self, text: str) -> Iterator[np.ndarray]:
+    def synthesize(self, text: str, lean: bool = False) -> Iterator[np.ndarray]:
         self.texts.append(text)
+        self.lean.append(lean)
         self.held.append(self.speech.holding)
         self.loop.call_soon_threadsafe(self.started.set)
         self.go.wait()
@@ -319,6 +322,22 @@ async def test_frames_are_sized_at_the_clients_rate(make_turn: Any) -> None:
     # 250 ms at 8 kHz: 2000 samples, in 40 ms frames of 320 samples (640 bytes)
     assert [len(f.pcm) for f in turn.frames] == [640] * 6 + [160]
     assert {f.sentence_samples for f in turn.frames} == {2000}
+
+
+async def test_only_a_lone_turns_first_sentence_is_synthesized_on_all_cores(
+    make_turn: Any,
+) -> None:
+    """Piper's one-thread twin writes the later sentences, and the first one too while
+    another turn is being produced (``Runtime.lean_speech``)."""
+    alone = make_turn(FakeEngine(["Hello there.", " How are you?"]))
+    alone.released.set()
+    await alone.start(text="Hi")
+    assert alone.tts.lean == [False, True]
+    beside = make_turn(FakeEngine(["Hello there.", " How are you?"]))
+    beside.released.set()
+    with beside.rt.producing():  # another session's turn
+        await beside.start(text="Hi")
+    assert beside.tts.lean == [True, True]
 
 
 async def test_a_typed_turn_has_no_transcript_and_the_engine_gets_the_history(
@@ -662,7 +681,7 @@ async def test_a_failing_engine_delivers_turn_failed_and_ends_the_turn(make_turn
 async def test_a_failing_voice_delivers_turn_failed(make_turn: Any) -> None:
     turn = make_turn(FakeEngine(["Hello."]))
 
-    def broken(text: str) -> Iterator[np.ndarray]:
+    def broken(text: str, lean: bool = False) -> Iterator[np.ndarray]:
         raise OSError("no voice")
         yield np.zeros(0, np.int16)
 
