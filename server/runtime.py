@@ -260,8 +260,9 @@ class Runtime:
         return not busy
 
     def lean_speech(self, first: bool) -> bool:
-        """Whether a sentence is synthesized on Piper's one-thread session: every one
-        but a reply's first while no other turn is being produced. A later sentence is
+        """Whether a sentence is synthesized on Piper's one-thread session: every
+        sentence except a reply's first one while no other turn is being produced (a
+        turn counts itself: more than one means others). A later sentence is
         written while the earlier ones play and the reply model decodes; beside other
         turns' work the cores are taken, and Piper on two threads cost 60% more CPU
         there and came no sooner (docs/latency.md, "Piper on one thread under load").
