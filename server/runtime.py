@@ -260,15 +260,16 @@ class Runtime:
         return not busy
 
     def lean_speech(self, first: bool) -> bool:
-        """Whether a sentence is synthesized on Piper's one-thread session: every
-        sentence except a reply's first one while no other turn is being produced (a
-        turn counts itself: more than one means others). A later sentence is
+        """Whether a sentence asks for Piper's one-thread session (``Synthesizer``
+        runs it where it has one: a CPU): every sentence except a reply's first one
+        while no other turn is being produced (a turn counts itself: more than one
+        means others). A later sentence is
         written while the earlier ones play and the reply model decodes; beside other
         turns' work the cores are taken, and Piper on two threads cost 60% more CPU
         there and came no sooner (docs/latency.md, "Piper on one thread under load").
         A lone turn's first sentence has both cores: the reply model pauses for it
         (speech first)."""
-        return self.tts.has_lean and (not first or self._producing > 1)
+        return not first or self._producing > 1
 
     def finals(self) -> dict[str, int]:
         """The Whisper calls that heard final transcripts so far, for /stats."""
@@ -406,11 +407,9 @@ def load_runtime(options: RuntimeOptions) -> Runtime:
             f"Whisper {check_name} on {device}, to hear a turn again before acting on it",
             lambda: load_transcriber(check_name, options.cache_dir, check_options),
         )
-    # and on the CPU its one-thread twin, for sentences no listener waits on alone
-    tts = _timed(
-        "Piper voice en_US-joe-medium",
-        lambda: Synthesizer(device=device, lean=device == "cpu"),
-    )
+    # and, where it runs on the CPU, its one-thread twin for sentences no lone
+    # listener waits on
+    tts = _timed("Piper voice en_US-joe-medium", lambda: Synthesizer(device=device, lean=True))
     speech_first = options.speech_first
     if speech_first is None:
         speech_first = reply_on_cpu(options.engine, options.device)

@@ -155,7 +155,6 @@ class FakeTts:
         self.go.set()
         self.started = asyncio.Event()  # set from the TTS thread when it is in synthesize
         self.busy: Callable[[], None] = lambda: None  # runs in each call, as FakeAsr's
-        self.has_lean = True  # a one-thread twin, as Piper's on a CPU
         self.lean: list[bool] = []  # on which session each sentence was asked for
 
     def synthesize(self, text: str, lean: bool = False) -> Iterator[np.ndarray]:
