@@ -52,6 +52,7 @@ from numpy.typing import NDArray
 from audio.assets import whisper_model
 
 SAMPLE_RATE = 16_000
+FRAMES_PER_S = 100  # log-mel frames a second (a hop of 160 samples)
 Window = Literal["auto", "sized", "full"]
 
 # faster-whisper's defaults for skipping a window as silence: both must hold.
@@ -93,6 +94,11 @@ class AsrOptions:
     # GPU (resolve_window).
     window: Window = "auto"
     pad_frames: int = 300  # 10 ms each: 3 s of silence after the turn (docs/audio.md)
+    # A sized window's frames are rounded up to a multiple of this (1 s): turns whose
+    # windows come out alike are heard in one Whisper call, each exactly as alone
+    # (transcribe_batch); the encoder takes no mask, so a turn padded to another's
+    # length would be heard with more silence, and other words (docs/latency.md)
+    grid_frames: int = 100
     # Decode budget of the sized window, in tokens: base + per second of audio. Speech
     # runs at 3-5 tokens/s; a loop needs two copies of its sentence to be recognised.
     budget_tokens: int = 12
@@ -160,25 +166,25 @@ class Transcriber:
         return replace(full, text=dedupe_sentences(full.text), trusted=False)
 
     def transcribe_batch(self, audios: Sequence[NDArray[np.floating]]) -> list[Transcript]:
-        """Several turns at once (concurrent sessions' final transcripts), in one Whisper
-        call where the sized window serves them: each turn's window is its frames and
-        at least ``pad_frames`` of silence, padded with silence to the longest, and one
-        greedy decode runs for all. A turn that needs the full window (past 30 s, a loop,
-        a spent budget) is heard alone as :meth:`transcribe` would; so is every turn with
-        a beam, or in the 30 s window. Blocking."""
+        """Several turns at once (concurrent sessions' transcripts), each exactly as
+        :meth:`transcribe` hears it alone: the turns whose sized windows have one length
+        (AsrOptions.grid_frames) in one greedy decode, the rest one call each. A turn
+        that needs the full window (past 30 s, a loop, a spent budget) is heard alone
+        as :meth:`transcribe` would; so is every turn with a beam, or in the 30 s
+        window. Blocking."""
         xs = [np.ascontiguousarray(a, dtype=np.float32) for a in audios]
         sized = self.window == "sized" and self.language is not None and self.options.beam_size == 1
         windows = [self.sized_features(x) if sized and len(x) else None for x in xs]
-        batch = [(i, w) for i, w in enumerate(windows) if w is not None]
+        alike: dict[int, list[int]] = {}  # window length -> the turns with it
+        for i, w in enumerate(windows):
+            if w is not None:
+                alike.setdefault(w.shape[-1], []).append(i)
         out: list[Transcript | None] = [None] * len(xs)
-        if batch:  # one window alone is transcribe_sized's decode
-            frames = max(w.shape[-1] for _, w in batch)
-            stacked = np.zeros((len(batch), batch[0][1].shape[1], frames), np.float32)
-            for row, (_, w) in enumerate(batch):
-                stacked[row, :, : w.shape[-1]] = w[0]
-            budgets = [self._budget(xs[i]) for i, _ in batch]
+        for group in alike.values():
+            stacked = np.concatenate([windows[i] for i in group])
+            budgets = [self._budget(stacked[:1])] * len(group)
             decodes = self._generate_many(ctranslate2.StorageView.from_array(stacked), budgets)
-            for (i, _), d in zip(batch, decodes, strict=True):
+            for i, d in zip(group, decodes, strict=True):
                 heard = self._checked(xs[i], d)
                 # a window whose decode fails its checks goes to the 30 s window, not
                 # through the sized one again
@@ -233,7 +239,7 @@ class Transcriber:
         if window is None:
             return None
         o = self.options
-        budget = self._budget(x)
+        budget = self._budget(window)
         features = ctranslate2.StorageView.from_array(window)
         if o.beam_size == 1:
             return self._generate(features, 1, budget)
@@ -242,10 +248,12 @@ class Transcriber:
         greedy = self._generate(encoded, 1, budget)
         return greedy if ended_early(beam.text, greedy.text) else beam
 
-    def _budget(self, x: NDArray[np.float32]) -> int:
-        """Tokens a sized decode of ``x`` may write (AsrOptions.budget_tokens...)."""
+    def _budget(self, window: NDArray[np.float32]) -> int:
+        """Tokens a sized decode of ``window`` may write (AsrOptions.budget_tokens...),
+        from its frames: windows of one length decode to one budget, alone or together."""
         o = self.options
-        return min(int(o.budget_tokens + o.budget_tokens_per_s * len(x) / SAMPLE_RATE), 224)
+        seconds = max(window.shape[-1] - o.pad_frames, 0) / FRAMES_PER_S
+        return min(int(o.budget_tokens + o.budget_tokens_per_s * seconds), 224)
 
     def _generate(self, features: ctranslate2.StorageView, beam: int, budget: int) -> SizedDecode:
         """One decode of the window's log-mel or encoder output (CTranslate2 takes
@@ -290,10 +298,10 @@ class Transcriber:
         return decodes
 
     def sized_features(self, x: NDArray[np.float32]) -> NDArray[np.float32] | None:
-        """(1, n_mels, frames): the log-mel of x, then pad_frames of zeros, even length.
-
-        Zeros are faster-whisper's padding of the 30 s window too (pad_or_trim). None
-        when the audio fills the 30 s window already.
+        """(1, n_mels, frames): the log-mel of x, then at least pad_frames of zeros, up
+        to a multiple of grid_frames (even: the encoder's stride-2 convolution halves
+        it). Zeros are faster-whisper's padding of the 30 s window too (pad_or_trim).
+        None when the audio fills the 30 s window already.
         """
         fe = self.model.feature_extractor
         features = fe(x)
@@ -302,8 +310,9 @@ class Transcriber:
         content = features.shape[-1] - 1
         if content > fe.nb_max_frames:
             return None
-        frames = min(fe.nb_max_frames, content + self.options.pad_frames)
-        frames += frames % 2  # the encoder's stride-2 convolution halves it
+        grid = max(1, self.options.grid_frames)
+        frames = min(fe.nb_max_frames, -(-(content + self.options.pad_frames) // grid) * grid)
+        frames += frames % 2
         window = np.zeros((1, features.shape[0], frames), np.float32)
         window[0, :, :content] = features[:, :content]
         return window

@@ -691,9 +691,10 @@ def asr_compare(
     cache_dir: Path | None,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Word errors per voice and noise of each ``MODEL:WINDOW[:prompt][:beamN]``
+    """Word errors per voice and noise of each ``MODEL:WINDOW[:prompt][:beamN][:gridN]``
     (``tiny.en:sized``, ``base:full``, ``tiny.en:sized:prompt``: with
-    :data:`COMMAND_PROMPT`, ``tiny.en:sized:beam1``: greedy; the served beam without one)
+    :data:`COMMAND_PROMPT`, ``tiny.en:sized:beam1``: greedy, ``tiny.en:sized:grid1``:
+    sized windows not rounded up; the served beam and grid without one)
     on the utterances the spoken eval makes (same lines, voices, noise, seeds), and each
     one's transcription time per turn: the models take the turns in turn, the order
     rotated turn by turn so that the machine's load falls on all alike.
@@ -706,10 +707,12 @@ def asr_compare(
         name, _, rest = spec.partition(":")
         window, *flags = rest.split(":")
         beams = [int(f[4:]) for f in flags if f.startswith("beam")]
+        grids = [int(f[4:]) for f in flags if f.startswith("grid")]
         options = AsrOptions(
             window=window or "auto",  # type: ignore[arg-type]
             prompt=COMMAND_PROMPT if "prompt" in flags else None,
             beam_size=beams[0] if beams else AsrOptions.beam_size,
+            grid_frames=grids[0] if grids else AsrOptions.grid_frames,
         )
         asrs[spec] = load_transcriber(name, cache_dir, options)
     errors = {spec: {} for spec in models}  # type: dict[str, dict[str, list[int]]]

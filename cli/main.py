@@ -111,9 +111,9 @@ def _parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=RuntimeOptions.asr_batch,
         metavar="N",
-        help="final transcripts of turns that end together heard in one Whisper call, at "
-        "most (1: each alone; more: a turn heard beside a longer one may get other words, "
-        "docs/latency.md)",
+        help="turns that end together heard in one Whisper call, at most: finals, and second "
+        "hearings each (1: each alone); only turns whose windows have one length share a "
+        "call, each heard exactly as alone (docs/latency.md)",
     )
     serve.add_argument("--engine", default=DEFAULT_ENGINE, choices=ENGINES, help="reply model")
     serve.add_argument("--max-reply-tokens", type=int, default=64, help="longest reply, in tokens")

@@ -813,6 +813,7 @@ class App:
             "queued": pending,
             "tasks": len(asyncio.all_tasks()),
             "final_transcripts": self.rt.finals(),
+            "second_hearings": self.rt.finals(again=True),
             "partial_transcripts": dict(self.rt.partials),
             **({"reply_passes": passes} if (passes := self.rt.passes()) is not None else {}),
         }

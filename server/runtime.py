@@ -63,6 +63,11 @@ DEFAULT_ASR = "auto"
 # "auto": the other offline Whisper model hears a turn again before a call is made on
 # its words (check_model; docs/actions.md, "Heard twice")
 DEFAULT_ASR_CHECK = "auto"
+# Turns one Whisper call may hear together (--asr-batch): finals that wait while the
+# ASR worker is busy, and second hearings (Hearings), each as it is heard alone. 1 (each
+# alone): at eight sessions the turns rarely waited together, and first audio came no
+# sooner with 8 (docs/latency.md, "Turns heard together")
+ASR_BATCH = 1
 
 
 class WorkerKind(StrEnum):
@@ -70,7 +75,10 @@ class WorkerKind(StrEnum):
 
     VAD = "vad"
     ASR = "asr"
-    TTS = "tts"
+    TTS = "tts"  # replies' first sentences
+    # later sentences: in a thread of their own, so a first sentence never waits for one
+    # (a later sentence takes 100-600 ms of Piper under load; docs/latency.md)
+    TTS_LATER = "tts_later"
     REPLY = "reply"
     TURN_END = "turn_end"
     WARM = "warm"
@@ -146,18 +154,20 @@ class Worker:
             self._jobs.clear()
 
 
-class Finals:
-    """Final transcripts asked for while the ASR worker is busy wait together and are
-    heard in one Whisper call when it is free (``Transcriber.transcribe_batch``), at
-    most ``most`` a call (``--asr-batch``; 1, the default: each alone): with many
-    sessions talking at once their turns end together, and one batched decode costs
-    less than the same decodes one after another (three sized windows of tiny.en: 107
-    against 167 ms on the 2-core CPU). The first final runs at once, alone: batching
-    never makes a turn wait for another. Finals go before the worker's other jobs
-    (partial transcripts, second hearings)."""
+class Hearings:
+    """Transcripts asked for while the ASR worker is busy wait together and are heard
+    in one Whisper call when it is free (``Transcriber.transcribe_batch``), at most
+    ``most`` a call (``--asr-batch``; 1, the default: each alone): where many
+    sessions' turns end together, one batched decode costs less than the same decodes
+    one after another (eight 2.5 s commands: tiny.en 0.60 against 1.05 s, base 1.00
+    against 1.74 s on the 2-core CPU). Each turn gets the words it gets alone: only
+    turns whose windows have one length share a decode (audio.asr, ``grid_frames``).
+    The first one runs at once, alone: batching never makes a turn wait for another.
+    ``rank`` orders them among the worker's other jobs: final transcripts (0) before
+    partial transcripts and second hearings (1)."""
 
-    def __init__(self, worker: Worker, asr: Any, most: int) -> None:
-        self.worker, self.asr, self.most = worker, asr, max(1, most)
+    def __init__(self, worker: Worker, asr: Any, most: int, rank: int = 0) -> None:
+        self.worker, self.asr, self.most, self.rank = worker, asr, max(1, most), rank
         self.sizes: list[int] = []  # how many turns each call heard (tests, stats)
         self._waiting: list[tuple[Any, asyncio.Future[Any]]] = []
         self._task: asyncio.Task[None] | None = None
@@ -178,9 +188,9 @@ class Finals:
             audios = [a for a, _ in taken]
             self.sizes.append(len(audios))
             if len(audios) > 1:
-                log.debug("hearing %d final transcripts in one Whisper call", len(audios))
+                log.debug("hearing %d turns in one Whisper call", len(audios))
             try:
-                heard = await self.worker.ranked(0, functools.partial(self._call, audios))
+                heard = await self.worker.ranked(self.rank, functools.partial(self._call, audios))
             except Exception as exc:
                 for _, d in taken:
                     if not d.done():
@@ -215,15 +225,17 @@ class Runtime:
     # hears a turn again before a call on its words is made without asking (--asr-check,
     # server/turn.py); None: calls are made on the first hearing alone
     asr_check: Transcriber | None = None
-    # final transcripts heard in one Whisper call at most (--asr-batch; 1: one a call)
-    asr_batch: int = 1
+    # turns heard in one Whisper call at most, finals and second hearings each
+    # (--asr-batch; 1: one a call)
+    asr_batch: int = ASR_BATCH
     # prefills a conversation's next prompt between turns (WarmNext, warm_next); None
     # where nothing would run it behind the replies (no step loop) or nothing keeps it
     warm: Warm | None = None
     # Whisper, Piper and (unless it is a GPU's or a chat server's) the reply model share
     # the CPU's cores: a partial transcript then takes them from the turns being produced
     cpu: bool = False
-    _finals: Finals | None = field(default=None, init=False, repr=False)
+    _finals: Hearings | None = field(default=None, init=False, repr=False)
+    _checks: Hearings | None = field(default=None, init=False, repr=False)
     _producing: int = field(default=0, init=False, repr=False)  # turns (producing())
     # partial transcripts run and passed over since start, for /stats
     partials: dict[str, int] = field(
@@ -231,10 +243,21 @@ class Runtime:
     )
 
     async def hear(self, audio: Any) -> Transcript:
-        """A turn's final transcript, heard with the other turns' that wait (Finals)."""
+        """A turn's final transcript, heard with the other turns' that wait (Hearings)."""
         if self._finals is None:
-            self._finals = Finals(self.worker(WorkerKind.ASR), self.asr, self.asr_batch)
+            self._finals = Hearings(self.worker(WorkerKind.ASR), self.asr, self.asr_batch)
         transcript: Transcript = await self._finals.hear(audio)
+        return transcript
+
+    async def hear_again(self, audio: Any) -> Transcript:
+        """A turn heard by the second model (``asr_check``), with the other turns' second
+        hearings that wait; after the waiting finals."""
+        if self.asr_check is None:
+            raise RuntimeError("no second model to hear a turn again (--asr-check none)")
+        if self._checks is None:
+            worker = self.worker(WorkerKind.ASR)
+            self._checks = Hearings(worker, self.asr_check, self.asr_batch, rank=1)
+        transcript: Transcript = await self._checks.hear(audio)
         return transcript
 
     @contextlib.contextmanager
@@ -271,9 +294,11 @@ class Runtime:
         (speech first)."""
         return not first or self._producing > 1
 
-    def finals(self) -> dict[str, int]:
-        """The Whisper calls that heard final transcripts so far, for /stats."""
-        sizes = self._finals.sizes if self._finals is not None else []
+    def finals(self, again: bool = False) -> dict[str, int]:
+        """The Whisper calls that heard final transcripts (or, ``again``, second
+        hearings) so far, for /stats."""
+        hearings = self._checks if again else self._finals
+        sizes = hearings.sizes if hearings is not None else []
         return {
             "calls": len(sizes),
             "turns": sum(sizes),
@@ -323,10 +348,7 @@ class RuntimeOptions:
     asr_window: Window = "auto"  # audio.asr.AsrOptions.window
     asr_beam: int = BEAM_SIZE  # audio.asr.AsrOptions.beam_size
     asr_check: str = DEFAULT_ASR_CHECK  # check_model: the second hearing before acting
-    # Runtime.asr_batch: final transcripts one Whisper call may hear. 1 (each alone):
-    # a turn heard beside a longer one gets more silence after it, and 45 of the spoken
-    # eval's 276 turns then got other words (docs/latency.md)
-    asr_batch: int = 1
+    asr_batch: int = ASR_BATCH  # Runtime.asr_batch
     engine: EngineName = DEFAULT_ENGINE
     cache_dir: Path | None = None
     max_reply_tokens: int = 64  # the reply budget, in tokens

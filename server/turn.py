@@ -206,10 +206,9 @@ async def _heard_again(rt: Runtime, audio: np.ndarray) -> str | None:
 
 
 async def _second_hearing(rt: Runtime, audio: np.ndarray) -> Transcript:
-    assert rt.asr_check is not None
     loop = asyncio.get_running_loop()
     t0 = loop.time()
-    again: Transcript = await rt.worker(WorkerKind.ASR).run(rt.asr_check.transcribe, audio)
+    again = await rt.hear_again(audio)
     log.info("heard again in %.0f ms: %r", _ms(t0, loop.time()), again.text)
     return again
 
@@ -311,11 +310,9 @@ async def _produce(
                     if not start.speak:
                         continue
                     t1 = loop.time()
-                    first = index == 0  # a listener waits for it: before others' later ones
-                    pcm = await rt.worker(WorkerKind.TTS).ranked(
-                        0 if first else 1,
-                        functools.partial(synthesize, rt, text, start.output_rate, first),
-                    )
+                    first = index == 0  # a listener waits for it: never behind a later one
+                    kind = WorkerKind.TTS if first else WorkerKind.TTS_LATER
+                    pcm = await rt.worker(kind).run(synthesize, rt, text, start.output_rate, first)
                     chunks.put_nowait(_Chunk(index, pcm, _ms(t1, loop.time())))
                     pauses.release()
                 case ReplyEnd(stats=s):

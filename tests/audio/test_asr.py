@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -88,6 +89,11 @@ def test_the_window_is_sized_to_the_turn_for_tiny_on_cpu(transcriber: Transcribe
     window = transcriber.sized_features(np.zeros(3 * 16_000, np.float32))
     assert window is not None
     assert window.shape[-1] == 300 + transcriber.options.pad_frames  # 3 s + the silence
+    # 2.34 s + the silence, up to the next whole second: windows of turns of about one
+    # length come out alike (AsrOptions.grid_frames), and can be heard together
+    window = transcriber.sized_features(np.zeros(int(2.34 * 16_000), np.float32))
+    assert window is not None and window.shape[-1] == 600
+    assert not window[0, :, 234:].any()  # silence from the turn's end
 
 
 def test_auto_window_is_sized_for_english_only_models_on_cpu() -> None:
@@ -171,20 +177,36 @@ def test_audio_past_the_30_s_window_still_transcribes(
 
 
 @models
+@pytest.mark.parametrize("name", ["tiny.en", "base"])
 def test_turns_heard_in_one_call_are_heard_as_one_at_a_time(
-    tiny: Transcriber, speech: SpeechFactory
+    name: str, model_cache: Path, speech: SpeechFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """transcribe_batch (concurrent sessions' finals, server/runtime.py Finals): each
-    turn's words are the ones it gets alone, the empty one and one past the 30 s window
-    (heard alone in faster-whisper's windows) included, in the order given."""
-    turns = [served(speech.piper(t)) for t in QUESTIONS[:4]]
+    """transcribe_batch (concurrent sessions' turns, server/runtime.py Hearings): each
+    turn gets exactly what it gets alone, words and Whisper's figures, whichever turns
+    it is heard with: the turns whose windows have one length share a decode, a turn of
+    another length is decoded on its own, and the empty one and one past the 30 s
+    window (heard alone in faster-whisper's windows) are heard as alone, in the order
+    given. tiny.en hears every turn, base (sized) every second hearing."""
+    asr = load_transcriber(name, model_cache, AsrOptions(window="sized"))
+    alike = [served(speech.piper(t)) for t in QUESTIONS[:4]]
+    n = max(len(t) for t in alike)  # one length: one window, one decode
+    turns = [np.pad(t, (0, n - len(t))) for t in alike]
+    turns.append(pad(turns[0], 0.0, 1.5))  # a window of its own
     turns.append(np.zeros(0, np.float32))
     long = np.concatenate([pad(speech.piper(t), 0.0, 0.8) for t in QUESTIONS[:10]])
     turns.insert(2, long)
-    alone = [tiny.transcribe(t) for t in turns]
-    together = tiny.transcribe_batch(turns)
-    assert [t.text for t in together] == [t.text for t in alone]
-    assert [t.audio_s for t in together] == [t.audio_s for t in alone]
+    alone = [asr.transcribe(t) for t in turns]
+    decodes: list[int] = []
+    generate = asr._generate_many
+
+    def counted(features: Any, budgets: Any, beam: int = 1) -> Any:
+        decodes.append(len(budgets))
+        return generate(features, budgets, beam)
+
+    monkeypatch.setattr(asr, "_generate_many", counted)
+    together = asr.transcribe_batch(turns)
+    assert sorted(decodes) == [1, 4]
+    assert together == alone
     assert all(t.text for t in together[:-1]) and together[-1].text == ""
 
 

@@ -156,6 +156,10 @@ class FakeTts:
         self.started = asyncio.Event()  # set from the TTS thread when it is in synthesize
         self.busy: Callable[[], None] = lambda: None  # runs in each call, as FakeAsr's
         self.lean: list[bool] = []  # on which session each sentence was asked for
+        # the first sentence with this text waits inside synthesize, holding its thread,
+        # until ``hold_until`` is set (``holding`` is set once it waits)
+        self.hold_text: str | None = None
+        self.holding, self.hold_until = threading.Event(), threading.Event()
 
     def synthesize(self, text: str, lean: bool = False) -> Iterator[np.ndarray]:
         self.texts.append(text)
@@ -163,6 +167,9 @@ class FakeTts:
         self.held.append(self.speech.holding)
         self.loop.call_soon_threadsafe(self.started.set)
         self.go.wait()
+        if text == self.hold_text and not self.holding.is_set():
+            self.holding.set()
+            self.hold_until.wait(10)
         self.busy()
         n = self.sample_rate * self.ms // 1000
         yield np.full(n // 2, 1000, np.int16)
@@ -337,6 +344,29 @@ async def test_only_a_lone_turns_first_sentence_is_synthesized_on_all_cores(
     with beside.rt.producing():  # another session's turn
         await beside.start(text="Hi")
     assert beside.tts.lean == [True, True]
+
+
+async def test_a_first_sentence_never_waits_for_another_replys_later_one(
+    make_turn: Any,
+) -> None:
+    """Later sentences have a TTS thread of their own: while Piper is still on one
+    reply's second sentence, another reply's first sentence is synthesized and sent."""
+    one = make_turn(FakeEngine(["Hello there.", " How are you today?"]))
+    one.tts.hold_text = "How are you today?"
+    other = Turn(one.rt, one.engine, one.asr, one.tts)
+    one.released.set()
+    other.released.set()
+    first = one.start(text="Hi")
+    try:
+        await asyncio.wait_for(asyncio.to_thread(one.tts.holding.wait, 5), 6)
+        second = other.start(text="Hi")
+        await asyncio.wait_for(other.frame_count(1), 5)  # while the later one is held
+        assert [s.text for s in other.of(ReplySentence)][:1] == ["Hello there."]
+    finally:
+        one.tts.hold_until.set()
+    await first
+    await second
+    assert sorted(one.tts.texts) == sorted(["Hello there.", "How are you today?"] * 2)
 
 
 async def test_a_typed_turn_has_no_transcript_and_the_engine_gets_the_history(
@@ -766,7 +796,8 @@ async def test_a_call_is_made_on_words_a_second_hearing_hears_too(
     """A call that would be made without asking waits for a second Whisper model to
     hear the turn (--asr-check): words alike (model.ask.heard_alike), and it is made;
     others, and it is asked about, as the router's doubt is (the session keeps it for
-    a yes)."""
+    a yes). The second hearing goes through the runtime's batcher of second hearings
+    (counted for /stats), behind the waiting finals."""
     engine = FakeEngine([TIMER, "Timer set for ten minutes."])
     turn = make_turn(engine, "Set a timer for ten minutes.")
     again = FakeAsr(heard_again)
@@ -774,6 +805,7 @@ async def test_a_call_is_made_on_words_a_second_hearing_hears_too(
     turn.released.set()
     await turn.start(audio=QUESTION_AUDIO, tools=DEFAULT_TOOLS)
     assert len(again.calls) == 1 and again.calls[0] is turn.asr.calls[0]  # the same audio
+    assert turn.rt.finals(again=True) == {"calls": 1, "turns": 1, "batched_calls": 0, "largest": 1}
     (action,) = turn.of(ReplyAction)
     assert action.call == TIMER and action.call.doubted is not acts
     said = " ".join(s.text for s in turn.of(ReplySentence))
@@ -1041,7 +1073,7 @@ def test_the_second_hearing_is_the_other_offline_model() -> None:
 
 
 async def test_a_spoken_turn_s_final_is_heard_through_the_batcher(make_turn: Any) -> None:
-    """The final transcript goes through the runtime's Finals (counted for /stats);
+    """The final transcript goes through the runtime's Hearings (counted for /stats);
     a typed turn hears nothing."""
     turn = make_turn(FakeEngine(REPLY))
     turn.released.set()

@@ -96,12 +96,12 @@ class _Asr:
 
 @contextlib.asynccontextmanager
 async def _first_heard(most: int) -> AsyncIterator[tuple[Any, _Asr, asyncio.Task[Any]]]:
-    """Finals at most ``most`` a call, its first final ("a") started and held in the
+    """Hearings at most ``most`` a call, its first final ("a") started and held in the
     ASR call until the test lets ``asr.hold`` go."""
-    from server.runtime import Finals
+    from server.runtime import Hearings
 
     worker, asr = Worker("asr"), _Asr()
-    finals = Finals(worker, asr, most)
+    finals = Hearings(worker, asr, most)
     try:
         asr.hold.clear()
         first = asyncio.create_task(finals.hear("a"))
