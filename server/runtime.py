@@ -109,8 +109,8 @@ def shared_passes(generator: TextGenerator) -> BatchedBackend | None:
 class Worker:
     """Threads (one unless said) for one kind of blocking job, with its queue depth
     visible. Jobs wait in rank order, lower first, then in the order asked (``rank``:
-    the TTS worker synthesizes every reply's first sentence before other replies' later
-    ones, docs/latency.md "Many replies at once")."""
+    the ASR worker hears final transcripts before partial transcripts and second
+    hearings, ``Hearings``)."""
 
     def __init__(self, name: str, threads: int = 1) -> None:
         self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name)
