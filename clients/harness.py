@@ -18,6 +18,11 @@ speech onset the last audio frame of the cancelled turn arrived and when
 The JSON report has ``turns`` (one record per turn, ``error`` set when it failed) and
 ``summary`` (p50/p95/p99 of end of speech to first reply audio, per-stage percentiles,
 barge-in stop times, the server's event-loop lag). A progress line goes to stderr.
+
+Each whole reply is also played back on paper (:func:`playback_stall_ms`): from its
+first audio frame at real time, how long a speaker would have fallen silent waiting for
+audio that had not come yet. A voice that stutters under load shows there, where first
+audio alone would not.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import json
 import sys
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +56,9 @@ from .common import (
 )
 
 PERCENTILES = (50, 95, 99)
+# a playback gap shorter than this (one 20 ms frame and jitter) is not heard; a turn
+# with more in all counts as one that stuttered
+AUDIBLE_STALL_MS = 50.0
 # --plot's matplotlib is an extra of its own (pyproject.toml), not a dependency
 PLOT_INSTALL = "pip install -e '.[plot]'"
 CLIENT_STAGES = ("final_transcript_ms", "first_audio_ms", "reply_done_ms")
@@ -103,6 +111,9 @@ class TurnRecord:
     final_transcript_ms: float | None = None  # all client times: from the end of speech
     first_audio_ms: float | None = None
     reply_done_ms: float | None = None
+    # silence a real-time player would have inserted waiting for this reply's audio
+    # (whole replies only: not one cut short)
+    playback_stall_ms: float | None = None
     server: dict[str, object] | None = None  # the server's metrics event
     barge_in: dict[str, object] | None = None
     error: str | None = None
@@ -112,10 +123,17 @@ class Talker:
     """One simulated client: an open microphone out, stamped events in."""
 
     def __init__(
-        self, index: int, ws: ClientConnection, rate: int, mic: Microphone | None = None
+        self,
+        index: int,
+        ws: ClientConnection,
+        rate: int,
+        mic: Microphone | None = None,
+        out_rate: int | None = None,
     ) -> None:
+        """``out_rate``: the server's reply audio rate (``ready``), for playback stalls."""
         self.index = index
         self.ws = ws
+        self.out_rate = out_rate
         self.inbox = Inbox(ws)
         self.mic = mic or Microphone(ws, rate)
 
@@ -142,6 +160,9 @@ class TurnWatch:
     done_at: float | None = None
     cancelled_at: float | None = None
     finished: bool = False
+    out_rate: int | None = None
+    # (arrival, samples) of each of the reply's audio frames
+    frames: list[tuple[float, int]] = field(default_factory=list)
 
     def see(self, a: Arrival) -> None:
         r = self.record
@@ -149,6 +170,7 @@ class TurnWatch:
             if a.audio[0] == r.turn_id:
                 self.first_audio_at = self.first_audio_at or a.at
                 self.last_audio_at = a.at
+                self.frames.append((a.at, len(a.audio[2]) // 2))
             return
         match a.message:
             case p.SpeechStarted(turn_id=t) if r.turn_id is None:
@@ -181,6 +203,21 @@ class TurnWatch:
         r.final_transcript_ms = ms(self.final_at)
         r.first_audio_ms = ms(self.first_audio_at)
         r.reply_done_ms = ms(self.done_at)
+        if self.out_rate and self.frames and self.done_at and self.cancelled_at is None:
+            r.playback_stall_ms = round(playback_stall_ms(self.frames, self.out_rate), 1)
+
+
+def playback_stall_ms(frames: Sequence[tuple[float, int]], rate: int) -> float:
+    """Silence (ms) a player inserts into a reply when it starts the first frame on
+    arrival and plays at ``rate`` samples/s: each frame starts when the one before it
+    has played or when it arrives, whichever is later. ``frames``: (arrival in s,
+    samples), in order. No jitter buffer: the strictest reading of "audio came late"."""
+    stall = 0.0
+    free_at = frames[0][0] if frames else 0.0  # when the player has played all it had
+    for at, samples in frames:
+        stall += max(0.0, at - free_at)
+        free_at = max(free_at, at) + samples / rate
+    return stall * 1000
 
 
 async def run_turn(
@@ -191,7 +228,7 @@ async def run_turn(
     interruption: Utterance | None = None,
 ) -> list[TurnRecord]:
     """Speak, wait for the answer (and with ``interruption``, talk over it)."""
-    watch = TurnWatch(record, talker.say(utterance))
+    watch = TurnWatch(record, talker.say(utterance), out_rate=talker.out_rate)
     barge: TurnWatch | None = None
     try:
         async with asyncio.timeout(timeout_s):
@@ -218,7 +255,7 @@ async def run_turn(
 
 def _interrupt(talker: Talker, record: TurnRecord, utterance: Utterance) -> TurnWatch:
     nxt = TurnRecord(record.session, record.turn, utterance.name, interruption=True)
-    return TurnWatch(nxt, talker.say(utterance))
+    return TurnWatch(nxt, talker.say(utterance), out_rate=talker.out_rate)
 
 
 def _barge_in_figures(cut: TurnWatch, barge: TurnWatch) -> dict[str, object]:
@@ -275,8 +312,8 @@ class Progress:
 
 
 async def connect_talker(url: str, index: int, rate: int, client: str) -> Talker:
-    ws, _ = await open_session(url, rate, client)
-    return Talker(index, ws, rate)
+    ws, ready = await open_session(url, rate, client)
+    return Talker(index, ws, rate, out_rate=ready.output_sample_rate)
 
 
 async def session(
@@ -359,6 +396,9 @@ def summarize(records: list[TurnRecord], opts: Options) -> dict[str, object]:
         "failed": len(records) - len(ok),
     }
     summary.update(percentiles(_values(ok, "first_audio_ms"), "end_of_speech_to_first_audio_ms"))
+    stalls = _values(ok, "playback_stall_ms")
+    summary.update(percentiles(stalls, "playback_stall_ms"))
+    summary["playback_stalled_turns"] = sum(s >= AUDIBLE_STALL_MS for s in stalls)
     stages: dict[str, object] = {}
     for key in CLIENT_STAGES:
         stages[f"client_{key}"] = percentiles(_values(ok, key), "ms")

@@ -18,7 +18,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from audio.speech import write_wav
 from clients import devices, harness
 from clients.common import Microphone, Pcm, backoff, frames, speech_bounds
-from clients.harness import Utterance, percentiles
+from clients.harness import Utterance, percentiles, playback_stall_ms
 from tests.serverproc import ROOT
 
 
@@ -45,6 +45,20 @@ def test_percentiles_name_their_keys_and_tolerate_no_data() -> None:
     assert out["x_ms_n"] == 100 and out["x_ms_p50"] == 50.5
     assert out["x_ms_p95"] == pytest.approx(95.05, abs=0.06) and out["x_ms_p99"] == 99.0
     assert percentiles([], "y")["y_p95"] is None
+
+
+def test_playback_stalls_count_only_the_silence_a_player_waits_for() -> None:
+    rate = 1000  # 100 samples: 0.1 s of audio
+    ahead = [(0.0, 100), (0.05, 100), (0.1, 100), (0.12, 100)]  # faster than real time
+    assert playback_stall_ms(ahead, rate) == 0.0
+    # the third frame is due at 0.2 s and comes at 0.5 s; the fourth, there already,
+    # is due when the third has played: one gap of 300 ms
+    late = [(0.0, 100), (0.05, 100), (0.5, 100), (0.51, 100)]
+    assert playback_stall_ms(late, rate) == pytest.approx(300.0)
+    # two gaps add up; a player that caught up does not make up for one
+    twice = [(0.0, 100), (0.3, 100), (0.35, 100), (1.0, 100)]
+    assert playback_stall_ms(twice, rate) == pytest.approx(200.0 + 500.0)
+    assert playback_stall_ms([], rate) == 0.0
 
 
 def test_backoff_grows_to_a_cap() -> None:

@@ -53,10 +53,12 @@ def test_two_sessions_two_turns_report_and_plot(
         # client clocks, from the ground-truth end of speech, in causal order
         assert 0 < t["final_transcript_ms"] < t["first_audio_ms"] < t["reply_done_ms"], t
         assert t["server"]["first_audio_ms"] > 0
+        assert t["playback_stall_ms"] >= 0, t  # a whole reply, played back on paper
     for q in ("p50", "p95", "p99"):
         assert summary[f"end_of_speech_to_first_audio_ms_{q}"] > 0
     assert summary["end_of_speech_to_first_audio_ms_n"] == 4
     assert summary["stages"]["server_asr_ms"]["ms_p50"] > 0
+    assert summary["playback_stall_ms_n"] == 4 and summary["playback_stalled_turns"] >= 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
 
 
@@ -71,6 +73,8 @@ def test_barge_in_stop_time(server: ServerProcess, speech: SpeechFactory, tmp_pa
     cut, interruption = report["turns"]
     assert not cut["interruption"] and interruption["interruption"]
     assert cut["barge_in"]["cancelled"], cut
+    assert cut["playback_stall_ms"] is None  # cut short: not a whole reply to play
+    assert interruption["playback_stall_ms"] >= 0
     assert cut["server"]["turn_id"] == cut["turn_id"]
     # reply_cancelled comes after the interruption's speech onset, and it is the end
     # of that turn's audio: nothing of it arrives later (the last frame precedes it)
