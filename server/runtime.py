@@ -77,7 +77,8 @@ class WorkerKind(StrEnum):
     ASR = "asr"
     TTS = "tts"  # replies' first sentences
     # later sentences: in a thread of their own, so a first sentence never waits for one
-    # (a later sentence takes 100-600 ms of Piper under load; docs/latency.md)
+    # (a later sentence takes 100-600 ms of Piper under load; docs/latency.md), the one
+    # whose reply runs out of audio soonest first
     TTS_LATER = "tts_later"
     REPLY = "reply"
     TURN_END = "turn_end"
@@ -110,19 +111,20 @@ class Worker:
     """Threads (one unless said) for one kind of blocking job, with its queue depth
     visible. Jobs wait in rank order, lower first, then in the order asked (``rank``:
     the ASR worker hears final transcripts before partial transcripts and second
-    hearings, ``Hearings``)."""
+    hearings, ``Hearings``; the later-sentence worker's rank is when each sentence's
+    audio is due, ``server.turn``)."""
 
     def __init__(self, name: str, threads: int = 1) -> None:
         self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name)
         self.pending = 0
-        self._jobs: list[tuple[int, int, Callable[[], Any], Future[Any]]] = []
+        self._jobs: list[tuple[float, int, Callable[[], Any], Future[Any]]] = []
         self._asked = itertools.count()
         self._lock = threading.Lock()
 
     async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         return await self.ranked(1, functools.partial(fn, *args, **kwargs))
 
-    async def ranked(self, rank: int, call: Callable[[], T]) -> T:
+    async def ranked(self, rank: float, call: Callable[[], T]) -> T:
         """``call()`` in a worker thread, after every waiting job of a lower rank."""
         done: Future[T] = Future()
         with self._lock:

@@ -285,6 +285,7 @@ async def _produce(
     t0 = loop.time()
     stats: GenerationStats | None = None
     pauses = rt.speech_first.reply(start.speak)
+    playback = _Playback()
     try:
         budget = min(rt.max_reply_tokens, start.max_tokens or rt.max_reply_tokens)
         # No name holds the engine's stream: cancelled here (say, while Piper works), this
@@ -310,9 +311,8 @@ async def _produce(
                     if not start.speak:
                         continue
                     t1 = loop.time()
-                    first = index == 0  # a listener waits for it: never behind a later one
-                    kind = WorkerKind.TTS if first else WorkerKind.TTS_LATER
-                    pcm = await rt.worker(kind).run(synthesize, rt, text, start.output_rate, first)
+                    pcm = await _speak(rt, text, start.output_rate, playback.due())
+                    playback.queued(pcm, start.output_rate, loop.time())
                     chunks.put_nowait(_Chunk(index, pcm, _ms(t1, loop.time())))
                     pauses.release()
                 case ReplyEnd(stats=s):
@@ -321,6 +321,37 @@ async def _produce(
         pauses.release()
         chunks.put_nowait(None)
     return stats, _ms(t0, loop.time())
+
+
+@dataclass
+class _Playback:
+    """When a reply's audio so far runs out at the listener: from when its first
+    sentence was ready (playback starts about then; a turn not yet released starts
+    later, so this errs early), as long as the audio queued."""
+
+    started: float | None = None
+    audio_s: float = 0.0
+
+    def queued(self, pcm: bytes, rate: int, now: float) -> None:
+        if self.started is None:
+            self.started = now
+        self.audio_s += len(pcm) / 2 / rate
+
+    def due(self) -> float | None:
+        """When the next sentence must be playing; None for the first (no audio yet)."""
+        return None if self.started is None else self.started + self.audio_s
+
+
+async def _speak(rt: Runtime, text: str, out_rate: int, due: float | None) -> bytes:
+    """One sentence through Piper. A reply's first (``due`` None) goes to the TTS
+    thread, where a listener waits for it and nothing else is; a later one to the
+    later-sentence thread, the one whose reply runs out of audio first going first: 8
+    sessions answering at once queued up to 1.2 s of other replies' sentences ahead of
+    one that was due (docs/latency.md, "Later sentences by when they are due")."""
+    if due is None:
+        return await rt.worker(WorkerKind.TTS).run(synthesize, rt, text, out_rate, True)
+    call = functools.partial(synthesize, rt, text, out_rate)
+    return await rt.worker(WorkerKind.TTS_LATER).ranked(due, call)
 
 
 _CUT = GenerationStats(0, 0, "cancel")  # a reply the pipeline ended for the model

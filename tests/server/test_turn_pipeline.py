@@ -160,6 +160,7 @@ class FakeTts:
         # until ``hold_until`` is set (``holding`` is set once it waits)
         self.hold_text: str | None = None
         self.holding, self.hold_until = threading.Event(), threading.Event()
+        self.ms_of: Callable[[str], int] = lambda text: self.ms  # audio a sentence makes
 
     def synthesize(self, text: str, lean: bool = False) -> Iterator[np.ndarray]:
         self.texts.append(text)
@@ -171,7 +172,7 @@ class FakeTts:
             self.holding.set()
             self.hold_until.wait(10)
         self.busy()
-        n = self.sample_rate * self.ms // 1000
+        n = self.sample_rate * self.ms_of(text) // 1000
         yield np.full(n // 2, 1000, np.int16)
         yield np.full(n - n // 2, -1000, np.int16)
 
@@ -367,6 +368,62 @@ async def test_a_first_sentence_never_waits_for_another_replys_later_one(
     await first
     await second
     assert sorted(one.tts.texts) == sorted(["Hello there.", "How are you today?"] * 2)
+
+
+class ByQuestion:
+    """A reply engine per question (the user's last message)."""
+
+    name = "fake"
+
+    def __init__(self, engines: dict[str, FakeEngine]) -> None:
+        self.engines = engines
+
+    def stream(
+        self,
+        conversation: Sequence[ChatMessage],
+        max_tokens: int,
+        tools: Sequence[Tool] = (),
+        pauses: ReplyPasses | None = None,
+    ) -> AsyncIterator[ReplyChunk]:
+        engine = self.engines[conversation[-1].content]
+        return engine.stream(conversation, max_tokens, tools, pauses)
+
+
+async def test_later_sentences_go_first_whose_reply_runs_out_of_audio_first(
+    make_turn: Any,
+) -> None:
+    """The later-sentence thread takes the sentence due soonest, not the one asked for
+    first: a reply that opened with seven words of audio can wait for one that opened
+    with one word."""
+    engines = {
+        "Hold": FakeEngine(["Wait.", " Held here."]),
+        "Long": FakeEngine(["Seven long words make up this opening.", " Long next."]),
+        "Short": FakeEngine(["Hi.", " Short next."]),
+    }
+    held = make_turn(cast(Any, ByQuestion(engines)))
+    held.tts.hold_text = "Held here."
+    held.tts.ms_of = lambda text: 50 * len(text)  # "Hi." 150 ms, the seven words 1.9 s
+    turns = [Turn(held.rt, held.engine, held.asr, held.tts) for _ in range(2)]
+    later = held.rt.worker(WorkerKind.TTS_LATER)
+    tasks = []
+    for turn in (held, *turns):
+        turn.released.set()
+    try:
+        tasks.append(held.start(text="Hold"))
+        await asyncio.wait_for(asyncio.to_thread(held.tts.holding.wait, 5), 6)
+        for turn, question in zip(turns, ("Long", "Short"), strict=True):
+            waiting = later.pending + 1
+            tasks.append(turn.start(text=question))
+            # its second sentence waits behind the held one (the worker has no event
+            # for a job queued: polled)
+            async with asyncio.timeout(5):
+                while later.pending < waiting:  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+    finally:
+        held.tts.hold_until.set()
+    await asyncio.gather(*tasks)
+    spoken = [t for t in held.tts.texts if t.endswith("next.")]
+    assert spoken == ["Short next.", "Long next."]  # asked for second, due first
 
 
 async def test_a_typed_turn_has_no_transcript_and_the_engine_gets_the_history(
