@@ -155,8 +155,6 @@ class TurnWatch:
     record: TurnRecord
     spoken: Spoken
     final_at: float | None = None
-    first_audio_at: float | None = None
-    last_audio_at: float | None = None
     done_at: float | None = None
     cancelled_at: float | None = None
     finished: bool = False
@@ -164,12 +162,18 @@ class TurnWatch:
     # (arrival, samples) of each of the reply's audio frames
     frames: list[tuple[float, int]] = field(default_factory=list)
 
+    @property
+    def first_audio_at(self) -> float | None:
+        return self.frames[0][0] if self.frames else None
+
+    @property
+    def last_audio_at(self) -> float | None:
+        return self.frames[-1][0] if self.frames else None
+
     def see(self, a: Arrival) -> None:
         r = self.record
         if a.audio is not None:
             if a.audio[0] == r.turn_id:
-                self.first_audio_at = self.first_audio_at or a.at
-                self.last_audio_at = a.at
                 self.frames.append((a.at, len(a.audio[2]) // 2))
             return
         match a.message:

@@ -347,7 +347,7 @@ async def _speak(rt: Runtime, text: str, out_rate: int, due: float | None) -> by
     thread, where a listener waits for it and nothing else is; a later one to the
     later-sentence thread, the one whose reply runs out of audio first going first: 8
     sessions answering at once queued up to 1.2 s of other replies' sentences ahead of
-    one that was due (docs/latency.md, "Later sentences by when they are due")."""
+    one that was due (docs/latency.md, "Many replies at once")."""
     if due is None:
         return await rt.worker(WorkerKind.TTS).run(synthesize, rt, text, out_rate, True)
     call = functools.partial(synthesize, rt, text, out_rate)
