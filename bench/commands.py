@@ -53,6 +53,13 @@ def register(sub: Any) -> None:
         "$QUICKSILVER_LLAMA_CPP_PYTHON is set or llama_cpp imports here), off, or the "
         "path of a Python that has llama-cpp-python (docs/export.md)",
     )
+    llm.add_argument(
+        "--system-cached",
+        action="store_true",
+        help="every engine keeps the system prompt's cache between replies, as serve "
+        "(its heads) and llama.cpp's server (its prompt cache) run: a reply prefills only "
+        "its own message (default: every reply prefills its whole prompt)",
+    )
     llm.set_defaults(run=run_bench)
     llm.add_argument("--log-level", default="INFO")
     register_bench_loop(bench_sub)
@@ -122,6 +129,7 @@ def run_bench(args: argparse.Namespace) -> int:
         torch_prompts=args.torch_prompts,
         rounds=args.rounds,
         llama_cpp=args.llama_cpp,
+        system_cached=args.system_cached,
     )
     try:
         results = run_llm_bench(options)

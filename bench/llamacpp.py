@@ -83,12 +83,20 @@ class LlamaCppWorker:
         return reply
 
     def generate(
-        self, prompt: list[int], n: int, stop_ids: Collection[int]
+        self, prompt: list[int], n: int, stop_ids: Collection[int], keep: int = 0
     ) -> Generator[int, None, GenerationStats]:
         """Greedy reply tokens (stop tokens excluded), as the project's ``greedy`` yields
-        them; returns what the reply cost (the prefill counted as one pass)."""
+        them; returns what the reply cost (the prefill counted as one pass). ``keep``:
+        at most this many of the cache's first tokens are reused where the prompt starts
+        with them (the system prompt, as llama.cpp's server keeps its prompt cache);
+        0: the whole prompt is prefilled."""
         assert self.proc.stdin is not None
-        request = {"ids": list(map(int, prompt)), "n": n, "stop": sorted(map(int, stop_ids))}
+        request = {
+            "ids": list(map(int, prompt)),
+            "n": n,
+            "stop": sorted(map(int, stop_ids)),
+            "keep": keep,
+        }
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         tokens = 0
@@ -97,12 +105,13 @@ class LlamaCppWorker:
             yield int(msg["t"])
         return GenerationStats(tokens, int(msg["passes"]), msg["stopped_by"])
 
-    def decoder(self, stop_ids: Collection[int]) -> Any:
+    def decoder(self, stop_ids: Collection[int], keep: int = 0) -> Any:
         """A bench decoder (``bench.llm.Decoder``): it ignores the backend it is
-        given, as llama.cpp runs its own copy of the weights."""
+        given, as llama.cpp runs its own copy of the weights. ``keep``: as
+        :meth:`generate`'s."""
 
         def run(b: StepBackend, prompt: list[int], n: int) -> Generator[int, None, GenerationStats]:
-            return self.generate(prompt, n, stop_ids)
+            return self.generate(prompt, n, stop_ids, keep)
 
         return run
 

@@ -5,11 +5,13 @@
 llama-cpp-python is built separately (it compiles llama.cpp; docs/export.md says how),
 often into its own virtual environment, so this file imports nothing of the project and
 speaks JSON lines on stdin / stdout. It first prints ``{"ready": ..., "version": ...}``;
-then for each request ``{"ids": [...], "n": N, "stop": [...]}`` it prints one line
+then for each request ``{"ids": [...], "n": N, "stop": [...], "keep": K}`` it prints one line
 ``{"t": id}`` per generated token as soon as llama.cpp has it (stop tokens are not
-sent), then ``{"done": true, "passes": P, "stopped_by": "end" | "budget"}``. Every
-reply prefills its whole prompt (the cache is reset first), as the project's engines
-do in the bench.
+sent), then ``{"done": true, "passes": P, "stopped_by": "end" | "budget"}``. A reply
+prefills its whole prompt (the cache is reset first), as the project's engines do in
+the bench, unless ``keep`` > 0: then at most the cache's first K tokens are reused,
+where the prompt starts with them (llama-cpp-python's own prefix match), as the
+project's engines keep the system prompt's cache with ``--system-cached``.
 """
 
 from __future__ import annotations
@@ -40,7 +42,11 @@ def main(argv: list[str]) -> int:
     for line in sys.stdin:
         request = json.loads(line)
         stop = set(request["stop"])
-        llm.reset()  # no prefix reuse: a full prefill, like the engines it is timed against
+        keep = int(request.get("keep", 0))
+        if keep > 0:  # generate() reuses the longest prefix of these it finds
+            llm.n_tokens = min(llm.n_tokens, keep)
+        else:  # no prefix reuse: a full prefill, like the engines it is timed against
+            llm.reset()
         passes = 0
         end = "budget"
         tokens = llm.generate(

@@ -35,8 +35,8 @@ from numpy.typing import NDArray
 from bench.llamacpp import LLAMA_PYTHON_ENV, LlamaCppWorker, llama_cpp_python
 from export.prompts import QUESTIONS
 from model.assemble import DEFAULT_ENGINE, engine_model_dir, load_onnx_backend
-from model.backend import Attend, Rows, StepBackend
-from model.chat import build_prompt
+from model.backend import Attend, Prefix, Rows, StepBackend, last_row
+from model.chat import build_prompt, system_head
 from model.diffusion_engine import DiffusionOptions, served_options, smollm2_diffusion_config
 from model.engine import ChatMessage, GenerationStats, drain
 from model.generate import greedy
@@ -64,6 +64,10 @@ class BenchOptions:
     # llama.cpp on the same GGUF beside the ONNX Runtime engines (bench/llamacpp.py):
     # "auto" (when a Python with llama_cpp is found), "off", or that Python's path
     llama_cpp: str = "auto"
+    # every engine keeps the system prompt's cache between replies, as serve keeps its
+    # heads (model/prefix.py) and llama.cpp's server its prompt cache: a reply prefills
+    # only its own message; off, every reply prefills its whole prompt
+    system_cached: bool = False
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,9 @@ class CountingBackend:
     def truncate(self, cache: Any, length: int) -> None:
         self.inner.truncate(cache, length)
 
+    def copy_prefix(self, cache: Any, n: int) -> Any:
+        return self.inner.copy_prefix(cache, n)  # type: ignore[attr-defined]
+
     def step(
         self,
         cache: Any,
@@ -154,6 +161,29 @@ class CountingBackend:
 Decoder = Callable[[StepBackend, list[int], int], Generator[int, None, GenerationStats]]
 
 
+class KeptHead:
+    """The system prompt's cache, prefilled once per backend (outside the timed replies,
+    as serve primes its heads at start) and copied into each reply's own cache, as
+    :class:`model.prefix.PrefixCache` hands a new session's turn its head: the reply
+    prefills only its own message. A backend that cannot copy a cache (PyTorch's)
+    prefills every prompt whole."""
+
+    def __init__(self, ids: list[int]) -> None:
+        self.ids = ids
+        self._caches: dict[int, Any] = {}  # by backend
+
+    def prefix(self, b: StepBackend, prompt: list[int]) -> Prefix | None:
+        n = len(self.ids)
+        inner = b.inner if isinstance(b, CountingBackend) else b  # the head is not timed
+        if prompt[:n] != self.ids or not hasattr(inner, "copy_prefix"):
+            return None
+        if (cache := self._caches.get(id(inner))) is None:
+            cache = self._caches[id(inner)] = inner.new_cache()
+            head = np.asarray(self.ids, np.int64)
+            inner.step(cache, head, "causal", commit=True, rows=last_row(head))
+        return Prefix(b.copy_prefix(cache, n), n, None)  # type: ignore[attr-defined]
+
+
 # The diffusion engine's rows: blocks of 16 ("diffusion") and of one position
 # ("diffusion-b1", next-token decoding of the same model); serve takes the host's
 # (model/schedule.py)
@@ -165,27 +195,33 @@ def served_row(engine: str, block_size: int) -> str:
     return "ar" if engine == "smollm2-ar-onnx" else DIFFUSION_ROWS[block_size]
 
 
-def ar_decoder(tok: Tokenizer) -> Decoder:
+def ar_decoder(tok: Tokenizer, head: KeptHead | None = None) -> Decoder:
     def run(b: StepBackend, prompt: list[int], n: int) -> Generator[int, None, GenerationStats]:
-        return greedy(b, prompt, n, tok.stop_ids)
+        prefix = head.prefix(b, prompt) if head else None
+        return greedy(b, prompt, n, tok.stop_ids, prefix=prefix)
 
     return run
 
 
 def diffusion_decoder(
-    tok: Tokenizer, block_size: int | None = None, after_sentence: bool = False
+    tok: Tokenizer,
+    block_size: int | None = None,
+    after_sentence: bool = False,
+    head: KeptHead | None = None,
 ) -> Decoder:
     """The diffusion sampler with its engine's default settings, seed 0 for every reply:
     in blocks of ``block_size``, ending replies as that schedule does; with
     ``after_sentence`` only after a sentence's end (as the engine decodes an adapter
-    trained on tool calls)."""
+    trained on tool calls); with ``head``, the system prompt's cache kept."""
     settings = DiffusionOptions().sampler
     settings = sampler_for(settings, block_size or settings.block_size)
     settings = dataclasses.replace(settings, ends_after_sentence=after_sentence)
     config = smollm2_diffusion_config(tok)
 
     def run(b: StepBackend, prompt: list[int], n: int) -> Generator[int, None, GenerationStats]:
-        return sample(b, prompt, config, settings, np.random.default_rng(0), n, breaks=True)
+        prefix = head.prefix(b, prompt) if head else None
+        rng = np.random.default_rng(0)
+        return sample(b, prompt, config, settings, rng, n, prefix=prefix, breaks=True)
 
     return run
 
@@ -459,16 +495,17 @@ def run_llm_bench(options: BenchOptions) -> dict[str, Any]:
     if options.torch_reference:
         backends["torch-fp32"] = _torch_backend()
         roofs["torch-fp32"] = Roofline(peak_fp32_torch(), bandwidth_fp32_torch(), 4.0)
-    decoders: dict[str, Decoder] = {"ar": ar_decoder(tok)}
+    head = KeptHead(system_head(tok)) if options.system_cached else None
+    decoders: dict[str, Decoder] = {"ar": ar_decoder(tok, head)}
     after = served_options(manifest.get("source", {}).get("adapter")).end_after_sentence
     for width, name in DIFFUSION_ROWS.items():
-        decoders[name] = diffusion_decoder(tok, width, after == "always")
+        decoders[name] = diffusion_decoder(tok, width, after == "always", head)
     schedule, _ = host_schedule(served, model_dir)
     log.info("bench: serve's schedule on this host: %s", schedule.why())
     sentence = first_sentence_tokens(tok)
     llama = _llama_cpp_worker(options.llama_cpp)
     if llama is not None:
-        decoders[LLAMA_ENGINE] = llama.decoder(tok.stop_ids)
+        decoders[LLAMA_ENGINE] = llama.decoder(tok.stop_ids, len(head.ids) if head else 0)
     try:
         rows = _time_all(options, backends, decoders, prompts, roofs, dims, sentence)
     finally:
@@ -477,6 +514,7 @@ def run_llm_bench(options: BenchOptions) -> dict[str, Any]:
     row = served_row(DEFAULT_ENGINE, schedule.block_size)
     results = _results(rows, options, roofs, dims, manifest, questions, row)
     results["served"]["served_weights"] = served_weights
+    results["system_cached"] = options.system_cached
     results["schedule"] = {"block_size": schedule.block_size, "pass_costs_ms": schedule.costs_ms}
     results["int8_kernel_peak_flops"] = kernel_peaks
     if llama is not None:
@@ -662,6 +700,10 @@ def print_table(results: dict[str, Any]) -> None:
     )
     print(f"peak: {peaks} (floor: the longer of FLOPs/peak and bytes/bandwidth per pass)")
     print("1st s: p50 time to the reply's first sentence, what a listener waits for")
+    if results.get("system_cached"):
+        print("system prompt cached: every engine prefilled only each reply's own message")
+    else:
+        print("every reply prefilled its whole prompt (--system-cached: as serve runs)")
     if kernels := results.get("int8_kernel_peak_flops"):
         rates = ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in kernels.items())
         print(f"int8 kernels: {rates}")

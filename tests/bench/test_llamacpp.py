@@ -21,20 +21,23 @@ from tests.model.conftest import smollm2_gguf  # noqa: F401 (a fixture)
 
 # llama_cpp.Llama's generate() as the worker uses it: an endless stream of token ids
 # (here 7, 8, 9, ..., and the stop token 2 after 9 when the prompt starts with 5, so a test
-# can make it stop), after reset(); the keyword arguments are checked to be greedy's.
+# can make it stop), after reset() or, where the request keeps K tokens, after its cache
+# was cut to K (n_tokens, which generate() then matches against the prompt); the keyword
+# arguments are checked to be greedy's.
 FAKE = """
 __version__ = "stand-in"
 
 class Llama:
     def __init__(self, model_path, n_ctx, n_threads, n_threads_batch, n_batch, verbose):
-        self.fed = 0
+        self.fed = self.n_tokens = 0
 
     def reset(self):
-        self.fed = 0
+        self.fed = self.n_tokens = 0
 
     def generate(self, tokens, top_k, top_p, min_p, temp, repeat_penalty):
-        assert self.fed == 0 and top_k == 1 and temp == 0.0 and repeat_penalty == 1.0
-        self.fed = len(tokens)
+        assert self.fed == 0 or self.n_tokens == min(self.fed, 3), "not reset, not cut to 3"
+        assert top_k == 1 and temp == 0.0 and repeat_penalty == 1.0
+        self.fed = self.n_tokens = len(tokens)
         token = 7
         while True:
             yield 2 if tokens[0] == 5 and token == 10 else token
@@ -70,6 +73,15 @@ def test_the_worker_streams_greedy_tokens_until_a_stop_or_the_budget(
         out, stats = _reply(worker, [4, 5], 5)  # a second reply: a fresh prefill, no stop
         assert out == [7, 8, 9, 10, 11]
         assert (stats.tokens, stats.forward_passes, stats.stopped_by) == (5, 5, "budget")
+
+
+def test_the_worker_keeps_the_first_tokens_it_is_told_and_resets_otherwise(
+    fake_llama: str,
+) -> None:
+    with LlamaCppWorker(fake_llama, Path("model.gguf")) as worker:
+        for keep in (3, 3, 0, 3):  # the stand-in fails a request that was neither
+            out, _ = drain(worker.generate([1, 2, 3, 4, 5], 2, {2}, keep))
+            assert out == [7, 8]
 
 
 def test_a_worker_that_cannot_start_says_why(tmp_path: Path) -> None:
@@ -137,3 +149,25 @@ def test_llama_cpp_answers_on_the_smollm2_gguf(smollm2_gguf) -> None:  # type: i
         out, stats = _reply(worker, prompt, 24, set(tok.stop_ids))
     assert "Paris" in tok.decode(out)
     assert stats.tokens == len(out) and stats.forward_passes >= len(out)
+
+
+@pytest.mark.models
+def test_llama_cpp_keeps_only_the_head_it_is_told_and_answers_as_from_scratch(smollm2_gguf) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    """``keep``: the system prompt's cache is reused (llama.cpp's own prefix match, cut
+    at ``keep``), and the reply is the one a whole prefill gives."""
+    from model.chat import build_prompt, system_head
+    from model.nn.gguf import find_smollm2_gguf
+    from model.tokenizer import Tokenizer
+
+    python = llama_python_or_skip()
+    tok = Tokenizer(smollm2_gguf.tokenizer_data())
+    ask = ["What is the capital of France?", "What is the capital of Italy?"]
+    prompts = [build_prompt(tok, [ChatMessage("user", q)], 1024) for q in ask]
+    keep = len(system_head(tok))
+    assert prompts[0][:keep] == prompts[1][:keep] and keep < len(prompts[1]) - 8
+    stop = set(tok.stop_ids)
+    with LlamaCppWorker(python, find_smollm2_gguf()) as worker:
+        whole = [_reply(worker, p, 16, stop)[0] for p in prompts]
+        _reply(worker, prompts[0], 16, stop)
+        kept = drain(worker.generate(prompts[1], 16, stop, keep))[0]
+    assert kept == whole[1] and "Italy" in tok.decode(kept)

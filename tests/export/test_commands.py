@@ -13,8 +13,10 @@ from bench.llm import (
     CountingBackend,
     Decoder,
     Dims,
+    KeptHead,
     Roofline,
     ar_decoder,
+    diffusion_decoder,
     int8_bytes_per_weight,
     n_weights,
     recipe_bytes_per_weight,
@@ -233,6 +235,29 @@ def test_bench_times_the_ar_decoder_and_counts_its_passes(tiny_dir: Path) -> Non
     counter = CountingBackend(b)
     counter.step(counter.new_cache(), np.array([1, 2, 3]), "causal", True, rows=[2])
     assert counter.steps == [(3, 0, 1)]
+
+
+def test_a_kept_system_head_gives_the_replies_a_whole_prefill_does(tiny_dir: Path) -> None:
+    """--system-cached: the head is prefilled once, outside the timed replies; each reply
+    prefills only what follows it, and writes what a whole prefill would have."""
+    from model.engine import drain
+
+    tok = load_tokenizer(tiny_dir)
+    b = ort_backend(tiny_dir, "model.onnx")  # fp32: the same tokens, exactly
+    prompts = [[1, 5, 6, 7, 8, 9], [1, 5, 6, 7, 3, 4, 2]]
+    head = KeptHead([1, 5, 6, 7])
+    for make in (ar_decoder, lambda t, h=None: diffusion_decoder(t, 1, False, h)):
+        for prompt in prompts:
+            whole, _ = drain(make(tok)(b, prompt, 6))
+            counter = CountingBackend(b)
+            kept, _ = drain(make(tok, head)(counter, prompt, 6))
+            assert kept == whole
+            # the first timed pass: only the reply's own words, after the 4 kept
+            assert counter.steps[0][:2] == (len(prompt) - 4, 4)
+    # a prompt that does not start with the head is prefilled whole
+    counter = CountingBackend(b)
+    drain(ar_decoder(tok, head)(counter, [1, 5, 9, 7, 8], 2))
+    assert counter.steps[0][:2] == (5, 0)
 
 
 def test_bench_llm_times_the_model_serve_serves_by_default(
