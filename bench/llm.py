@@ -35,12 +35,13 @@ from numpy.typing import NDArray
 from bench.llamacpp import LLAMA_PYTHON_ENV, LlamaCppWorker, llama_cpp_python
 from export.prompts import QUESTIONS
 from model.assemble import DEFAULT_ENGINE, engine_model_dir, load_onnx_backend
-from model.backend import Attend, Prefix, Rows, StepBackend, last_row
+from model.backend import Attend, Prefix, Rows, StepBackend
 from model.chat import build_prompt, system_head
 from model.diffusion_engine import DiffusionOptions, served_options, smollm2_diffusion_config
 from model.engine import ChatMessage, GenerationStats, drain
 from model.generate import greedy
 from model.modeldir import PRODUCT_KINDS, is_complete, load_tokenizer
+from model.prefix import PrefixCache
 from model.runtime import RuntimeConfig
 from model.sampler import SENTENCE_BREAK, sample
 from model.schedule import NARROW, WIDE, host_schedule, sampler_for
@@ -142,9 +143,6 @@ class CountingBackend:
     def truncate(self, cache: Any, length: int) -> None:
         self.inner.truncate(cache, length)
 
-    def copy_prefix(self, cache: Any, n: int) -> Any:
-        return self.inner.copy_prefix(cache, n)  # type: ignore[attr-defined]
-
     def step(
         self,
         cache: Any,
@@ -162,26 +160,22 @@ Decoder = Callable[[StepBackend, list[int], int], Generator[int, None, Generatio
 
 
 class KeptHead:
-    """The system prompt's cache, prefilled once per backend (outside the timed replies,
-    as serve primes its heads at start) and copied into each reply's own cache, as
-    :class:`model.prefix.PrefixCache` hands a new session's turn its head: the reply
-    prefills only its own message. A backend that cannot copy a cache (PyTorch's)
-    prefills every prompt whole."""
+    """The system prompt kept as serve keeps it: a :class:`model.prefix.PrefixCache` per
+    backend, its head primed once (outside the timed replies, as serve primes its heads
+    at start), each reply's cache a copy of it that the pool hands out (``take``): the
+    reply prefills only its own message. A backend that cannot copy a cache (PyTorch's)
+    keeps no head, and each prompt is prefilled whole."""
 
     def __init__(self, ids: list[int]) -> None:
         self.ids = ids
-        self._caches: dict[int, Any] = {}  # by backend
+        self._kept: dict[int, PrefixCache] = {}  # by backend
 
-    def prefix(self, b: StepBackend, prompt: list[int]) -> Prefix | None:
-        n = len(self.ids)
+    def prefix(self, b: StepBackend, prompt: list[int]) -> Prefix:
         inner = b.inner if isinstance(b, CountingBackend) else b  # the head is not timed
-        if prompt[:n] != self.ids or not hasattr(inner, "copy_prefix"):
-            return None
-        if (cache := self._caches.get(id(inner))) is None:
-            cache = self._caches[id(inner)] = inner.new_cache()
-            head = np.asarray(self.ids, np.int64)
-            inner.step(cache, head, "causal", commit=True, rows=last_row(head))
-        return Prefix(b.copy_prefix(cache, n), n, None)  # type: ignore[attr-defined]
+        if (kept := self._kept.get(id(inner))) is None:
+            kept = self._kept[id(inner)] = PrefixCache(inner, capacity=0, heads=1)
+            kept.prime(self.ids)
+        return kept.take(prompt)
 
 
 # The diffusion engine's rows: blocks of 16 ("diffusion") and of one position

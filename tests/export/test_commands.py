@@ -244,16 +244,17 @@ def test_a_kept_system_head_gives_the_replies_a_whole_prefill_does(tiny_dir: Pat
 
     tok = load_tokenizer(tiny_dir)
     b = ort_backend(tiny_dir, "model.onnx")  # fp32: the same tokens, exactly
-    prompts = [[1, 5, 6, 7, 8, 9], [1, 5, 6, 7, 3, 4, 2]]
-    head = KeptHead([1, 5, 6, 7])
+    ids = [1, *range(10, 42)]  # as long as a head is kept (model.prefix.MIN_COPIED)
+    prompts = [[*ids, 8, 9], [*ids, 3, 4, 2]]
+    head = KeptHead(ids)
     for make in (ar_decoder, lambda t, h=None: diffusion_decoder(t, 1, False, h)):
         for prompt in prompts:
             whole, _ = drain(make(tok)(b, prompt, 6))
             counter = CountingBackend(b)
             kept, _ = drain(make(tok, head)(counter, prompt, 6))
             assert kept == whole
-            # the first timed pass: only the reply's own words, after the 4 kept
-            assert counter.steps[0][:2] == (len(prompt) - 4, 4)
+            # the first timed pass: only the reply's own words, after the head kept
+            assert counter.steps[0][:2] == (len(prompt) - len(ids), len(ids))
     # a prompt that does not start with the head is prefilled whole
     counter = CountingBackend(b)
     drain(ar_decoder(tok, head)(counter, [1, 5, 9, 7, 8], 2))
